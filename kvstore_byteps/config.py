@@ -1,0 +1,289 @@
+"""The one place that reads the environment.
+
+``Config.from_env()`` parses and validates every variable kvstore-byteps understands and
+returns a frozen object; nothing else in the package reads ``os.environ``. A bad value raises
+:class:`~kvstore_byteps.errors.ConfigError` quoting the variable and the value.
+
+The variable names are the ones MXNet, ps-lite and BytePS users already know; they are
+collected as constants in :class:`Env` so the launcher and the tests spell them one way.
+"""
+import dataclasses
+import enum
+import os
+from typing import Callable, Mapping, Optional, TypeVar
+
+from .errors import ConfigError
+
+T = TypeVar("T")
+
+
+class Role(enum.IntEnum):
+    """A node's role; values are ps-lite's ``Node::Role`` as it travels on the wire."""
+
+    SERVER = 0
+    WORKER = 1
+    SCHEDULER = 2
+
+    @classmethod
+    def parse(cls, text: str) -> "Role":
+        """Parse ``scheduler``/``server``/``worker`` (case-insensitive)."""
+        try:
+            return cls[text.strip().upper()]
+        except KeyError:
+            raise ValueError("expected one of scheduler, server, worker") from None
+
+
+class VanType(enum.Enum):
+    """Which transport a node uses (``DMLC_PS_VAN_TYPE``)."""
+
+    ZMQ = "zmq"
+    BYTEPS_TCP = "byteps_tcp"
+    BYTEPS_RDMA = "byteps_rdma"
+
+
+class ServerKind(enum.Enum):
+    """Which server an upstream ``DMLC_ROLE=server`` MXNet process runs (``MXNET_KVSTORE_SERVER``)."""
+
+    MXNET = "mxnet"
+    BYTEPS = "byteps"
+
+
+class Env:
+    """Names of the environment variables (one spelling for launcher, library and tests)."""
+
+    ROLE = "DMLC_ROLE"
+    NUM_WORKER = "DMLC_NUM_WORKER"
+    NUM_SERVER = "DMLC_NUM_SERVER"
+    ROOT_URI = "DMLC_PS_ROOT_URI"
+    ROOT_PORT = "DMLC_PS_ROOT_PORT"
+    NODE_HOST = "DMLC_NODE_HOST"
+    INTERFACE = "DMLC_INTERFACE"
+    PORT = "PORT"
+    VAN_TYPE = "DMLC_PS_VAN_TYPE"
+    ENABLE_RDMA = "DMLC_ENABLE_RDMA"
+    LOCAL = "DMLC_LOCAL"
+    WATER_MARK = "DMLC_PS_WATER_MARK"
+    VERBOSE = "PS_VERBOSE"
+    HEARTBEAT_INTERVAL = "PS_HEARTBEAT_INTERVAL"
+    HEARTBEAT_TIMEOUT = "PS_HEARTBEAT_TIMEOUT"
+    RESEND = "PS_RESEND"
+    RESEND_TIMEOUT = "PS_RESEND_TIMEOUT"
+    DROP_MSG = "PS_DROP_MSG"
+    START_TIMEOUT = "BYTEPS_START_TIMEOUT"
+    REQUEST_TIMEOUT = "BYTEPS_REQUEST_TIMEOUT"
+    BIGARRAY_BOUND = "MXNET_KVSTORE_BIGARRAY_BOUND"
+    KVSTORE_SERVER = "MXNET_KVSTORE_SERVER"
+    PARTITION_BYTES = "BYTEPS_PARTITION_BYTES"
+    SCHEDULING_CREDIT = "BYTEPS_SCHEDULING_CREDIT"
+    SERVER_ENGINE_THREAD = "BYTEPS_SERVER_ENGINE_THREAD"
+    ENABLE_ASYNC = "BYTEPS_ENABLE_ASYNC"
+    KEY_HASH_FN = "BYTEPS_KEY_HASH_FN"
+    LOG_LEVEL = "BYTEPS_LOG_LEVEL"
+    TRACE_ON = "BYTEPS_TRACE_ON"
+    TRACE_START_STEP = "BYTEPS_TRACE_START_STEP"
+    TRACE_END_STEP = "BYTEPS_TRACE_END_STEP"
+    TRACE_DIR = "BYTEPS_TRACE_DIR"
+
+
+KEY_HASH_FNS = ("djb2", "sdbm", "built_in", "mixed")
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Validated settings of one node. Build it with :meth:`from_env`; it is immutable."""
+
+    role: Role = Role.WORKER
+    num_workers: int = 1
+    num_servers: int = 1
+    root_uri: str = "127.0.0.1"
+    root_port: int = 0
+    node_host: Optional[str] = None
+    interface: Optional[str] = None
+    port: Optional[int] = None
+    van_type: VanType = VanType.ZMQ
+    local_ipc: bool = False
+    water_mark: Optional[int] = None
+    verbose: int = 0
+    heartbeat_interval: float = 0.0
+    heartbeat_timeout: float = 0.0
+    resend: bool = False
+    resend_timeout_ms: int = 1000
+    drop_msg_percent: int = 0
+    start_timeout: float = 60.0
+    request_timeout: float = 300.0
+    bigarray_bound: int = 1000000
+    kvstore_server: ServerKind = ServerKind.MXNET
+    partition_bytes: int = 4096000
+    scheduling_credit: int = 4
+    server_engine_threads: int = 4
+    enable_async: bool = False
+    key_hash_fn: str = "djb2"
+    log_level: str = "WARNING"
+    trace_on: bool = False
+    trace_start_step: int = 10
+    trace_end_step: int = 20
+    trace_dir: str = "./trace"
+
+    @classmethod
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Config":
+        """Build a config from ``environ`` (default ``os.environ``); raise ConfigError on bad values."""
+        env = _EnvReader(os.environ if environ is None else environ)
+        van_default = VanType.BYTEPS_RDMA if env.flag(Env.ENABLE_RDMA, False) else VanType.ZMQ
+        return cls(
+            role=env.get(Env.ROLE, Role.parse, Role.WORKER),
+            num_workers=env.get(Env.NUM_WORKER, _positive_int, 1),
+            num_servers=env.get(Env.NUM_SERVER, _positive_int, 1),
+            root_uri=env.get(Env.ROOT_URI, _nonempty, "127.0.0.1"),
+            root_port=env.get(Env.ROOT_PORT, _port, 0),
+            node_host=env.get(Env.NODE_HOST, _nonempty, None),
+            interface=env.get(Env.INTERFACE, _nonempty, None),
+            port=env.get(Env.PORT, _port, None),
+            van_type=env.get(Env.VAN_TYPE, _van_type, van_default),
+            local_ipc=env.flag(Env.LOCAL, False),
+            water_mark=env.get(Env.WATER_MARK, _positive_int, None),
+            verbose=env.get(Env.VERBOSE, _nonnegative_int, 0),
+            heartbeat_interval=env.get(Env.HEARTBEAT_INTERVAL, _nonnegative_float, 0.0),
+            heartbeat_timeout=env.get(Env.HEARTBEAT_TIMEOUT, _nonnegative_float, 0.0),
+            resend=env.flag(Env.RESEND, False),
+            resend_timeout_ms=env.get(Env.RESEND_TIMEOUT, _positive_int, 1000),
+            drop_msg_percent=env.get(Env.DROP_MSG, _percent, 0),
+            start_timeout=env.get(Env.START_TIMEOUT, _positive_float, 60.0),
+            request_timeout=env.get(Env.REQUEST_TIMEOUT, _positive_float, 300.0),
+            bigarray_bound=env.get(Env.BIGARRAY_BOUND, _positive_int, 1000000),
+            kvstore_server=env.get(Env.KVSTORE_SERVER, _server_kind, ServerKind.MXNET),
+            partition_bytes=env.get(Env.PARTITION_BYTES, _positive_int, 4096000),
+            scheduling_credit=env.get(Env.SCHEDULING_CREDIT, _positive_int, 4),
+            server_engine_threads=env.get(Env.SERVER_ENGINE_THREAD, _positive_int, 4),
+            enable_async=env.flag(Env.ENABLE_ASYNC, False),
+            key_hash_fn=env.get(Env.KEY_HASH_FN, _choice(KEY_HASH_FNS), "djb2"),
+            log_level=env.get(Env.LOG_LEVEL, _choice(LOG_LEVELS), "WARNING"),
+            trace_on=env.flag(Env.TRACE_ON, False),
+            trace_start_step=env.get(Env.TRACE_START_STEP, _nonnegative_int, 10),
+            trace_end_step=env.get(Env.TRACE_END_STEP, _nonnegative_int, 20),
+            trace_dir=env.get(Env.TRACE_DIR, _nonempty, "./trace"),
+        )
+
+    @property
+    def is_scheduler(self) -> bool:
+        return self.role is Role.SCHEDULER
+
+    @property
+    def is_server(self) -> bool:
+        return self.role is Role.SERVER
+
+    @property
+    def is_worker(self) -> bool:
+        return self.role is Role.WORKER
+
+
+class _EnvReader:
+    """Reads one variable at a time, turning parse failures into ConfigError."""
+
+    def __init__(self, environ: Mapping[str, str]):
+        self._environ = environ
+
+    def get(self, name: str, parse: Callable[[str], T], default: T) -> T:
+        text = self._environ.get(name)
+        if text is None or text.strip() == "":
+            return default
+        try:
+            return parse(text.strip())
+        except (ValueError, TypeError) as exc:
+            raise ConfigError("%s=%r is invalid: %s" % (name, text, exc)) from None
+
+    def flag(self, name: str, default: bool) -> bool:
+        return self.get(name, _flag, default)
+
+
+def _flag(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected 0/1/true/false")
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError("expected an integer") from None
+
+
+def _positive_int(text: str) -> int:
+    value = _int(text)
+    if value <= 0:
+        raise ValueError("expected a positive integer")
+    return value
+
+
+def _nonnegative_int(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise ValueError("expected a non-negative integer")
+    return value
+
+
+def _percent(text: str) -> int:
+    value = _int(text)
+    if not 0 <= value <= 100:
+        raise ValueError("expected a percentage in [0, 100]")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _int(text)
+    if not 1 <= value <= 65535:
+        raise ValueError("expected a TCP port in [1, 65535]")
+    return value
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError("expected a number") from None
+
+
+def _positive_float(text: str) -> float:
+    value = _float(text)
+    if not value > 0:
+        raise ValueError("expected a positive number")
+    return value
+
+
+def _nonnegative_float(text: str) -> float:
+    value = _float(text)
+    if not value >= 0:
+        raise ValueError("expected a non-negative number")
+    return value
+
+
+def _nonempty(text: str) -> str:
+    return text
+
+
+def _van_type(text: str) -> VanType:
+    aliases = {"zmq": VanType.ZMQ, "byteps_tcp": VanType.BYTEPS_TCP,
+               "byteps_rdma": VanType.BYTEPS_RDMA, "rdma": VanType.BYTEPS_RDMA}
+    try:
+        return aliases[text.lower()]
+    except KeyError:
+        raise ValueError("expected one of zmq, byteps_tcp, byteps_rdma") from None
+
+
+def _server_kind(text: str) -> ServerKind:
+    try:
+        return ServerKind(text.lower())
+    except ValueError:
+        raise ValueError("expected byteps or mxnet") from None
+
+
+def _choice(choices):
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise ValueError("expected one of %s" % ", ".join(choices))
+        return text
+    return parse

@@ -1,0 +1,31 @@
+"""Error hierarchy of kvstore-byteps.
+
+Errors are split by whose fault they are: ``ConfigError`` (the user's environment),
+``ProtocolError`` (a peer sent something malformed), ``PeerError`` (a peer is gone or
+answered with an error), ``DeadlineError`` (a wait ran past its deadline; the message names
+what was awaited).
+"""
+
+
+class KVStoreBytePSError(Exception):
+    """Base class of every error raised by kvstore-byteps."""
+
+
+class ConfigError(KVStoreBytePSError, ValueError):
+    """A configuration value (usually an environment variable) is missing or invalid."""
+
+
+class ProtocolError(KVStoreBytePSError):
+    """A message received from a peer violates the wire protocol."""
+
+
+class PeerError(KVStoreBytePSError):
+    """A peer failed: it disconnected, or answered a request with an error."""
+
+
+class DeadlineError(KVStoreBytePSError, TimeoutError):
+    """A wait ran past its deadline. The message names what was awaited."""
+
+
+class ClusterStartError(DeadlineError):
+    """The cluster did not form in time (scheduler unreachable, nodes missing)."""
