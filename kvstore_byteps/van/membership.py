@@ -1,0 +1,298 @@
+"""Cluster membership as pure state machines: ADD_NODE, BARRIER, HEARTBEAT, TERMINATE.
+
+Both machines are driven by ``handle(message, now)`` and ``tick(now)`` and answer with a list of
+actions (connect to a node, send a message, mark ready, release barriers, stop) that a thin I/O
+loop executes. Nothing here touches a socket or sleeps, so every rule is unit-testable.
+
+Rules (spec/pslite-wire.md §3), kept in the order the protocol runs:
+
+* A node registers with an ADD_NODE sent from an identity-less DEALER. The scheduler counts only
+  anonymous ADD_NODEs; once ``num_workers + num_servers`` have arrived it sorts them by hostname
+  descending, then port ascending, numbers servers 8, 10, ... and workers 9, 11, ..., connects to
+  each, and sends the full list (scheduler last) to the workers, then the servers.
+* A node adopts the id of the entry matching its own hostname and port, connects to the
+  scheduler, itself and the nodes of the other role, and is ready.
+* BARRIER: the scheduler keeps a plain counter per group, counts every request (its own too) and,
+  when the count reaches the group's size, resets it and answers every member.
+* HEARTBEAT: nodes send one every interval; the scheduler records the time and answers.
+* TERMINATE is only ever sent by a node to itself; receiving it stops the receive loop.
+"""
+import dataclasses
+from typing import Dict, List, Optional
+
+from ..config import Role
+from ..errors import ClusterStartError
+from .message import (ALL_GROUP, K_EMPTY, SCHEDULER_GROUP, SCHEDULER_ID, SERVER_GROUP,
+                      WORKER_GROUP, Command, Control, Message, Meta, Node,
+                      server_rank_to_id, worker_rank_to_id)
+
+
+# ----------------------------------------------------------------------------- actions
+@dataclasses.dataclass
+class Connect:
+    """Open (or re-open) the DEALER to ``node``; ``anonymous`` means no ZMQ identity."""
+
+    node: Node
+    anonymous: bool = False
+
+
+@dataclasses.dataclass
+class Send:
+    message: Message
+
+
+@dataclasses.dataclass
+class Ready:
+    """Membership is complete; ``nodes`` is the cluster as the scheduler announced it."""
+
+    my_node: Node
+    nodes: List[Node]
+
+
+@dataclasses.dataclass
+class ReleaseBarrier:
+    app_id: int
+
+
+@dataclasses.dataclass
+class Stop:
+    """TERMINATE arrived: the receive loop must exit."""
+
+
+# ----------------------------------------------------------------------------- helpers
+class VanClock:
+    """ps-lite's per-process counter of control-message timestamps."""
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def tick(self) -> int:
+        value, self._next = self._next, self._next + 1
+        return value
+
+
+def control_message(cmd: Command, recver: int, timestamp: int = K_EMPTY, nodes=(),
+                    barrier_group: int = 0, customer_id: int = K_EMPTY, app_id: int = K_EMPTY,
+                    request: bool = False) -> Message:
+    """Build a control message with upstream's field conventions."""
+    meta = Meta(timestamp=timestamp, customer_id=customer_id, app_id=app_id, request=request,
+                recver=recver, control=Control(cmd=cmd, nodes=list(nodes),
+                                               barrier_group=barrier_group))
+    return Message(meta)
+
+
+def group_members(group: int, num_workers: int, num_servers: int) -> List[int]:
+    """ps-lite's GetNodeIDs: workers, then servers, then the scheduler."""
+    ids = []
+    if group & WORKER_GROUP:
+        ids += [worker_rank_to_id(r) for r in range(num_workers)]
+    if group & SERVER_GROUP:
+        ids += [server_rank_to_id(r) for r in range(num_servers)]
+    if group & SCHEDULER_GROUP:
+        ids.append(SCHEDULER_ID)
+    return ids
+
+
+def _sort_key(node: Node):
+    # hostname descending (byte order), then port ascending
+    return tuple(-b for b in node.hostname.encode()) + (256,), node.port
+
+
+def assign_ids(nodes: List[Node]) -> List[Node]:
+    """Upstream's id assignment: sorted by (hostname desc, port asc); servers 8+2r, workers 9+2r."""
+    ordered = sorted(nodes, key=_sort_key)
+    next_rank = {Role.SERVER: 0, Role.WORKER: 0}
+    assigned, by_address = [], {}
+    for node in ordered:
+        if node.address in by_address:      # same host:port twice shares one id, as upstream
+            node_id = by_address[node.address]
+        else:
+            rank = next_rank[node.role]
+            next_rank[node.role] += 1
+            node_id = (server_rank_to_id if node.role == Role.SERVER else worker_rank_to_id)(rank)
+            by_address[node.address] = node_id
+        assigned.append(dataclasses.replace(node, id=node_id))
+    return assigned
+
+
+# ----------------------------------------------------------------------------- scheduler
+class SchedulerMembership:
+    """The scheduler's side. ``my_node`` is the scheduler (id 1, ROOT_URI, ROOT_PORT)."""
+
+    def __init__(self, my_node: Node, num_workers: int, num_servers: int,
+                 start_deadline: float, clock: Optional[VanClock] = None):
+        self.my_node = dataclasses.replace(my_node, id=SCHEDULER_ID)
+        self.num_workers, self.num_servers = num_workers, num_servers
+        self.start_deadline = start_deadline
+        self.clock = clock or VanClock()
+        self.pending: List[Node] = []
+        self.nodes: List[Node] = []
+        self.ready = False
+        self.barrier_counts: Dict[int, int] = {}
+        self.last_heartbeat: Dict[int, float] = {}
+
+    def start(self, now: float) -> List:
+        """The scheduler's DEALER to itself (identity ps1)."""
+        return [Connect(self.my_node)]
+
+    def handle(self, msg: Message, now: float) -> List:
+        cmd = msg.meta.control.cmd
+        if cmd == Command.ADD_NODE:
+            return self._on_add_node(msg)
+        if cmd == Command.BARRIER and msg.meta.request:
+            return self._on_barrier(msg)
+        if cmd == Command.BARRIER:
+            return [ReleaseBarrier(msg.meta.app_id)]
+        if cmd == Command.HEARTBEAT:
+            return self._on_heartbeat(msg, now)
+        if cmd == Command.TERMINATE:
+            return [Stop()]
+        return []
+
+    def tick(self, now: float) -> List:
+        if not self.ready and now > self.start_deadline:
+            raise ClusterStartError(self.describe_missing())
+        return []
+
+    def describe_missing(self) -> str:
+        have = {Role.WORKER: 0, Role.SERVER: 0}
+        for node in self.pending:
+            have[node.role] += 1
+        parts = []
+        for role, want in ((Role.WORKER, self.num_workers), (Role.SERVER, self.num_servers)):
+            if have[role] < want:
+                parts.append("%d of %d %ss" % (want - have[role], want, role.name.lower()))
+        return ("scheduler at %s: cluster incomplete, missing %s (registered: %s)"
+                % (self.my_node.address, " and ".join(parts) or "nothing",
+                   ", ".join(n.describe() for n in self.pending) or "none"))
+
+    def _on_add_node(self, msg: Message) -> List:
+        if msg.meta.sender != K_EMPTY or self.ready:
+            # upstream: only anonymous ADD_NODEs register; recovery is a later feature
+            return []
+        self.pending += [n for n in msg.meta.control.nodes if n.role != Role.SCHEDULER]
+        if len(self.pending) < self.num_workers + self.num_servers:
+            return []
+        self.nodes = assign_ids(self.pending)
+        announced = self.nodes + [self.my_node]
+        actions: List = [Connect(node) for node in self.nodes]
+        for node_id in group_members(WORKER_GROUP | SERVER_GROUP, self.num_workers,
+                                     self.num_servers):
+            actions.append(Send(control_message(Command.ADD_NODE, node_id, self.clock.tick(),
+                                                nodes=announced)))
+        self.ready = True
+        actions.append(Ready(self.my_node, announced))
+        return actions
+
+    def _on_barrier(self, msg: Message) -> List:
+        group = msg.meta.control.barrier_group
+        members = group_members(group, self.num_workers, self.num_servers)
+        self.barrier_counts[group] = self.barrier_counts.get(group, 0) + 1
+        if self.barrier_counts[group] < len(members):
+            return []
+        self.barrier_counts[group] = 0
+        return [Send(control_message(Command.BARRIER, node_id, self.clock.tick(),
+                                     barrier_group=group, app_id=msg.meta.app_id,
+                                     customer_id=msg.meta.customer_id))
+                for node_id in members]
+
+    def _on_heartbeat(self, msg: Message, now: float) -> List:
+        replies = []
+        for node in msg.meta.control.nodes:
+            self.last_heartbeat[node.id] = now
+            replies.append(Send(control_message(Command.HEARTBEAT, node.id, self.clock.tick(),
+                                                nodes=[self.my_node])))
+        return replies
+
+    def dead_nodes(self, now: float, timeout: float) -> List[int]:
+        """Ids whose last heartbeat is older than ``timeout`` seconds (0 disables)."""
+        if timeout <= 0:
+            return []
+        return [i for i, t in self.last_heartbeat.items() if now - t > timeout]
+
+
+# ----------------------------------------------------------------------------- node
+class NodeMembership:
+    """A server's or worker's side. ``my_node`` has no id yet; ``scheduler`` is id 1."""
+
+    def __init__(self, my_node: Node, scheduler: Node, start_deadline: float,
+                 heartbeat_interval: float = 0.0, clock: Optional[VanClock] = None):
+        self.my_node = my_node
+        self.scheduler = dataclasses.replace(scheduler, id=SCHEDULER_ID, role=Role.SCHEDULER)
+        self.start_deadline = start_deadline
+        self.heartbeat_interval = heartbeat_interval
+        self.clock = clock or VanClock()
+        self.ready = False
+        self.nodes: List[Node] = []
+        self.next_heartbeat = float("inf")
+        self.last_heartbeat_reply: Optional[float] = None
+
+    def start(self, now: float) -> List:
+        request = control_message(Command.ADD_NODE, SCHEDULER_ID, self.clock.tick(),
+                                  nodes=[self.my_node])
+        return [Connect(self.scheduler, anonymous=True), Send(request)]
+
+    def handle(self, msg: Message, now: float) -> List:
+        cmd = msg.meta.control.cmd
+        if cmd == Command.ADD_NODE and not self.ready:
+            return self._on_add_node_reply(msg, now)
+        if cmd == Command.BARRIER and not msg.meta.request:
+            return [ReleaseBarrier(msg.meta.app_id)]
+        if cmd == Command.HEARTBEAT:
+            self.last_heartbeat_reply = now
+            return []
+        if cmd == Command.TERMINATE:
+            return [Stop()]
+        return []
+
+    def tick(self, now: float) -> List:
+        if not self.ready:
+            if now > self.start_deadline:
+                raise ClusterStartError(
+                    "%s: no ADD_NODE reply from the scheduler at %s before the start-up "
+                    "deadline (is the scheduler running and reachable?)"
+                    % (self.my_node.describe(), self.scheduler.address))
+            return []
+        if now < self.next_heartbeat:
+            return []
+        self.next_heartbeat = now + self.heartbeat_interval
+        return [Send(control_message(Command.HEARTBEAT, SCHEDULER_ID, self.clock.tick(),
+                                     nodes=[self.my_node]))]
+
+    def _on_add_node_reply(self, msg: Message, now: float) -> List:
+        nodes = msg.meta.control.nodes
+        mine = [n for n in nodes if n.hostname == self.my_node.hostname
+                and n.port == self.my_node.port and n.role == self.my_node.role]
+        if not mine:
+            raise ClusterStartError("%s: the scheduler's node list does not contain this node"
+                                    % self.my_node.describe())
+        self.my_node = dataclasses.replace(self.my_node, id=mine[0].id)
+        self.nodes = list(nodes)
+        actions: List = []
+        connected = set()
+        for node in nodes:
+            is_peer = node.role != self.my_node.role or node.id == self.my_node.id
+            if is_peer and node.address not in connected:
+                connected.add(node.address)
+                actions.append(Connect(node))
+        self.ready = True
+        if self.heartbeat_interval > 0:
+            self.next_heartbeat = now + self.heartbeat_interval
+        actions.append(Ready(self.my_node, self.nodes))
+        return actions
+
+
+def barrier_request(group: int, customer_id: int, clock: VanClock) -> Message:
+    """A node's BARRIER request to the scheduler (app 0)."""
+    return control_message(Command.BARRIER, SCHEDULER_ID, clock.tick(), barrier_group=group,
+                           customer_id=customer_id, app_id=0, request=True)
+
+
+def terminate_message(my_id: int) -> Message:
+    """The TERMINATE a node sends to itself in Stop (no timestamp, customer 0)."""
+    return control_message(Command.TERMINATE, my_id, customer_id=0)
+
+
+__all__ = ["Connect", "Send", "Ready", "ReleaseBarrier", "Stop", "VanClock", "SchedulerMembership",
+           "NodeMembership", "assign_ids", "group_members", "barrier_request",
+           "terminate_message", "control_message", "ALL_GROUP"]

@@ -1,0 +1,186 @@
+"""Pure tests of the scheduler's and a node's membership state machines (no sockets)."""
+import pytest
+
+from kvstore_byteps.config import Role
+from kvstore_byteps.errors import ClusterStartError
+from kvstore_byteps.van.membership import (Connect, NodeMembership, Ready, ReleaseBarrier,
+                                           SchedulerMembership, Send, Stop, assign_ids,
+                                           barrier_request, group_members, terminate_message,
+                                           VanClock)
+from kvstore_byteps.van.message import K_EMPTY, Command, Message, Meta, Node, Control
+
+
+def node(role, host, port, node_id=K_EMPTY):
+    return Node(role=role, id=node_id, hostname=host, port=port)
+
+
+def from_sender(msg, sender):
+    msg.meta.sender = sender
+    return msg
+
+
+def add_node_request(n):
+    return from_sender(NodeMembership(n, node(Role.SCHEDULER, "s", 1), 10).start(0)[1].message,
+                       K_EMPTY)
+
+
+def sends(actions):
+    return [a.message for a in actions if isinstance(a, Send)]
+
+
+def test_ids_sorted_by_hostname_descending_then_port_ascending():
+    nodes = [node(Role.WORKER, "10.0.0.1", 500), node(Role.SERVER, "10.0.0.2", 900),
+             node(Role.WORKER, "10.0.0.2", 100), node(Role.SERVER, "10.0.0.1", 50),
+             node(Role.WORKER, "10.0.0.10", 1)]
+    ids = {(n.hostname, n.port): n.id for n in assign_ids(nodes)}
+    # order: 10.0.0.2:100 w, 10.0.0.2:900 s, 10.0.0.10:1 w, 10.0.0.1:50 s, 10.0.0.1:500 w
+    assert ids == {("10.0.0.2", 100): 9, ("10.0.0.2", 900): 8, ("10.0.0.10", 1): 11,
+                   ("10.0.0.1", 50): 10, ("10.0.0.1", 500): 13}
+
+
+def test_ids_match_upstream_capture():
+    # cap1: worker port 39431 -> 9, server 43905 -> 8, worker 58517 -> 11 (arrival order differs)
+    nodes = [node(Role.WORKER, "127.0.0.1", 58517), node(Role.SERVER, "127.0.0.1", 43905),
+             node(Role.WORKER, "127.0.0.1", 39431)]
+    assert [(n.port, n.id) for n in assign_ids(nodes)] == [(39431, 9), (43905, 8), (58517, 11)]
+
+
+def test_group_members_order():
+    assert group_members(7, 2, 2) == [9, 11, 8, 10, 1]
+    assert group_members(4, 3, 1) == [9, 11, 13]
+    assert group_members(2, 2, 2) == [8, 10]
+
+
+def make_scheduler(workers=2, servers=1, deadline=100.0):
+    return SchedulerMembership(node(Role.SCHEDULER, "127.0.0.1", 9091), workers, servers,
+                               start_deadline=deadline)
+
+
+def test_scheduler_replies_to_workers_then_servers_once_complete():
+    sched = make_scheduler()
+    members = [node(Role.WORKER, "127.0.0.1", 3000), node(Role.SERVER, "127.0.0.1", 2000),
+               node(Role.WORKER, "127.0.0.1", 1000)]
+    assert sched.handle(add_node_request(members[0]), 1.0) == []
+    assert sched.handle(add_node_request(members[1]), 1.0) == []
+    actions = sched.handle(add_node_request(members[2]), 1.0)
+    assert [a.node.id for a in actions if isinstance(a, Connect)] == [9, 8, 11]
+    replies = sends(actions)
+    assert [m.meta.recver for m in replies] == [9, 11, 8]
+    assert [m.meta.timestamp for m in replies] == [0, 1, 2]
+    announced = replies[0].meta.control.nodes
+    assert [(n.port, n.id) for n in announced] == [(1000, 9), (2000, 8), (3000, 11), (9091, 1)]
+    assert any(isinstance(a, Ready) for a in actions) and sched.ready
+
+
+def test_scheduler_ignores_add_node_from_named_identity():
+    sched = make_scheduler(workers=1, servers=0)
+    assert sched.handle(from_sender(add_node_request(node(Role.WORKER, "h", 1)), 9), 0) == []
+    assert not sched.ready
+
+
+def test_scheduler_deadline_names_missing_roles():
+    sched = make_scheduler(workers=2, servers=2, deadline=5.0)
+    sched.handle(add_node_request(node(Role.WORKER, "127.0.0.1", 1)), 1.0)
+    assert sched.tick(4.0) == []
+    with pytest.raises(ClusterStartError, match="1 of 2 workers and 2 of 2 servers"):
+        sched.tick(6.0)
+
+
+def test_barrier_counts_every_request_including_scheduler_and_resets():
+    sched = make_scheduler(workers=2, servers=1)
+    clock = VanClock()
+    for sender in (9, 11, 8):
+        assert sched.handle(from_sender(barrier_request(7, 0, clock), sender), 0) == []
+    replies = sends(sched.handle(from_sender(barrier_request(7, 0, clock), 1), 0))
+    assert [m.meta.recver for m in replies] == [9, 11, 8, 1]
+    assert all(m.meta.control.cmd == Command.BARRIER and not m.meta.request and m.meta.app_id == 0
+               for m in replies)
+    # counter was reset: a new round needs all members again
+    assert sched.handle(from_sender(barrier_request(7, 0, clock), 9), 0) == []
+
+
+def test_worker_group_barrier_is_independent():
+    sched = make_scheduler(workers=2, servers=1)
+    clock = VanClock()
+    assert sched.handle(from_sender(barrier_request(4, 0, clock), 9), 0) == []
+    assert sched.handle(from_sender(barrier_request(7, 0, clock), 8), 0) == []
+    assert [m.meta.recver for m in sends(
+        sched.handle(from_sender(barrier_request(4, 0, clock), 11), 0))] == [9, 11]
+
+
+def test_barrier_response_releases_node():
+    reply = Message(Meta(app_id=0, control=Control(cmd=Command.BARRIER, barrier_group=-12345)))
+    member = NodeMembership(node(Role.WORKER, "h", 1), node(Role.SCHEDULER, "h", 2), 10)
+    assert member.handle(reply, 0) == [ReleaseBarrier(0)]
+
+
+def test_heartbeat_recorded_and_answered():
+    sched = make_scheduler()
+    hb = Message(Meta(control=Control(cmd=Command.HEARTBEAT,
+                                      nodes=[node(Role.WORKER, "h", 5, 11)])), [])
+    replies = sends(sched.handle(hb, 42.0))
+    assert replies[0].meta.recver == 11 and replies[0].meta.control.nodes[0].id == 1
+    assert sched.dead_nodes(50.0, 5.0) == [11] and sched.dead_nodes(45.0, 5.0) == []
+
+
+def make_worker(deadline=10.0, heartbeat=0.0):
+    return NodeMembership(node(Role.WORKER, "127.0.0.1", 4000),
+                          node(Role.SCHEDULER, "127.0.0.1", 9091), deadline, heartbeat)
+
+
+def test_node_start_sends_anonymous_add_node():
+    actions = make_worker().start(0.0)
+    assert actions[0] == Connect(node(Role.SCHEDULER, "127.0.0.1", 9091, 1), anonymous=True)
+    msg = actions[1].message
+    assert msg.meta.control.cmd == Command.ADD_NODE and msg.meta.timestamp == 0
+    assert msg.meta.control.nodes[0].port == 4000
+
+
+def scheduler_reply(nodes):
+    return Message(Meta(control=Control(cmd=Command.ADD_NODE, nodes=nodes), timestamp=0))
+
+
+def test_node_adopts_id_and_connects_to_other_role_scheduler_and_itself():
+    worker = make_worker(heartbeat=2.0)
+    worker.start(0.0)
+    nodes = [node(Role.WORKER, "127.0.0.1", 4000, 9), node(Role.SERVER, "127.0.0.1", 5000, 8),
+             node(Role.WORKER, "127.0.0.1", 6000, 11), node(Role.SCHEDULER, "127.0.0.1", 9091, 1)]
+    actions = worker.handle(scheduler_reply(nodes), 1.0)
+    assert [a.node.id for a in actions if isinstance(a, Connect)] == [9, 8, 1]
+    assert worker.my_node.id == 9 and worker.ready
+    assert worker.tick(2.0) == []
+    beat = sends(worker.tick(3.5))
+    assert beat[0].meta.control.cmd == Command.HEARTBEAT and beat[0].meta.control.nodes[0].id == 9
+
+
+def test_node_not_in_list_is_an_error():
+    worker = make_worker()
+    with pytest.raises(ClusterStartError, match="does not contain this node"):
+        worker.handle(scheduler_reply([node(Role.SERVER, "127.0.0.1", 5000, 8)]), 1.0)
+
+
+def test_node_deadline_names_scheduler_address():
+    worker = make_worker(deadline=5.0)
+    worker.start(0.0)
+    assert worker.tick(4.9) == []
+    with pytest.raises(ClusterStartError, match="127.0.0.1:9091"):
+        worker.tick(5.1)
+
+
+def test_terminate_stops():
+    msg = terminate_message(9)
+    assert make_worker().handle(msg, 0) == [Stop()]
+    assert make_scheduler().handle(msg, 0) == [Stop()]
+
+
+def test_shutdown_sequence_second_group7_barrier_needs_everyone():
+    """The scheduler's second Barrier(7) completes only when all nodes entered finalize."""
+    sched = make_scheduler(workers=1, servers=1)
+    clock = VanClock()
+    for sender in (9, 8, 1):                          # start-up barrier
+        actions = sched.handle(from_sender(barrier_request(7, 0, clock), sender), 0)
+    assert len(sends(actions)) == 3
+    assert sched.handle(from_sender(barrier_request(7, 0, clock), 1), 0) == []  # scheduler waits
+    assert len(sends(sched.handle(from_sender(barrier_request(4, 0, clock), 9), 0))) == 1
+    assert sched.handle(from_sender(barrier_request(7, 0, clock), 8), 0) == []
+    assert len(sends(sched.handle(from_sender(barrier_request(7, 0, clock), 9), 0))) == 3
