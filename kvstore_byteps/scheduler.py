@@ -1,0 +1,49 @@
+"""The scheduler node: ``python -m kvstore_byteps.scheduler`` (reads the DMLC_* environment).
+
+It assigns node ids, runs barriers and heartbeats, and exits after the shutdown barrier, exactly
+as MXNet's scheduler does, so upstream servers and workers can join it.
+"""
+import logging
+import sys
+from typing import Optional
+
+from .config import Config, Role
+from .errors import KVStoreBytePSError
+from .logs import setup_logging
+from .van.message import ALL_GROUP
+from .van.postoffice import Postoffice
+
+log = logging.getLogger(__name__)
+
+
+def run_scheduler(config: Config) -> int:
+    """Run a scheduler until every node has finalized; return a process exit code."""
+    if config.role is not Role.SCHEDULER:
+        raise KVStoreBytePSError("run_scheduler needs DMLC_ROLE=scheduler, not %s"
+                                 % config.role.name.lower())
+    postoffice = Postoffice(config)
+    try:
+        postoffice.start()
+        postoffice.barrier(ALL_GROUP)          # start-up barrier (MXNet: RunServer)
+        postoffice.finalize()                  # shutdown barrier: waits for every node
+    except KVStoreBytePSError as exc:
+        log.error("scheduler failed: %s", exc)
+        postoffice.stop()
+        return 1
+    return 0
+
+
+def main(argv: Optional[list] = None) -> int:
+    try:
+        config = Config.from_env()
+    except KVStoreBytePSError as exc:
+        print("scheduler: %s" % exc, file=sys.stderr)
+        return 2
+    if config.role is not Role.SCHEDULER:
+        config = config.__class__(**{**config.__dict__, "role": Role.SCHEDULER})
+    setup_logging(config, "[scheduler]")
+    return run_scheduler(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

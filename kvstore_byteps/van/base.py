@@ -1,0 +1,49 @@
+"""The transport interface every van implements.
+
+A van moves :class:`~kvstore_byteps.van.message.Message` s between nodes and knows nothing of
+membership or key-value semantics (those live in membership.py, postoffice.py and kv.py). It has
+ps-lite's four hooks plus a receive loop:
+
+* ``bind(node, max_retry)``: listen at the node's address, return the port actually bound;
+* ``connect(node, my_id)``: open the channel used to send to ``node`` (``my_id=None``: anonymous);
+* ``send(message)``: thread-safe, to ``message.meta.recver``; returns bytes sent;
+* ``run(on_message, on_tick, tick_seconds)``: the receive loop, run on the van's own thread; it
+  returns after delivering a TERMINATE;
+* ``close()``: release everything, called after ``run`` returned.
+
+Receive-into-place transports (RDMA: the sender writes straight into a buffer the receiver
+registered) use ``register_recv_buffer``; a van that cannot do that (ZeroMQ) ignores it and
+delivers data in its own buffers, which the KV layer then copies once.
+"""
+import abc
+from typing import Callable, Optional
+
+from .message import Message, Node
+
+
+class Van(abc.ABC):
+    """Abstract transport. Only ``send`` and ``register_recv_buffer`` are thread-safe."""
+
+    @abc.abstractmethod
+    def bind(self, node: Node, max_retry: int) -> int:
+        """Listen at ``node.hostname``/``node.port`` (0: any free port); return the bound port."""
+
+    @abc.abstractmethod
+    def connect(self, node: Node, my_id: Optional[int]) -> None:
+        """Open (or replace) the sending channel to ``node``."""
+
+    @abc.abstractmethod
+    def send(self, message: Message) -> int:
+        """Send ``message`` to ``message.meta.recver``; return the number of bytes sent."""
+
+    @abc.abstractmethod
+    def run(self, on_message: Callable[[Message], bool], on_tick: Callable[[], None],
+            tick_seconds: float) -> None:
+        """Receive until ``on_message`` returns False (after TERMINATE); call ``on_tick`` often."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close every socket; call once ``run`` has returned."""
+
+    def register_recv_buffer(self, key: int, buffer) -> None:
+        """Offer ``buffer`` as the landing place for data of ``key`` (RDMA). Optional."""

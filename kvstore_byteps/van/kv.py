@@ -1,0 +1,326 @@
+"""The KV layer: ps-lite's KVWorker, KVServer and SimpleApp on top of the postoffice (spec §4).
+
+A worker request is sliced by server key range and sent to each server holding some of its
+keys; the responses are matched by (app id, customer id, timestamp) and the request completes
+when every server involved answered. KV requests and SimpleApp commands share one customer and
+one timestamp counter, as upstream.
+
+Data frames: keys (uint64 LE), vals (raw bytes), lens (int32 LE, bytes per key). Buffers travel
+without pickling and, above a small size, without copying.
+
+Thread-safety: every KVWorker and KVServer method is thread-safe. Request callbacks and server
+handlers run on the customer's thread: keep them short.
+"""
+import logging
+import threading
+import time
+from typing import Callable, Dict, List, NamedTuple, Optional
+
+import numpy as np
+
+from ..errors import DeadlineError, PeerError, ProtocolError
+from .kv_keys import as_keys, slice_request
+from .message import DataType, Message, Meta, server_rank_to_id
+
+log = logging.getLogger(__name__)
+
+_PUSH_TYPES = [DataType.UINT64, DataType.OTHER, DataType.INT32]
+
+
+class KVPairs(NamedTuple):
+    """Keys, raw value bytes and per-key lengths of a request or response."""
+
+    keys: np.ndarray
+    vals: memoryview
+    lens: Optional[np.ndarray]
+
+
+def _frames(keys, vals, lens, with_empty_vals: bool):
+    """Data frames and their types: [keys, vals(, lens)]; a pull carries an empty vals frame."""
+    if keys is None:
+        return [], []
+    data = [np.ascontiguousarray(keys, dtype=np.uint64)]
+    if vals is None and not with_empty_vals:
+        return data, _PUSH_TYPES[:1]
+    data.append(vals if vals is not None else b"")
+    if lens is None or len(lens) == 0:
+        return data, _PUSH_TYPES[:2]
+    data.append(np.ascontiguousarray(lens, dtype=np.int32))
+    return data, _PUSH_TYPES[:]
+
+
+def parse_kv_frames(message: Message) -> KVPairs:
+    """Validate and view the data frames of a KV message; ProtocolError if malformed."""
+    frames = message.data
+    if len(frames) not in (0, 2, 3):
+        raise ProtocolError("expected 0, 2 or 3 data frames, got %d" % len(frames))
+    if not frames:
+        return KVPairs(np.empty(0, np.uint64), memoryview(b""), None)
+    keys_buf, vals = memoryview(frames[0]).cast("B"), memoryview(frames[1]).cast("B")
+    if keys_buf.nbytes % 8:
+        raise ProtocolError("keys frame of %d bytes is not a multiple of 8" % keys_buf.nbytes)
+    keys = np.frombuffer(keys_buf, dtype=np.uint64)
+    lens = None
+    if len(frames) == 3:
+        lens_buf = memoryview(frames[2]).cast("B")
+        if lens_buf.nbytes % 4:
+            raise ProtocolError("lens frame of %d bytes is not a multiple of 4" % lens_buf.nbytes)
+        lens = np.frombuffer(lens_buf, dtype=np.int32)
+        if len(lens) != len(keys):
+            raise ProtocolError("%d lens for %d keys" % (len(lens), len(keys)))
+    return KVPairs(keys, vals, lens)
+
+
+# ============================================================================ worker side
+class Request:
+    """A pending worker request: a future completed by the servers' responses."""
+
+    def __init__(self, what: str, timestamp: int, servers: List[int],
+                 callback: Optional[Callable[["Request"], None]]):
+        self.what, self.timestamp = what, timestamp
+        self._waiting = set(servers)
+        self._parts: List[KVPairs] = []
+        self._callback = callback
+        self._done = threading.Event()
+        self.error: Optional[BaseException] = None
+        self.result: Optional[KVPairs] = None
+        self.head: Optional[int] = None
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def _on_response(self, sender: int, meta: Meta, kvs: KVPairs) -> None:
+        if sender not in self._waiting:
+            log.warning("%s: unexpected answer from node %d", self.what, sender)
+            return
+        self._waiting.discard(sender)
+        error = (meta.extra or {}).get("error")
+        if error and self.error is None:
+            self.error = PeerError("%s: server node %d answered with an error: %s"
+                                   % (self.what, sender, error))
+        if len(kvs.keys):
+            self._parts.append(kvs)
+        self.head = meta.head
+        if not self._waiting:
+            self._complete()
+
+    def _fail(self, error: BaseException) -> None:
+        if not self.done:
+            self.error = self.error or error
+            self._waiting.clear()
+            self._complete()
+
+    def _complete(self) -> None:
+        if self.error is None:
+            self.result = _concat(self._parts)
+        self._done.set()
+        if self._callback is not None:
+            try:
+                self._callback(self)
+            except Exception:
+                log.exception("%s: completion callback failed", self.what)
+
+    def wait(self, timeout: Optional[float] = None) -> KVPairs:
+        """Block until complete; return the pulled data (empty for a push).
+
+        Raises PeerError if a server answered with an error, DeadlineError naming the servers
+        that did not answer within ``timeout`` seconds.
+        """
+        if not self._done.wait(timeout):
+            raise DeadlineError("%s (timestamp %d): no answer from server node(s) %s within "
+                                "%.0f s" % (self.what, self.timestamp, sorted(self._waiting),
+                                            timeout))
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def _concat(parts: List[KVPairs]) -> KVPairs:
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        return KVPairs(np.empty(0, np.uint64), memoryview(b""), None)
+    parts = sorted(parts, key=lambda p: int(p.keys[0]))
+    lens = None if any(p.lens is None for p in parts) else np.concatenate([p.lens for p in parts])
+    vals = memoryview(b"".join(bytes(p.vals) for p in parts))
+    return KVPairs(np.concatenate([p.keys for p in parts]), vals, lens)
+
+
+class KVWorker:
+    """Sends push/pull/pushpull requests and SimpleApp commands to the servers."""
+
+    def __init__(self, postoffice, app_id: int = 0, customer_id: int = 0,
+                 request_timeout: Optional[float] = None):
+        self.po, self.app_id, self.customer_id = postoffice, app_id, customer_id
+        self.request_timeout = (request_timeout if request_timeout is not None
+                                else postoffice.config.request_timeout)
+        self._lock = threading.Lock()
+        self._next_timestamp = 0
+        self._pending: Dict[int, Request] = {}
+        postoffice.register_customer(app_id, customer_id, self._on_message)
+
+    # -------------------------------------------------------------- public API
+    def push(self, keys, vals, lens=None, cmd: int = 0, priority: int = 0,
+             callback=None, extra=None) -> Request:
+        return self._request(keys, vals, lens, cmd, True, False, priority, callback, extra)
+
+    def pull(self, keys, cmd: int = 0, priority: int = 0, callback=None, extra=None) -> Request:
+        return self._request(keys, None, None, cmd, False, True, priority, callback, extra)
+
+    def pushpull(self, keys, vals, lens=None, cmd: int = 0, priority: int = 0,
+                 callback=None, extra=None) -> Request:
+        return self._request(keys, vals, lens, cmd, True, True, priority, callback, extra)
+
+    def command(self, head: int, body: bytes = b"", callback=None) -> Request:
+        """A SimpleApp command to every server (e.g. MXNet's kSyncMode = 3)."""
+        servers = self.po.group_ids(2)
+        request = self._new_request("command %d" % head, servers, callback)
+        for server in servers:
+            meta = Meta(head=head, body=body, request=True, simple_app=True, app_id=self.app_id,
+                        customer_id=self.customer_id, timestamp=request.timestamp,
+                        recver=server)
+            self._send(request, Message(meta))
+        return request
+
+    def wait(self, request: Request) -> KVPairs:
+        return request.wait(self.request_timeout)
+
+    # -------------------------------------------------------------- internals
+    def _request(self, keys, vals, lens, cmd, push, pull, priority, callback, extra) -> Request:
+        keys = as_keys(keys)
+        lens = None if lens is None else np.ascontiguousarray(lens, dtype=np.int32).reshape(-1)
+        slices = slice_request(keys, vals if push else None, lens, self.po.server_key_ranges())
+        op = "pushpull" if push and pull else ("push" if push else "pull")
+        what = "%s of %d key(s) [%d..]" % (op, len(keys), int(keys[0]) if len(keys) else -1)
+        request = self._new_request(what, [server_rank_to_id(s.server_rank) for s in slices],
+                                    callback)
+        for part in slices:
+            data, types = _frames(part.keys, part.vals if push else None, part.lens,
+                                  with_empty_vals=True)
+            meta = Meta(head=cmd, request=True, push=push, pull=pull, app_id=self.app_id,
+                        customer_id=self.customer_id, timestamp=request.timestamp,
+                        priority=priority, data_type=types, extra=extra,
+                        recver=server_rank_to_id(part.server_rank))
+            self._send(request, Message(meta, data))
+        return request
+
+    def _new_request(self, what, servers, callback) -> Request:
+        with self._lock:
+            timestamp = self._next_timestamp
+            self._next_timestamp += 1
+            request = Request(what, timestamp, servers, callback)
+            if servers:
+                self._pending[timestamp] = request
+        if not servers:
+            request._complete()
+        return request
+
+    def _send(self, request: Request, message: Message) -> None:
+        try:
+            self.po.send(message)
+        except Exception as exc:
+            with self._lock:
+                self._pending.pop(request.timestamp, None)
+            request._fail(PeerError("%s: sending to node %d failed: %s"
+                                    % (request.what, message.meta.recver, exc)))
+            raise request.error from exc
+
+    def _on_message(self, message: Message) -> None:
+        meta = message.meta
+        if meta.request:
+            log.warning("worker got a request from node %d; dropped", meta.sender)
+            return
+        with self._lock:
+            request = self._pending.get(meta.timestamp)
+        if request is None:
+            log.warning("answer with unknown timestamp %d from node %d; dropped",
+                        meta.timestamp, meta.sender)
+            return
+        try:
+            kvs = parse_kv_frames(message)
+        except ProtocolError as exc:
+            request._fail(PeerError("%s: malformed answer from node %d: %s"
+                                    % (request.what, meta.sender, exc)))
+            kvs = None
+        if kvs is not None:
+            request._on_response(meta.sender, meta, kvs)
+        if request.done:
+            with self._lock:
+                self._pending.pop(meta.timestamp, None)
+
+    def fail_pending(self, error: BaseException) -> None:
+        """Fail every pending request (e.g. when a server is lost)."""
+        with self._lock:
+            pending, self._pending = list(self._pending.values()), {}
+        for request in pending:
+            request._fail(error)
+
+
+# ============================================================================ server side
+class KVRequest:
+    """One request as a server handler sees it (data frames viewed without copying)."""
+
+    __slots__ = ("meta", "keys", "vals", "lens", "received")
+
+    def __init__(self, meta: Meta, kvs: KVPairs):
+        self.meta = meta
+        self.keys, self.vals, self.lens = kvs
+        self.received = time.monotonic()
+
+    @property
+    def sender(self) -> int:
+        return self.meta.sender
+
+
+Handler = Callable[[KVRequest, "KVServer"], None]
+
+
+class KVServer:
+    """Receives KV requests and SimpleApp commands for ``app_id`` and sends the answers."""
+
+    def __init__(self, postoffice, app_id: int = 0, request_handler: Optional[Handler] = None,
+                 command_handler: Optional[Handler] = None):
+        self.po, self.app_id = postoffice, app_id
+        self.request_handler = request_handler
+        self.command_handler = command_handler
+        postoffice.register_customer(app_id, app_id, self._on_message)
+
+    def respond(self, req: KVRequest, keys=None, vals=None, lens=None,
+                error: Optional[str] = None) -> None:
+        """Answer ``req``: an ack (no data), data (keys, vals, lens) or an error text."""
+        data, types = _frames(keys, vals, lens, with_empty_vals=keys is not None)
+        m = req.meta
+        meta = Meta(head=m.head, request=False, push=m.push, pull=m.pull,
+                    simple_app=m.simple_app, app_id=self.app_id, customer_id=m.customer_id,
+                    timestamp=m.timestamp, data_type=types, recver=m.sender,
+                    extra={"error": error} if error else None)
+        self.po.send(Message(meta, data))
+
+    def _on_message(self, message: Message) -> None:
+        meta = message.meta
+        if not meta.request:
+            log.warning("server got an answer from node %d; dropped", meta.sender)
+            return
+        try:
+            req = KVRequest(meta, parse_kv_frames(message))
+        except ProtocolError as exc:
+            log.warning("malformed request from node %d: %s", meta.sender, exc)
+            self._respond_error(KVRequest(meta, KVPairs(np.empty(0, np.uint64),
+                                                         memoryview(b""), None)), str(exc))
+            return
+        handler = self.command_handler if meta.simple_app else self.request_handler
+        try:
+            if handler is None:
+                raise ProtocolError("no handler for %s" % (
+                    "commands" if meta.simple_app else "KV requests"))
+            handler(req, self)
+        except Exception as exc:
+            log.warning("request from node %d (head %d) failed: %s", meta.sender, meta.head, exc)
+            self._respond_error(req, str(exc))
+
+    def _respond_error(self, req: KVRequest, text: str) -> None:
+        try:
+            self.respond(req, error=text)
+        except Exception as exc:
+            log.warning("could not send an error answer to node %d: %s", req.sender, exc)

@@ -1,0 +1,76 @@
+"""Key ranges and key slicing of ps-lite's KV layer (spec §4.1). Pure."""
+from typing import List, NamedTuple, Optional, Tuple
+
+import numpy as np
+
+K_MAX_KEY = 2 ** 64 - 1
+
+
+class KeyRange(NamedTuple):
+    """Half-open ``[begin, end)`` range of ps keys owned by one server."""
+
+    begin: int
+    end: int
+
+
+def server_key_ranges(num_servers: int) -> List[KeyRange]:
+    """Server rank i owns ``[kMaxKey // S * i, kMaxKey // S * (i + 1))``."""
+    step = K_MAX_KEY // num_servers
+    return [KeyRange(step * i, step * (i + 1)) for i in range(num_servers)]
+
+
+class Slice(NamedTuple):
+    """The part of one request that goes to one server."""
+
+    server_rank: int
+    keys: np.ndarray
+    vals: memoryview
+    lens: Optional[np.ndarray]
+
+
+def as_keys(keys) -> np.ndarray:
+    """Keys as a sorted uint64 array; raise ValueError if they are not ascending."""
+    array = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
+    if array.size > 1 and not np.all(array[1:] > array[:-1]):
+        raise ValueError("keys must be unique and sorted ascending")
+    return array
+
+
+def slice_request(keys: np.ndarray, vals, lens: Optional[np.ndarray],
+                  ranges: List[KeyRange]) -> List[Slice]:
+    """Split keys (sorted), vals and lens by server range; servers with no keys are omitted.
+
+    With ``lens`` the vals are split by the per-key byte lengths; without, evenly per key.
+    """
+    vals = memoryview(vals).cast("B") if vals is not None else memoryview(b"")
+    bounds = np.searchsorted(keys, np.array([r.begin for r in ranges] + [ranges[-1].end],
+                                            dtype=np.uint64))
+    if lens is not None:
+        if len(lens) != len(keys):
+            raise ValueError("lens has %d entries for %d keys" % (len(lens), len(keys)))
+        offsets = np.concatenate(([0], np.cumsum(lens, dtype=np.int64)))
+        if offsets[-1] != vals.nbytes:
+            raise ValueError("lens sum to %d bytes but vals has %d" % (offsets[-1], vals.nbytes))
+    elif len(keys) and vals.nbytes % len(keys):
+        raise ValueError("%d value bytes cannot be split evenly over %d keys"
+                         % (vals.nbytes, len(keys)))
+    per_key = vals.nbytes // len(keys) if len(keys) else 0
+    slices = []
+    for rank in range(len(ranges)):
+        lo, hi = int(bounds[rank]), int(bounds[rank + 1])
+        if lo == hi:
+            continue
+        if lens is not None:
+            part = vals[int(offsets[lo]):int(offsets[hi])]
+        else:
+            part = vals[lo * per_key:hi * per_key]
+        slices.append(Slice(rank, keys[lo:hi], part, None if lens is None else lens[lo:hi]))
+    return slices
+
+
+def key_range_of(key: int, ranges: List[KeyRange]) -> Tuple[int, KeyRange]:
+    """The server rank and range holding ``key``."""
+    for rank, key_range in enumerate(ranges):
+        if key_range.begin <= key < key_range.end:
+            return rank, key_range
+    raise ValueError("key %d is outside every server's range" % key)

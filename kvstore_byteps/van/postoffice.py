@@ -1,0 +1,281 @@
+"""The postoffice: one per process; joins the cluster and routes messages (ps-lite's Postoffice).
+
+It owns the van, runs the membership state machine on the van's receive thread, executes the
+machine's actions, and hands data messages to customers (the KV apps), each of which runs its
+handler on its own thread so a slow handler never stalls the receive loop.
+
+Thread-safety: ``start``, ``barrier`` and ``finalize`` are for the owning thread; ``send`` and
+``register_customer`` are thread-safe.
+"""
+import logging
+import queue
+import threading
+import time
+from typing import Callable, Dict, List, Optional, Tuple
+
+from ..config import Config, Role, VanType
+from ..errors import ConfigError, DeadlineError, PeerError
+from .membership import (Connect, NodeMembership, Ready, ReleaseBarrier, SchedulerMembership,
+                         Send, Stop, barrier_request, group_members, terminate_message)
+from .message import (ALL_GROUP, K_EMPTY, SCHEDULER_ID, Message, Node, id_to_rank)
+from .kv_keys import KeyRange, server_key_ranges
+from .netif import choose_host, pick_free_port
+
+log = logging.getLogger(__name__)
+
+_TICK_SECONDS = 0.05
+_STOP_SECONDS = 10.0
+_PROGRESS_LOG_SECONDS = 30.0
+
+
+def make_van(config: Config):
+    """The van named by ``DMLC_PS_VAN_TYPE``; transports are imported only when chosen."""
+    if config.van_type is VanType.ZMQ:
+        from .zmq_van import ZMQVan
+        return ZMQVan(config)
+    raise ConfigError("DMLC_PS_VAN_TYPE=%s is not available yet (only zmq is implemented)"
+                      % config.van_type.value)
+
+
+class Customer:
+    """Runs one app's message handler on a dedicated thread, in arrival order."""
+
+    def __init__(self, app_id: int, customer_id: int, handler: Callable[[Message], None]):
+        self.app_id, self.customer_id, self.handler = app_id, customer_id, handler
+        self._queue: "queue.SimpleQueue[Optional[Message]]" = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, daemon=True,
+                                        name="customer-%d-%d" % (app_id, customer_id))
+        self._thread.start()
+
+    def accept(self, message: Message) -> None:
+        self._queue.put(message)
+
+    def stop(self, timeout: float) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            message = self._queue.get()
+            if message is None:
+                return
+            try:
+                self.handler(message)
+            except Exception:  # a bad message must not kill the app
+                log.exception("app %d customer %d failed on a message from node %s",
+                              self.app_id, self.customer_id, message.meta.sender)
+
+
+class Postoffice:
+    """Cluster membership, barriers and message routing for one node."""
+
+    def __init__(self, config: Config, van=None):
+        self.config = config
+        self.van = van if van is not None else make_van(config)
+        self.my_node: Optional[Node] = None
+        self.nodes: List[Node] = []
+        self.membership = None
+        self._customers: Dict[Tuple[int, int], Customer] = {}
+        self._early: Dict[Tuple[int, int], List[Message]] = {}
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._stopped = threading.Event()
+        self._barrier_cond = threading.Condition()
+        self._barrier_released = 0
+        self._error: Optional[BaseException] = None
+        self._thread: Optional[threading.Thread] = None
+        self._finalized = False
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def role(self) -> Role:
+        return self.config.role
+
+    @property
+    def num_workers(self) -> int:
+        return self.config.num_workers
+
+    @property
+    def num_servers(self) -> int:
+        return self.config.num_servers
+
+    @property
+    def my_id(self) -> int:
+        return self.my_node.id if self.my_node else K_EMPTY
+
+    @property
+    def my_rank(self) -> int:
+        return id_to_rank(self.my_id)
+
+    def server_key_ranges(self) -> List[KeyRange]:
+        return server_key_ranges(self.num_servers)
+
+    def group_ids(self, group: int) -> List[int]:
+        return group_members(group, self.num_workers, self.num_servers)
+
+    # ------------------------------------------------------------------ start
+    def start(self) -> None:
+        """Bind, register with the scheduler and block until the cluster is formed.
+
+        Raises ClusterStartError (naming the scheduler address or the missing nodes) when the
+        cluster does not form within ``BYTEPS_START_TIMEOUT`` seconds.
+        """
+        cfg = self.config
+        deadline = time.monotonic() + cfg.start_timeout
+        scheduler = Node(Role.SCHEDULER, SCHEDULER_ID, cfg.root_uri, cfg.root_port)
+        if cfg.is_scheduler:
+            if not cfg.root_port:
+                raise ConfigError("DMLC_PS_ROOT_PORT must be set for the scheduler")
+            self.van.bind(scheduler, max_retry=0)
+            self.my_node = scheduler
+            self.membership = SchedulerMembership(scheduler, cfg.num_workers, cfg.num_servers,
+                                                  deadline)
+        else:
+            if not cfg.root_port:
+                raise ConfigError("DMLC_PS_ROOT_PORT must be set (the scheduler's port)")
+            host = choose_host(cfg.node_host, cfg.interface)
+            me = Node(cfg.role, K_EMPTY, host, cfg.port or pick_free_port())
+            me.port = self.van.bind(me, max_retry=40)
+            self.my_node = me
+            self.membership = NodeMembership(me, scheduler, deadline, cfg.heartbeat_interval)
+        self._thread = threading.Thread(target=self._receive_loop, daemon=True,
+                                        name="van-receive")
+        self._thread.start()
+        self._execute(self.membership.start(time.monotonic()))
+        self._ready.wait(max(0.0, deadline - time.monotonic()) + 1.0)
+        if self._error is not None:
+            raise self._error
+        if not self._ready.is_set():
+            raise DeadlineError("cluster start-up did not finish")
+        log.info("%s is ready", self.my_node.describe())
+
+    # ------------------------------------------------------------------ receive side
+    def _receive_loop(self) -> None:
+        try:
+            self.van.run(self._on_message, self._on_tick, _TICK_SECONDS)
+        except BaseException as exc:  # reaches start()/barrier() callers
+            self._error = exc
+            log.error("%s", exc)
+        finally:
+            self._stopped.set()
+            self._ready.set()
+            with self._barrier_cond:
+                self._barrier_cond.notify_all()
+            self.van.close()
+
+    def _on_tick(self) -> None:
+        self._execute(self.membership.tick(time.monotonic()))
+
+    def _on_message(self, message: Message) -> bool:
+        if message.meta.is_control:
+            return self._execute(self.membership.handle(message, time.monotonic()))
+        self._dispatch_data(message)
+        return True
+
+    def _execute(self, actions) -> bool:
+        keep_running = True
+        for action in actions:
+            if isinstance(action, Connect):
+                self.van.connect(action.node, None if action.anonymous else self.membership.my_node.id)
+            elif isinstance(action, Send):
+                self.van.send(action.message)
+            elif isinstance(action, Ready):
+                self.my_node, self.nodes = action.my_node, action.nodes
+                self._ready.set()
+            elif isinstance(action, ReleaseBarrier):
+                with self._barrier_cond:
+                    self._barrier_released += 1
+                    self._barrier_cond.notify_all()
+            elif isinstance(action, Stop):
+                keep_running = False
+        return keep_running
+
+    def _dispatch_data(self, message: Message) -> None:
+        meta = message.meta
+        if meta.sender == K_EMPTY or meta.app_id == K_EMPTY:
+            log.warning("dropped a data message without %s",
+                        "sender identity" if meta.sender == K_EMPTY else "app_id")
+            return
+        customer_id = meta.customer_id if self.role is Role.WORKER else meta.app_id
+        key = (meta.app_id, customer_id)
+        with self._lock:
+            customer = self._customers.get(key)
+            if customer is None:   # the app is not registered yet: keep it for later
+                self._early.setdefault(key, []).append(message)
+                return
+        customer.accept(message)
+
+    # ------------------------------------------------------------------ apps
+    def register_customer(self, app_id: int, customer_id: int,
+                          handler: Callable[[Message], None]) -> Customer:
+        """Route data messages of (app_id, customer_id) to ``handler`` on its own thread."""
+        customer = Customer(app_id, customer_id, handler)
+        with self._lock:
+            if (app_id, customer_id) in self._customers:
+                raise ValueError("customer (%d, %d) is already registered" % (app_id, customer_id))
+            self._customers[(app_id, customer_id)] = customer
+            early = self._early.pop((app_id, customer_id), [])
+        for message in early:
+            customer.accept(message)
+        return customer
+
+    def send(self, message: Message) -> int:
+        """Send a message to ``message.meta.recver`` (thread-safe)."""
+        if self._stopped.is_set():
+            raise PeerError("cannot send to node %s: this node's van has stopped%s"
+                            % (message.meta.recver,
+                               " (%s)" % self._error if self._error else ""))
+        message.meta.sender = self.my_id
+        return self.van.send(message)
+
+    # ------------------------------------------------------------------ barrier / stop
+    def barrier(self, group: int, customer_id: int = 0, timeout: Optional[float] = None) -> None:
+        """Block until every member of ``group`` called barrier. ``timeout=None`` waits as long
+        as the cluster is alive, logging progress; otherwise DeadlineError after ``timeout`` s."""
+        if len(self.group_ids(group)) <= 1:
+            return
+        with self._barrier_cond:
+            target = self._barrier_released + 1
+        self.send(barrier_request(group, customer_id, self.membership.clock))
+        started = time.monotonic()
+        with self._barrier_cond:
+            while self._barrier_released < target:
+                if self._stopped.is_set():
+                    raise PeerError("barrier of group %d aborted: the van stopped (%s)"
+                                    % (group, self._error))
+                waited = time.monotonic() - started
+                if timeout is not None and waited > timeout:
+                    raise DeadlineError("%s: barrier of group %d (nodes %s) not complete after "
+                                        "%.0f s" % (self.my_node.describe(), group,
+                                                    self.group_ids(group), waited))
+                if not self._barrier_cond.wait(_PROGRESS_LOG_SECONDS if timeout is None
+                                               else min(timeout, _PROGRESS_LOG_SECONDS)):
+                    log.info("%s still waiting for barrier of group %d",
+                             self.my_node.describe(), group)
+
+    def finalize(self, barrier: bool = True) -> None:
+        """MXNet's shutdown: Barrier(7), then TERMINATE to self; idempotent."""
+        if self._finalized or self._thread is None:
+            return
+        self._finalized = True
+        try:
+            if barrier and not self._stopped.is_set():
+                self.barrier(ALL_GROUP)
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        """Stop the receive loop (TERMINATE to self) and every customer."""
+        if not self._stopped.is_set():
+            try:
+                self.van.send(terminate_message(self.my_id))
+            except Exception as exc:  # van already broken: the loop ends anyway
+                log.debug("could not send TERMINATE to self: %s", exc)
+        if self._thread is not None:
+            self._thread.join(_STOP_SECONDS)
+            if self._thread.is_alive():
+                log.error("the van's receive loop did not stop within %.0f s", _STOP_SECONDS)
+        with self._lock:
+            customers = list(self._customers.values())
+        for customer in customers:
+            customer.stop(_STOP_SECONDS)

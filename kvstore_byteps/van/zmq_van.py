@@ -1,0 +1,153 @@
+"""ZeroMQ van speaking MXNet 1.9.1 ps-lite's wire format (spec/pslite-wire.md §1).
+
+One ROUTER socket receives; one DEALER per peer sends, with identity ``ps<my id>`` once the id is
+known. A message is ``[PBMeta] + data frames``; data frames go out without copying (pyzmq keeps the
+buffer alive until libzmq is done with it) and come in as zmq frames exposed as memoryviews.
+
+Threading: the ROUTER belongs to the thread in ``run``; DEALERs are used under a per-peer lock by
+any thread and closed in ``close`` after the receive loop ended, never while another thread may
+be using them.
+"""
+import logging
+import random
+import threading
+from typing import Callable, Dict, Optional
+
+from ..config import Config
+from ..errors import ConfigError, ProtocolError
+from .base import Van
+from .codec import decode_meta, encode_meta
+from .message import K_EMPTY, Message, Node
+
+log = logging.getLogger(__name__)
+
+# Below this size pyzmq copies anyway; above it we hand libzmq the buffer itself.
+_ZERO_COPY_MIN_BYTES = 16384
+
+
+def _zmq():
+    try:
+        import zmq
+    except ImportError:  # pragma: no cover - pyzmq is a hard dependency
+        raise ImportError("the zmq van needs pyzmq: pip install pyzmq") from None
+    return zmq
+
+
+def parse_identity(identity: bytes) -> int:
+    """ps-lite's rule: ``ps<digits>`` is that node id; anything else is kEmpty."""
+    if len(identity) > 2 and identity.startswith(b"ps") and identity[2:].isdigit():
+        return int(identity[2:])
+    return K_EMPTY
+
+
+class ZMQVan(Van):
+    """ps-lite-compatible ZeroMQ transport."""
+
+    def __init__(self, config: Config):
+        self._zmq = _zmq()
+        self.config = config
+        self.context = self._zmq.Context()
+        self.context.set(self._zmq.MAX_SOCKETS, 65536)
+        self.receiver = None
+        self.my_id = K_EMPTY
+        self._senders: Dict[int, object] = {}
+        self._locks: Dict[int, threading.Lock] = {}
+        self._senders_lock = threading.Lock()
+        self._closed = False
+
+    # ------------------------------------------------------------------ binding
+    def _address(self, host: str, port: int) -> str:
+        if self.config.local_ipc:
+            return "ipc:///tmp/%d" % port
+        return "tcp://%s:%d" % (host or "*", port)
+
+    def bind(self, node: Node, max_retry: int) -> int:
+        zmq = self._zmq
+        self.receiver = self.context.socket(zmq.ROUTER)
+        self.receiver.setsockopt(zmq.LINGER, 0)
+        port = node.port
+        for attempt in range(max_retry + 1):
+            try:
+                self.receiver.bind(self._address(node.hostname, port))
+                return port
+            except zmq.ZMQError as exc:
+                error = exc
+                port = random.randrange(10000, 50000)
+        self.receiver.close(0)
+        raise ConfigError("cannot bind %s (%s) after %d attempt(s): %s"
+                          % (self._address(node.hostname, node.port), node.role.name.lower(),
+                             max_retry + 1, error))
+
+    # ------------------------------------------------------------------ sending
+    def connect(self, node: Node, my_id: Optional[int]) -> None:
+        zmq = self._zmq
+        socket = self.context.socket(zmq.DEALER)
+        if my_id is not None:
+            self.my_id = my_id
+            socket.setsockopt(zmq.IDENTITY, b"ps%d" % my_id)
+            if self.config.water_mark:
+                socket.setsockopt(zmq.SNDHWM, self.config.water_mark)
+        socket.connect(self._address(node.hostname, node.port))
+        with self._senders_lock:
+            lock = self._locks.setdefault(node.id, threading.Lock())
+        with lock:
+            old = self._senders.get(node.id)
+            self._senders[node.id] = socket
+        if old is not None:
+            old.close(0)
+
+    def send(self, message: Message) -> int:
+        recver = message.meta.recver
+        lock = self._locks.get(recver)
+        if lock is None:
+            raise ProtocolError("no connection to node %s" % recver)
+        frames = [encode_meta(message.meta)]
+        frames.extend(message.data)
+        copy = message.data_bytes() < _ZERO_COPY_MIN_BYTES
+        with lock:
+            socket = self._senders.get(recver)
+            if socket is None or self._closed:
+                raise ProtocolError("connection to node %s is closed" % recver)
+            socket.send_multipart(frames, copy=copy)
+        return len(frames[0]) + message.data_bytes()
+
+    # ------------------------------------------------------------------ receiving
+    def run(self, on_message: Callable[[Message], bool], on_tick: Callable[[], None],
+            tick_seconds: float) -> None:
+        zmq = self._zmq
+        poller = zmq.Poller()
+        poller.register(self.receiver, zmq.POLLIN)
+        timeout_ms = max(1, int(tick_seconds * 1000))
+        while True:
+            if poller.poll(timeout_ms):
+                message = self._receive_one()
+                if message is not None and not on_message(message):
+                    break
+            on_tick()
+
+    def _receive_one(self) -> Optional[Message]:
+        frames = self.receiver.recv_multipart(copy=False)
+        sender = parse_identity(frames[0].bytes)
+        if len(frames) < 2:
+            log.warning("dropped a message without meta frame from %r", frames[0].bytes)
+            return None
+        try:
+            meta = decode_meta(frames[1].buffer, sender=sender, recver=self.my_id)
+        except ProtocolError as exc:
+            log.warning("dropped a malformed message from %r: %s", frames[0].bytes, exc)
+            return None
+        return Message(meta, [frame.buffer for frame in frames[2:]])
+
+    # ------------------------------------------------------------------ shutdown
+    def close(self) -> None:
+        with self._senders_lock:
+            self._closed = True
+            locks = dict(self._locks)
+        for node_id, lock in locks.items():
+            with lock:
+                socket = self._senders.pop(node_id, None)
+            if socket is not None:
+                socket.close(0)
+        if self.receiver is not None:
+            self.receiver.close(0)
+        self.context.term()
