@@ -1,0 +1,184 @@
+"""Partitioning of tensors into ps keys and their placement on servers. Pure.
+
+A tensor registered under an int ``user_key`` (MXNet's int key, or the index a str key was mapped
+to) is cut into partitions of at most ``BYTEPS_PARTITION_BYTES`` bytes, aligned down to the dtype's
+item size so no element straddles two partitions. Each partition is placed on a server by hashing
+its *local key* (:mod:`~kvstore_byteps.engine.keyhash`), so the servers' loads balance.
+
+Key encoding (collision-free for ``0 <= user_key < 2**31`` and up to 65536 partitions a key)::
+
+    local_key = (user_key << 16) | partition_index            # < 2**47
+    ps_key    = range_begin(server) + local_key
+    range_begin(i) = (kMaxKey // num_servers) * i,  kMaxKey = 2**64 - 1   (ps-lite's ranges)
+
+``local_key`` fits every server's range as long as ``kMaxKey // num_servers > 2**47``, i.e. for
+fewer than 131072 servers, so each ps key lies in its server's range and a server recovers
+``(user_key, partition_index)`` from ``ps_key - range_begin(my_rank)``. Two different
+``(user_key, index)`` pairs give different local keys, and keys of different servers lie in
+disjoint ranges, so no two partitions of any tensors share a ps key.
+"""
+import dataclasses
+from typing import Dict, List, Tuple
+
+from ..config import Config
+from ..errors import KVStoreBytePSError
+from .keyhash import KeyHash, server_for_key
+
+__all__ = ["K_MAX_KEY", "PARTITION_BITS", "MAX_PARTITIONS", "MAX_USER_KEY", "KeyLayoutError",
+           "Partition", "PartitionPlan", "Partitioner", "server_key_range", "encode_ps_key",
+           "decode_ps_key", "partition_bound", "plan_partitions"]
+
+#: ps-lite's ``kMaxKey``.
+K_MAX_KEY = 2 ** 64 - 1
+PARTITION_BITS = 16
+MAX_PARTITIONS = 1 << PARTITION_BITS
+#: Largest user key the encoding admits (MXNet keys are C ``int``).
+MAX_USER_KEY = 2 ** 31 - 1
+_LOCAL_KEY_LIMIT = (MAX_USER_KEY + 1) << PARTITION_BITS
+
+
+class KeyLayoutError(KVStoreBytePSError, ValueError):
+    """A key or tensor cannot be laid out (key out of range, too many partitions, size changed)."""
+
+
+def server_key_range(rank: int, num_servers: int) -> Tuple[int, int]:
+    """ps-lite's key range ``[begin, end)`` of server ``rank`` among ``num_servers``."""
+    if not 0 <= rank < num_servers:
+        raise ValueError("server rank %d is not in [0, %d)" % (rank, num_servers))
+    width = K_MAX_KEY // num_servers
+    return width * rank, width * (rank + 1)
+
+
+def _check_server_count(num_servers: int) -> None:
+    if num_servers < 1 or K_MAX_KEY // num_servers < _LOCAL_KEY_LIMIT:
+        raise KeyLayoutError("%d servers: the key encoding needs 1 <= servers < 131072"
+                             % num_servers)
+
+
+def encode_ps_key(user_key: int, index: int, server: int, num_servers: int) -> int:
+    """The ps key of partition ``index`` of ``user_key`` placed on ``server``."""
+    _check_server_count(num_servers)
+    return server_key_range(server, num_servers)[0] + _local_key(user_key, index)
+
+
+def decode_ps_key(ps_key: int, num_servers: int) -> Tuple[int, int, int]:
+    """Inverse of :func:`encode_ps_key`: ``(server, user_key, index)``."""
+    _check_server_count(num_servers)
+    server = min(ps_key // (K_MAX_KEY // num_servers), num_servers - 1)
+    local = ps_key - server_key_range(server, num_servers)[0]
+    if not 0 <= local < _LOCAL_KEY_LIMIT:
+        raise KeyLayoutError("ps key %d is not a kvstore-byteps partition key" % ps_key)
+    return server, local >> PARTITION_BITS, local & (MAX_PARTITIONS - 1)
+
+
+def _local_key(user_key: int, index: int) -> int:
+    if not 0 <= user_key <= MAX_USER_KEY:
+        raise KeyLayoutError("key %d is outside [0, 2**31)" % user_key)
+    if not 0 <= index < MAX_PARTITIONS:
+        raise KeyLayoutError("partition index %d of key %d is outside [0, %d)"
+                             % (index, user_key, MAX_PARTITIONS))
+    return (user_key << PARTITION_BITS) | index
+
+
+def partition_bound(partition_bytes: int, itemsize: int) -> int:
+    """``partition_bytes`` aligned down to ``itemsize`` (at least one item)."""
+    if partition_bytes < 1 or itemsize < 1:
+        raise ValueError("partition_bytes and itemsize must be positive, got %d and %d"
+                         % (partition_bytes, itemsize))
+    return max(partition_bytes // itemsize, 1) * itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class Partition:
+    """One slice ``[offset, offset + nbytes)`` of a tensor's bytes and where it lives."""
+
+    user_key: int
+    index: int
+    offset: int
+    nbytes: int
+    server: int
+    ps_key: int
+
+    @property
+    def end(self) -> int:
+        """Byte offset one past the partition."""
+        return self.offset + self.nbytes
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionPlan:
+    """How one tensor is cut: its partitions in byte order."""
+
+    user_key: int
+    nbytes: int
+    itemsize: int
+    partitions: Tuple[Partition, ...]
+
+    def __len__(self) -> int:
+        return len(self.partitions)
+
+    def by_server(self) -> Dict[int, List[Partition]]:
+        """Partitions grouped by server rank, each group in byte order."""
+        groups: Dict[int, List[Partition]] = {}
+        for part in self.partitions:
+            groups.setdefault(part.server, []).append(part)
+        return groups
+
+
+def plan_partitions(user_key: int, nbytes: int, itemsize: int, num_servers: int, *,
+                    partition_bytes: int = 4096000, key_hash: KeyHash = KeyHash.DJB2,
+                    num_workers: int = 1) -> PartitionPlan:
+    """Cut ``nbytes`` (a multiple of ``itemsize``) into partitions and place them.
+
+    A zero-byte tensor gets one empty partition, so it still takes part in every round.
+    """
+    _check_server_count(num_servers)
+    if nbytes < 0 or nbytes % itemsize:
+        raise KeyLayoutError("key %d: %d bytes is not a whole number of %d-byte items"
+                             % (user_key, nbytes, itemsize))
+    bound = partition_bound(partition_bytes, itemsize)
+    count = max(-(-nbytes // bound), 1)
+    if count > MAX_PARTITIONS:
+        raise KeyLayoutError("key %d: %d bytes need %d partitions of %d bytes; at most %d are "
+                             "supported (raise BYTEPS_PARTITION_BYTES)"
+                             % (user_key, nbytes, count, bound, MAX_PARTITIONS))
+    parts = tuple(_place(user_key, index, index * bound, min(bound, nbytes - index * bound),
+                         num_servers, key_hash, num_workers) for index in range(count))
+    return PartitionPlan(user_key, nbytes, itemsize, parts)
+
+
+def _place(user_key: int, index: int, offset: int, nbytes: int, num_servers: int,
+           key_hash: KeyHash, num_workers: int) -> Partition:
+    local = _local_key(user_key, index)
+    server = server_for_key(local, num_servers, key_hash, num_workers)
+    ps_key = server_key_range(server, num_servers)[0] + local
+    return Partition(user_key, index, offset, max(nbytes, 0), server, ps_key)
+
+
+class Partitioner:
+    """Plans tensors with one node's settings and remembers each key's plan.
+
+    Not thread-safe: call it from one thread (the KVStore's API thread).
+    """
+
+    def __init__(self, config: Config, num_servers: int = 0, num_workers: int = 0):
+        """Use ``config``'s partition size and hash; server/worker counts default to config's."""
+        self._num_servers = num_servers or config.num_servers
+        self._num_workers = num_workers or config.num_workers
+        self._partition_bytes = config.partition_bytes
+        self._key_hash = KeyHash.parse(config.key_hash_fn)
+        self._plans: Dict[int, PartitionPlan] = {}
+
+    def plan(self, user_key: int, nbytes: int, itemsize: int) -> PartitionPlan:
+        """The plan of ``user_key``; raise KeyLayoutError if its size or dtype width changed."""
+        known = self._plans.get(user_key)
+        if known is None:
+            known = plan_partitions(user_key, nbytes, itemsize, self._num_servers,
+                                    partition_bytes=self._partition_bytes,
+                                    key_hash=self._key_hash, num_workers=self._num_workers)
+            self._plans[user_key] = known
+        elif (known.nbytes, known.itemsize) != (nbytes, itemsize):
+            raise KeyLayoutError("key %d was planned with %d bytes of %d-byte items, now %d "
+                                 "bytes of %d-byte items" % (user_key, known.nbytes,
+                                                             known.itemsize, nbytes, itemsize))
+        return known

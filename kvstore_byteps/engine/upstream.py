@@ -1,0 +1,148 @@
+"""Upstream MXNet 1.9.1's key layout and command encoding (spec pslite-wire.md 5.1, 5.2). Pure.
+
+Against an unmodified upstream C++ server our worker must send exactly what an upstream worker
+sends: one request per MXNet key, the ps keys and lens of ``EncodeDefaultKey``, and the Cantor
+paired ``cmd``. These functions reproduce that arithmetic, including its quirks:
+
+* the server of a small array is ``(key * 9973) % num_servers`` evaluated in C ``int`` (32-bit,
+  wrapping), so for ``key > 215329`` the product overflows; when it turns negative, upstream
+  indexes its server list with a negative number (undefined behaviour), which we refuse;
+* big arrays (``n_elems >= MXNET_KVSTORE_BIGARRAY_BOUND``) are split over all servers with
+  ``round(n / S * (i + 1)) - round(n / S * i)`` elements on server ``i``, computed in double
+  precision with C's ``round`` (half away from zero); parts may be empty.
+"""
+import dataclasses
+import enum
+import math
+from typing import Tuple
+
+from .partition import KeyLayoutError, server_key_range
+
+__all__ = ["RequestType", "MshadowDType", "PSKV", "dtype_code", "encode_cmd", "decode_cmd",
+           "mxnet_server_for_key", "encode_default_key", "round_half_away"]
+
+_INT32_MAX = 2 ** 31 - 1
+
+
+class RequestType(enum.IntEnum):
+    """MXNet's ``RequestType`` (the first member of the ``cmd`` pair)."""
+
+    DEFAULT_PUSHPULL = 0
+    ROW_SPARSE_PUSHPULL = 1
+    COMPRESSED_PUSHPULL = 2
+
+
+class MshadowDType(enum.IntEnum):
+    """mshadow's dtype codes (the second member of the ``cmd`` pair)."""
+
+    FLOAT32 = 0
+    FLOAT64 = 1
+    FLOAT16 = 2
+    UINT8 = 3
+    INT32 = 4
+    INT8 = 5
+    INT64 = 6
+    BOOL = 7
+    INT16 = 8
+    UINT16 = 9
+    UINT32 = 10
+    UINT64 = 11
+    BFLOAT16 = 12
+
+
+_NUMPY_NAMES = {
+    "float32": MshadowDType.FLOAT32, "float64": MshadowDType.FLOAT64,
+    "float16": MshadowDType.FLOAT16, "uint8": MshadowDType.UINT8, "int32": MshadowDType.INT32,
+    "int8": MshadowDType.INT8, "int64": MshadowDType.INT64, "bool": MshadowDType.BOOL,
+    "int16": MshadowDType.INT16, "uint16": MshadowDType.UINT16, "uint32": MshadowDType.UINT32,
+    "uint64": MshadowDType.UINT64, "bfloat16": MshadowDType.BFLOAT16,
+}
+
+
+def dtype_code(dtype) -> MshadowDType:
+    """mshadow code of a numpy dtype (or its name)."""
+    name = getattr(dtype, "name", None) or getattr(dtype, "__name__", None) or str(dtype)
+    try:
+        return _NUMPY_NAMES[name]
+    except KeyError:
+        raise KeyLayoutError("dtype %r has no mshadow code" % (dtype,)) from None
+
+
+def encode_cmd(request_type: RequestType, dtype: MshadowDType) -> int:
+    """Cantor pairing ``(m + d)(m + d + 1) / 2 + d`` as MXNet puts it in ``Meta.head``."""
+    total = int(request_type) + int(dtype)
+    return total * (total + 1) // 2 + int(dtype)
+
+
+def decode_cmd(cmd: int) -> Tuple[RequestType, MshadowDType]:
+    """Inverse of :func:`encode_cmd`; raise ValueError for codes outside both enums."""
+    if cmd < 0:
+        raise ValueError("cmd %d is negative" % cmd)
+    total = (math.isqrt(8 * cmd + 1) - 1) // 2
+    dtype = cmd - total * (total + 1) // 2
+    return RequestType(total - dtype), MshadowDType(dtype)
+
+
+def _c_int32(value: int) -> int:
+    return ((value + 2 ** 31) % 2 ** 32) - 2 ** 31
+
+
+def _c_remainder(dividend: int, divisor: int) -> int:
+    """C's ``%``: the result takes the sign of the dividend."""
+    result = abs(dividend) % divisor
+    return -result if dividend < 0 else result
+
+
+def mxnet_server_for_key(key: int, num_servers: int) -> int:
+    """Upstream's server of a small array: ``(key * 9973) % num_servers`` in C ``int``."""
+    if not 0 <= key <= _INT32_MAX:
+        raise KeyLayoutError("key %d is outside MXNet's int key range [0, 2**31)" % key)
+    server = _c_remainder(_c_int32(key * 9973), num_servers)
+    if server < 0:
+        raise KeyLayoutError(
+            "key %d: upstream MXNet computes server %d for it ((key*9973) overflows int32), "
+            "which is undefined behaviour in MXNet; use a key below 215330 or a single server"
+            % (key, server))
+    return server
+
+
+def round_half_away(value: float) -> int:
+    """C's ``round`` for non-negative doubles."""
+    whole = int(value)
+    return whole + 1 if value - whole >= 0.5 else whole
+
+
+@dataclasses.dataclass(frozen=True)
+class PSKV:
+    """Upstream's ``PSKV``: the ps keys of one MXNet key, bytes per ps key, total bytes."""
+
+    keys: Tuple[int, ...]
+    lens: Tuple[int, ...]
+    size: int
+
+
+def encode_default_key(key: int, num_elems: int, itemsize: int, num_servers: int,
+                       bigarray_bound: int = 1000000) -> PSKV:
+    """Upstream's ``EncodeDefaultKey`` for default (dense) storage."""
+    if num_elems < 0 or itemsize < 1:
+        raise ValueError("num_elems must be >= 0 and itemsize >= 1, got %d and %d"
+                         % (num_elems, itemsize))
+    if num_elems < bigarray_bound:
+        server = mxnet_server_for_key(key, num_servers)
+        return _pskv(key, [(server, num_elems * itemsize)], num_servers)
+    if not 0 <= key <= _INT32_MAX:
+        raise KeyLayoutError("key %d is outside MXNet's int key range [0, 2**31)" % key)
+    per_server = num_elems / num_servers
+    parts = [(i, (round_half_away(per_server * (i + 1)) - round_half_away(per_server * i))
+              * itemsize) for i in range(num_servers)]
+    return _pskv(key, parts, num_servers)
+
+
+def _pskv(key: int, parts, num_servers: int) -> PSKV:
+    for _, nbytes in parts:
+        if nbytes > _INT32_MAX:
+            raise KeyLayoutError("key %d: a %d-byte slice does not fit MXNet's int lens"
+                                 % (key, nbytes))
+    keys = tuple(server_key_range(server, num_servers)[0] + key for server, _ in parts)
+    lens = tuple(nbytes for _, nbytes in parts)
+    return PSKV(keys, lens, sum(lens))
