@@ -1,0 +1,90 @@
+"""Multi-process cluster harness for tests: every process is bounded in time and killed at exit.
+
+    with Cluster(num_workers=2, num_servers=1) as cluster:
+        cluster.start("scheduler", SCHEDULER_OURS)
+        cluster.start("server", SERVER_MXNET)
+        cluster.start("worker", [sys.executable, script], rank=0)
+        results = cluster.wait_all(timeout=90)     # {name: (returncode, output)}
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+from tests.conftest import free_port, kill_process_tree
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+APPS = os.path.join(REPO, "tests", "apps")
+PY = sys.executable
+SCHEDULER_OURS = [PY, "-m", "kvstore_byteps.scheduler"]
+UPSTREAM = [PY, "-c", "import mxnet"]      # scheduler or server, by DMLC_ROLE
+
+
+def app(name, *args):
+    """Command running tests/apps/<name>."""
+    return [PY, os.path.join(APPS, name)] + [str(a) for a in args]
+
+
+class Cluster:
+    """Starts scheduler/server/worker processes on 127.0.0.1 with the DMLC environment."""
+
+    def __init__(self, num_workers, num_servers, env=None):
+        self.base_env = dict(os.environ)
+        self.base_env.update({
+            "DMLC_NUM_WORKER": str(num_workers), "DMLC_NUM_SERVER": str(num_servers),
+            "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": str(free_port()),
+            "DMLC_NODE_HOST": "127.0.0.1", "PYTHONPATH": REPO, "PYTHONUNBUFFERED": "1",
+            "BYTEPS_START_TIMEOUT": "40", "BYTEPS_REQUEST_TIMEOUT": "60",
+        })
+        self.base_env.update(env or {})
+        self.procs = {}
+
+    def start(self, role, argv, name=None, env=None):
+        name = name or "%s%d" % (role, sum(1 for n in self.procs if n.startswith(role)))
+        child_env = dict(self.base_env, DMLC_ROLE=role, **(env or {}))
+        log = tempfile.TemporaryFile(mode="w+")
+        proc = subprocess.Popen(argv, env=child_env, cwd=REPO, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = (proc, log)
+        return name
+
+    def output(self, name):
+        log = self.procs[name][1]
+        log.seek(0)
+        return log.read()
+
+    def wait_all(self, timeout):
+        """Wait for every process; on timeout kill all and raise with everyone's output."""
+        import time
+        deadline = time.monotonic() + timeout
+        for name, (proc, _) in self.procs.items():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.kill_all()
+                raise AssertionError("%s did not exit within %d s\n%s"
+                                     % (name, timeout, self.dump()))
+        return {name: (proc.returncode, self.output(name))
+                for name, (proc, _) in self.procs.items()}
+
+    def dump(self):
+        return "\n".join("---- %s (rc=%s)\n%s" % (n, p.poll(), self.output(n)[-3000:])
+                         for n, (p, _) in self.procs.items())
+
+    def kill_all(self):
+        for proc, _ in self.procs.values():
+            if proc.poll() is None:
+                kill_process_tree(proc)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.kill_all()
+        for _, log in self.procs.values():
+            log.close()
+
+
+def assert_all_ok(results, cluster):
+    bad = {n: rc for n, (rc, _) in results.items() if rc != 0}
+    assert not bad, "non-zero exit codes %s\n%s" % (bad, cluster.dump())

@@ -1,0 +1,55 @@
+"""Cluster tests mixing our nodes with real MXNet 1.9.1 nodes on 127.0.0.1 (sums checked)."""
+import pytest
+
+from tests.cluster import SCHEDULER_OURS, UPSTREAM, Cluster, app, assert_all_ok
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.timeout(150)
+
+
+def _ok_rounds(results, name, rounds=3):
+    out = results[name][1]
+    assert sum(" ok sum " in line for line in out.splitlines()) >= rounds, out
+
+
+def test_a_our_scheduler_upstream_server_and_workers():
+    with Cluster(num_workers=2, num_servers=1) as cluster:
+        cluster.start("scheduler", SCHEDULER_OURS)
+        cluster.start("server", UPSTREAM)
+        for _ in range(2):
+            cluster.start("worker", app("upstream_worker.py", "3,4"))
+        results = cluster.wait_all(120)
+        assert_all_ok(results, cluster)
+        _ok_rounds(results, "worker0")
+        _ok_rounds(results, "worker1")
+
+
+@pytest.mark.parametrize("ours_rank", [0, 1])
+def test_b_our_kv_worker_beside_upstream_nodes(ours_rank):
+    low, high = sorted([free_port(), free_port()])
+    ours_port, theirs_port = (low, high) if ours_rank == 0 else (high, low)
+    with Cluster(num_workers=2, num_servers=1) as cluster:
+        cluster.start("scheduler", UPSTREAM)
+        cluster.start("server", UPSTREAM)
+        cluster.start("worker", app("kv_worker.py", "--keys", "3"), name="ours",
+                      env={"PORT": str(ours_port)})
+        cluster.start("worker", app("upstream_worker.py", "3"), name="upstream",
+                      env={"PORT": str(theirs_port)})
+        results = cluster.wait_all(120)
+        assert_all_ok(results, cluster)
+        _ok_rounds(results, "ours")
+        _ok_rounds(results, "upstream")
+        assert "rank %d round" % ours_rank in results["ours"][1]
+
+
+def test_c_our_scheduler_sum_servers_and_workers_two_ranges():
+    with Cluster(num_workers=2, num_servers=2) as cluster:
+        cluster.start("scheduler", SCHEDULER_OURS)
+        for _ in range(2):
+            cluster.start("server", app("sum_server.py"))
+        for _ in range(2):
+            cluster.start("worker", app("kv_worker.py", "--keys", "0,1,2,3", "--multi"))
+        results = cluster.wait_all(120)
+        assert_all_ok(results, cluster)
+        _ok_rounds(results, "worker0")
+        _ok_rounds(results, "worker1")

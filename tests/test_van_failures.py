@@ -1,0 +1,128 @@
+"""Failure paths of the van layer: clear errors, no hangs (in-process nodes on 127.0.0.1)."""
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from kvstore_byteps.config import Config, Role
+from kvstore_byteps.errors import ClusterStartError, ConfigError, PeerError
+from kvstore_byteps.van.codec import encode_meta
+from kvstore_byteps.van.kv import KVServer, KVWorker
+from kvstore_byteps.van.message import Meta
+from kvstore_byteps.van.postoffice import Postoffice
+from tests.conftest import free_port, wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def config(role, port, workers=1, servers=1, timeout=20.0):
+    return Config(role=role, num_workers=workers, num_servers=servers, root_uri="127.0.0.1",
+                  root_port=port, node_host="127.0.0.1", start_timeout=timeout,
+                  request_timeout=10.0)
+
+
+def start_in_thread(po):
+    errors = []
+
+    def run():
+        try:
+            po.start()
+        except Exception as exc:
+            errors.append(exc)
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, errors
+
+
+def test_scheduler_unreachable_names_address():
+    port = free_port()
+    po = Postoffice(config(Role.WORKER, port, timeout=1.0))
+    started = time.monotonic()
+    with pytest.raises(ClusterStartError, match="127.0.0.1:%d" % port):
+        po.start()
+    assert time.monotonic() - started < 5
+
+
+def test_missing_nodes_named_by_scheduler():
+    port = free_port()
+    scheduler = Postoffice(config(Role.SCHEDULER, port, workers=2, servers=1, timeout=2.0))
+    worker = Postoffice(config(Role.WORKER, port, workers=2, servers=1, timeout=2.0))
+    thread, errors = start_in_thread(worker)
+    with pytest.raises(ClusterStartError, match="1 of 2 workers and 1 of 1 servers"):
+        scheduler.start()
+    thread.join(10)
+    assert errors and isinstance(errors[0], ClusterStartError)
+
+
+def test_port_already_taken():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        with pytest.raises(ConfigError, match="127.0.0.1:%d" % port):
+            Postoffice(config(Role.SCHEDULER, port)).start()
+
+
+@pytest.fixture
+def tiny_cluster():
+    """Scheduler, one echo-summing server and one worker in this process."""
+    port = free_port()
+    nodes = [Postoffice(config(role, port)) for role in (Role.SCHEDULER, Role.SERVER, Role.WORKER)]
+    store = {}
+
+    def on_request(req, server):
+        if req.meta.push:
+            store[int(req.keys[0])] = bytes(req.vals)
+            server.respond(req)
+        else:
+            server.respond(req, req.keys, store[int(req.keys[0])], [len(store[int(req.keys[0])])])
+    KVServer(nodes[1], request_handler=on_request)
+    worker = KVWorker(nodes[2])
+    threads = [start_in_thread(po) for po in nodes]
+    for thread, errors in threads:
+        thread.join(15)
+        assert not errors
+    yield nodes, worker
+    for po in nodes:
+        po.stop()
+
+
+def raw_dealer(port, identity):
+    import zmq
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, identity)
+    sock.setsockopt(zmq.LINGER, 2000)
+    sock.connect("tcp://127.0.0.1:%d" % port)
+    return sock
+
+
+def test_malformed_frames_are_dropped_and_node_keeps_working(tiny_cluster, caplog):
+    nodes, worker = tiny_cluster
+    server_port = nodes[1].my_node.port
+    sock = raw_dealer(server_port, b"ps99")   # ps9 is taken by the real worker
+    valid = encode_meta(Meta(head=0, request=True, push=True, app_id=0, timestamp=999))
+    sock.send_multipart([b"\xff\xfe garbage"])                       # undecodable meta
+    sock.send_multipart([valid, b"k" * 8, b"v", b"l" * 4, b"extra"])  # 4 data frames
+    sock.send_multipart([valid, b"kkk", b"v"])                        # truncated keys frame
+    sock.close()
+    wait_until(lambda: caplog.text.count("malformed") >= 3, 10, "three 'malformed' log lines")
+    keys, vals = [7], np.arange(4, dtype=np.float32)
+    worker.wait(worker.push(keys, vals, [16]))
+    got = worker.wait(worker.pull(keys))
+    assert np.array_equal(np.frombuffer(got.vals, np.float32), vals)
+
+
+def test_server_error_reaches_worker_as_peer_error(tiny_cluster):
+    _, worker = tiny_cluster
+    with pytest.raises(PeerError, match="answered with an error"):
+        worker.wait(worker.pull([12345]))           # never pushed: the handler raises KeyError
+    worker.wait(worker.push([1], np.ones(2, np.float32), [8]))   # still serving
+
+
+def test_unsorted_keys_rejected_before_sending(tiny_cluster):
+    _, worker = tiny_cluster
+    with pytest.raises(ValueError, match="sorted"):
+        worker.push([5, 3], np.ones(2, np.float32), [4, 4])
