@@ -12,16 +12,19 @@ def _ok_rounds(results, name, rounds=3):
     assert sum(" ok sum " in line for line in out.splitlines()) >= rounds, out
 
 
-def test_a_our_scheduler_upstream_server_and_workers():
-    with Cluster(num_workers=2, num_servers=1) as cluster:
+@pytest.mark.parametrize("env", [{}, {"PS_HEARTBEAT_INTERVAL": "1", "BYTEPS_LOG_LEVEL": "DEBUG"}], ids=["plain", "heartbeat"])
+def test_a_our_scheduler_upstream_server_and_workers(env):
+    with Cluster(num_workers=2, num_servers=1, env=env) as cluster:
         cluster.start("scheduler", SCHEDULER_OURS)
         cluster.start("server", UPSTREAM)
         for _ in range(2):
-            cluster.start("worker", app("upstream_worker.py", "3,4"))
+            cluster.start("worker", app("upstream_worker.py", "3,4", 100, 1.0 if env else 0))
         results = cluster.wait_all(120)
         assert_all_ok(results, cluster)
         _ok_rounds(results, "worker0")
         _ok_rounds(results, "worker1")
+        if env:   # upstream nodes heartbeat to our scheduler, which answers
+            assert "control HEARTBEAT from node 9" in results["scheduler0"][1]
 
 
 @pytest.mark.parametrize("ours_rank", [0, 1])

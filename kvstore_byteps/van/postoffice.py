@@ -121,6 +121,9 @@ class Postoffice:
         cluster does not form within ``BYTEPS_START_TIMEOUT`` seconds.
         """
         cfg = self.config
+        if cfg.resend:
+            log.warning("PS_RESEND=1 is not implemented by kvstore-byteps nodes yet: they "
+                        "neither resend nor acknowledge; unset it for mixed clusters")
         deadline = time.monotonic() + cfg.start_timeout
         scheduler = Node(Role.SCHEDULER, SCHEDULER_ID, cfg.root_uri, cfg.root_port)
         if cfg.is_scheduler:
@@ -168,6 +171,7 @@ class Postoffice:
 
     def _on_message(self, message: Message) -> bool:
         if message.meta.is_control:
+            log.debug("control %s from node %s", message.meta.control.cmd.name, message.meta.sender)
             return self._execute(self.membership.handle(message, time.monotonic()))
         self._dispatch_data(message)
         return True
