@@ -1,0 +1,49 @@
+"""Config: parsing, defaults and errors that quote the variable and the value."""
+import dataclasses
+
+import pytest
+
+from kvstore_byteps.config import Config, Role, ServerKind, VanType
+from kvstore_byteps.errors import ConfigError
+
+
+def test_defaults_match_upstream_and_byteps():
+    cfg = Config.from_env({})
+    assert cfg.role is Role.WORKER          # MXNet treats a missing DMLC_ROLE as worker
+    assert cfg.van_type is VanType.ZMQ and cfg.kvstore_server is ServerKind.MXNET
+    assert cfg.partition_bytes == 4096000 and cfg.server_engine_threads == 4
+    assert cfg.bigarray_bound == 1000000
+
+
+def test_parses_cluster_environment():
+    cfg = Config.from_env({"DMLC_ROLE": "Server", "DMLC_NUM_WORKER": "8", "DMLC_NUM_SERVER": "4",
+                           "DMLC_PS_ROOT_URI": "10.0.0.1", "DMLC_PS_ROOT_PORT": "9091",
+                           "PS_HEARTBEAT_INTERVAL": "2.5", "MXNET_KVSTORE_SERVER": "BytePS",
+                           "DMLC_PS_VAN_TYPE": "byteps_tcp", "BYTEPS_ENABLE_ASYNC": "1"})
+    assert (cfg.role, cfg.num_workers, cfg.num_servers) == (Role.SERVER, 8, 4)
+    assert (cfg.root_uri, cfg.root_port, cfg.heartbeat_interval) == ("10.0.0.1", 9091, 2.5)
+    assert cfg.kvstore_server is ServerKind.BYTEPS and cfg.van_type is VanType.BYTEPS_TCP
+    assert cfg.enable_async and cfg.is_server
+
+
+def test_enable_rdma_selects_rdma_van_unless_van_type_given():
+    assert Config.from_env({"DMLC_ENABLE_RDMA": "1"}).van_type is VanType.BYTEPS_RDMA
+    assert Config.from_env({"DMLC_ENABLE_RDMA": "1",
+                            "DMLC_PS_VAN_TYPE": "zmq"}).van_type is VanType.ZMQ
+
+
+@pytest.mark.parametrize("name,value", [
+    ("DMLC_ROLE", "boss"), ("DMLC_NUM_WORKER", "0"), ("DMLC_NUM_SERVER", "two"),
+    ("DMLC_PS_ROOT_PORT", "70000"), ("PS_HEARTBEAT_INTERVAL", "-1"), ("PS_RESEND", "maybe"),
+    ("MXNET_KVSTORE_SERVER", "ps-lite"), ("DMLC_PS_VAN_TYPE", "ibverbs"),
+    ("BYTEPS_PARTITION_BYTES", "0"), ("BYTEPS_KEY_HASH_FN", "md5"), ("PS_DROP_MSG", "101"),
+])
+def test_bad_values_name_variable_and_value(name, value):
+    with pytest.raises(ConfigError) as info:
+        Config.from_env({name: value})
+    assert name in str(info.value) and repr(value) in str(info.value)
+
+
+def test_config_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Config.from_env({}).num_workers = 3
