@@ -1,0 +1,86 @@
+"""Credit-based priority queue, as BytePS schedules partitions. Pure; not thread-safe.
+
+Items wait in a priority queue: a higher ``priority`` leaves first (MXNet passes
+``priority = -param_index``, so layer 0, needed first by the next forward pass, goes first), and
+items of equal priority leave in the order they arrived. A queue built with a credit lets at most
+``credit`` items be *in flight* (popped and not yet released); BytePS counts its
+``BYTEPS_SCHEDULING_CREDIT`` in partitions, and so do we, so every item costs one credit.
+
+Because a higher-priority item enqueued later is popped before lower-priority ones still queued,
+the front layers' partitions overtake the back layers' whenever the credit is exhausted.
+
+The caller serialises access (the pipeline holds its lock around every call).
+"""
+import heapq
+import itertools
+from typing import Callable, Generic, List, Optional, Tuple, TypeVar
+
+__all__ = ["CreditScheduler"]
+
+T = TypeVar("T")
+
+
+class CreditScheduler(Generic[T]):
+    """Priority queue whose pops are limited by a credit of in-flight items."""
+
+    def __init__(self, credit: Optional[int] = None):
+        """``credit``: most items in flight at once; ``None`` means unlimited."""
+        if credit is not None and credit < 1:
+            raise ValueError("credit must be positive or None, got %r" % (credit,))
+        self._credit = credit
+        self._in_flight = 0
+        self._heap: List[Tuple[int, int, T]] = []
+        self._order = itertools.count()
+
+    def __len__(self) -> int:
+        """Number of queued (not yet popped) items."""
+        return len(self._heap)
+
+    @property
+    def in_flight(self) -> int:
+        """Items popped and not yet released."""
+        return self._in_flight
+
+    @property
+    def credit(self) -> Optional[int]:
+        """The configured credit (``None``: unlimited)."""
+        return self._credit
+
+    def has_credit(self) -> bool:
+        """Whether one more item may be popped now."""
+        return self._credit is None or self._in_flight < self._credit
+
+    def push(self, item: T, priority: int = 0) -> None:
+        """Queue ``item``; higher ``priority`` leaves earlier, FIFO among equals."""
+        heapq.heappush(self._heap, (-priority, next(self._order), item))
+
+    def ready(self) -> bool:
+        """Whether :meth:`pop` would return an item."""
+        return bool(self._heap) and self.has_credit()
+
+    def pop(self) -> Optional[T]:
+        """Take the highest-priority item and one credit, or return None if none may leave."""
+        if not self.ready():
+            return None
+        self._in_flight += 1
+        return heapq.heappop(self._heap)[2]
+
+    def peek_priority(self) -> Optional[int]:
+        """Priority of the item that would leave next (ignoring credit), or None if empty."""
+        return -self._heap[0][0] if self._heap else None
+
+    def release(self, count: int = 1) -> None:
+        """Return the credit of ``count`` items that finished; raise if more than in flight."""
+        if not 0 <= count <= self._in_flight:
+            raise ValueError("releasing %d credits but only %d items are in flight"
+                             % (count, self._in_flight))
+        self._in_flight -= count
+
+    def remove_if(self, predicate: Callable[[T], bool]) -> List[T]:
+        """Drop queued items matching ``predicate`` (no credit involved); return them in order."""
+        kept = [entry for entry in self._heap if not predicate(entry[2])]
+        removed = sorted(entry for entry in self._heap if predicate(entry[2]))
+        if removed:
+            self._heap = kept
+            heapq.heapify(self._heap)
+        return [entry[2] for entry in removed]

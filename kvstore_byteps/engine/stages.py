@@ -1,0 +1,380 @@
+"""The worker pipeline: an enum of stages, one priority queue and one thread per stage.
+
+A :class:`Task` is one tensor's pushpull. :meth:`Pipeline.submit` splits it into one
+:class:`WorkItem` per partition; each item moves from stage queue to stage queue, and the task's
+:attr:`Task.future` completes when every item has left the last stage (or, on error, when none
+is still being worked on). Queues are ordered by the task's priority (higher first, FIFO among
+equals); the queue of the first stage of the *credit span* (PUSH by default) lets at most
+``credit`` items into the span (up to the end of PULL) at once, as BytePS's scheduling credit.
+
+Stage functions are plain callables, so tests plug in fakes and the integrator plugs in the
+KVWorker-backed PUSH/PULL:
+
+* synchronous (``StageSpec(stage, fn)``): ``fn(item)`` does the work and returns;
+* asynchronous (``asynchronous=True``): ``fn(item, done)`` starts the work and returns at once;
+  whoever finishes it calls ``done()`` or ``done(error)``, from any thread, exactly once;
+* ``batch=True``: ``fn`` receives a list of all the items that may leave the queue now (still
+  bounded by credit), e.g. to send one request per server for many small partitions.
+
+An exception raised by ``fn`` (or passed to ``done``) fails the task: the task's queued items are
+dropped, its future gets the exception with a note naming the stage, key and partition, and
+other tasks go on.
+"""
+import concurrent.futures
+import dataclasses
+import enum
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..errors import DeadlineError, KVStoreBytePSError
+from .scheduler import CreditScheduler
+from .trace import Tracer, now_ns
+
+__all__ = ["Stage", "StageSpec", "Task", "WorkItem", "Pipeline", "PipelineClosedError"]
+
+#: Idle stage threads re-check for shutdown at least this often (seconds).
+_IDLE_POLL_S = 1.0
+#: Time stage threads get to stop after the drain deadline of :meth:`Pipeline.close` (seconds).
+_STOP_GRACE_S = 1.0
+
+
+class Stage(enum.IntEnum):
+    """The worker's stages, in data-path order."""
+
+    LOCAL_REDUCE = 0
+    COPY_D2H = 1
+    PUSH = 2
+    PULL = 3
+    COPY_H2D = 4
+    LOCAL_BROADCAST = 5
+
+
+class PipelineClosedError(KVStoreBytePSError):
+    """The pipeline was closed before (or while) the task ran."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StageSpec:
+    """One stage of a pipeline: its name, its function and how the function is called."""
+
+    stage: Stage
+    fn: Callable[..., None]
+    asynchronous: bool = False
+    batch: bool = False
+
+
+class Task:
+    """One tensor's trip through the pipeline. Stage functions read and write its fields."""
+
+    def __init__(self, key: int, partitions: Sequence[Any], priority: int = 0,
+                 inputs: Any = None, outputs: Any = None, name: str = "",
+                 context: Optional[Dict[str, Any]] = None):
+        """``partitions``: one entry per work item (e.g. :class:`~.partition.Partition`)."""
+        if not partitions:
+            raise ValueError("task of key %r has no partitions" % (key,))
+        self.key = key
+        self.partitions = tuple(partitions)
+        self.priority = priority
+        self.inputs = inputs
+        self.outputs = outputs
+        self.name = name or "key %s" % (key,)
+        self.context: Dict[str, Any] = {} if context is None else context
+        self.future: "concurrent.futures.Future[Task]" = concurrent.futures.Future()
+        self.step = 0
+        self._remaining = len(self.partitions)
+        self._error: Optional[BaseException] = None
+        self._resolved = False
+        self._submitted = False
+
+    @property
+    def failed(self) -> bool:
+        """Whether a stage failed this task (its remaining items are being dropped)."""
+        return self._error is not None
+
+    def __repr__(self) -> str:
+        return "Task(%s, priority=%d, partitions=%d)" % (self.name, self.priority,
+                                                          len(self.partitions))
+
+
+@dataclasses.dataclass(eq=False)
+class WorkItem:
+    """One partition of a task on its way through the stages."""
+
+    task: Task
+    index: int
+    partition: Any
+    holds_credit: bool = False
+
+    @property
+    def key(self) -> int:
+        return self.task.key
+
+    @property
+    def priority(self) -> int:
+        return self.task.priority
+
+
+class Pipeline:
+    """Runs tasks through ordered stages, one thread per stage. ``submit`` is thread-safe."""
+
+    def __init__(self, stages: Sequence[StageSpec], credit: Optional[int] = None,
+                 credit_span: Optional[Tuple[Stage, Stage]] = (Stage.PUSH, Stage.PULL),
+                 tracer: Optional[Tracer] = None, name: str = "kvstore-byteps"):
+        """``credit`` limits items inside ``credit_span`` (both ends included, if present)."""
+        self._specs = _check_order(stages)
+        self._order = [spec.stage for spec in self._specs]
+        self._span = _check_span(credit_span, self._order) if credit is not None else None
+        self._lock = threading.Lock()
+        self._queues = {stage: CreditScheduler(credit if self._span and stage == self._span[0]
+                                               else None) for stage in self._order}
+        self._wake = {stage: threading.Condition(self._lock) for stage in self._order}
+        self._idle = threading.Condition(self._lock)
+        self._next = dict(zip(self._order, self._order[1:] + [None]))
+        self._tracer = tracer if tracer is not None and tracer.enabled else None
+        self._active: Dict[int, Task] = {}
+        self._closing = False
+        self._stopping = False
+        self._threads = [threading.Thread(target=self._loop, args=(spec,), daemon=True,
+                                          name="%s-%s" % (name, spec.stage.name))
+                         for spec in self._specs]
+        for thread in self._threads:
+            thread.start()
+
+    def __enter__(self) -> "Pipeline":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def submit(self, task: Task) -> "concurrent.futures.Future[Task]":
+        """Queue ``task``'s partitions at the first stage; return its future."""
+        first = self._order[0]
+        with self._lock:
+            if self._closing:
+                raise PipelineClosedError("pipeline is closed; %r was not run" % (task,))
+            if task._submitted:
+                raise ValueError("%r was already submitted; a Task runs once" % (task,))
+            task._submitted = True
+            if self._tracer is not None:
+                task.step = self._tracer.next_step(task.key)
+            self._active[id(task)] = task
+            for index, part in enumerate(task.partitions):
+                self._queues[first].push(WorkItem(task, index, part), task.priority)
+            self._wake[first].notify()
+        return task.future
+
+    def pending(self) -> int:
+        """Number of submitted tasks whose future is not yet resolved."""
+        with self._lock:
+            return len(self._active)
+
+    # --- stage threads -----------------------------------------------------------------
+
+    def _loop(self, spec: StageSpec) -> None:
+        queue, wake = self._queues[spec.stage], self._wake[spec.stage]
+        while True:
+            with self._lock:
+                while not self._stopping and not queue.ready():
+                    wake.wait(_IDLE_POLL_S)
+                if self._stopping:
+                    return
+                items = self._pop_locked(spec, queue)
+            self._run(spec, items)
+
+    def _pop_locked(self, spec: StageSpec, queue: CreditScheduler) -> List[WorkItem]:
+        items = []
+        while queue.ready() and (spec.batch or not items):
+            item = queue.pop()
+            if self._span and spec.stage == self._span[0]:
+                item.holds_credit = True
+            else:
+                queue.release()  # queues outside the span only order, they do not count
+            items.append(item)
+        return items
+
+    def _run(self, spec: StageSpec, items: List[WorkItem]) -> None:
+        live = [item for item in items if not item.task.failed]
+        if len(live) < len(items):
+            self._drop([item for item in items if item.task.failed])
+        if not live:
+            return
+        start = now_ns()
+        argument = live if spec.batch else live[0]
+        if spec.asynchronous:
+            done = _Once(lambda error=None: self._finish(spec, live, start, error))
+            try:
+                spec.fn(argument, done)
+            except Exception as exc:  # the stage function's failure belongs to the task
+                done(exc)
+            return
+        try:
+            spec.fn(argument)
+        except Exception as exc:
+            self._finish(spec, live, start, exc)
+            return
+        self._finish(spec, live, start, None)
+
+    # --- moving items ------------------------------------------------------------------
+
+    def _finish(self, spec: StageSpec, items: List[WorkItem], start: int,
+                error: Optional[BaseException]) -> None:
+        end = now_ns()
+        if self._tracer is not None:
+            for item in items:
+                self._tracer.record(spec.stage, item.key, item.index, item.task.step, start,
+                                    end, item.priority)
+        if error is not None:
+            _annotate(error, spec.stage, items)
+        resolved: List[Task] = []
+        with self._lock:
+            for item in items:
+                if error is not None:
+                    self._fail_locked(item.task, error, resolved)
+                if item.task.failed:
+                    self._retire_locked(item, resolved)
+                else:
+                    self._advance_locked(spec.stage, item, resolved)
+        _resolve(resolved)
+
+    def _drop(self, items: List[WorkItem]) -> None:
+        """Retire items of failed tasks without running them."""
+        resolved: List[Task] = []
+        with self._lock:
+            for item in items:
+                self._retire_locked(item, resolved)
+        _resolve(resolved)
+
+    def _advance_locked(self, stage: Stage, item: WorkItem, resolved: List[Task]) -> None:
+        if self._span and stage == self._span[1]:
+            self._release_locked(item)
+        following = self._next[stage]
+        if following is None:
+            self._retire_locked(item, resolved)
+            return
+        self._queues[following].push(item, item.priority)
+        self._wake[following].notify()
+
+    def _release_locked(self, item: WorkItem) -> None:
+        if item.holds_credit:
+            item.holds_credit = False
+            self._queues[self._span[0]].release()
+            self._wake[self._span[0]].notify()
+
+    def _retire_locked(self, item: WorkItem, resolved: List[Task]) -> None:
+        self._release_locked(item)
+        task = item.task
+        task._remaining -= 1
+        if task._remaining == 0:
+            self._resolve_locked(task, resolved)
+
+    def _fail_locked(self, task: Task, error: BaseException, resolved: List[Task]) -> None:
+        if task.failed:
+            return
+        task._error = error
+        for queue in self._queues.values():
+            for dropped in queue.remove_if(lambda queued: queued.task is task):
+                self._retire_locked(dropped, resolved)
+
+    def _resolve_locked(self, task: Task, resolved: List[Task]) -> None:
+        if not task._resolved:
+            task._resolved = True
+            resolved.append(task)
+            self._active.pop(id(task), None)
+            if not self._active:
+                self._idle.notify_all()
+
+    # --- shutdown ----------------------------------------------------------------------
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop accepting tasks, let running ones finish until ``timeout``, stop the threads.
+
+        Tasks still unfinished at the deadline fail with PipelineClosedError. The threads then
+        get ``_STOP_GRACE_S`` more to stop (an idle one stops at once); raises DeadlineError
+        naming the stages whose threads are still busy after that. Idempotent.
+        """
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            self._closing = True
+            while self._active and time.monotonic() < deadline:
+                self._idle.wait(max(deadline - time.monotonic(), 0.0))
+            resolved = self._abort_locked()
+            self._stopping = True
+            for wake in self._wake.values():
+                wake.notify_all()
+        _resolve(resolved)
+        stuck = self._join(max(deadline, time.monotonic() + _STOP_GRACE_S))
+        if stuck:
+            raise DeadlineError("pipeline stage threads did not stop within %.1fs: %s"
+                                % (timeout, ", ".join(stuck)))
+
+    def _abort_locked(self) -> List[Task]:
+        resolved: List[Task] = []
+        for task in list(self._active.values()):
+            error = PipelineClosedError("pipeline closed before %r finished" % (task,))
+            self._fail_locked(task, error, resolved)
+            self._resolve_locked(task, resolved)
+        return resolved
+
+    def _join(self, deadline: float) -> List[str]:
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(max(deadline - time.monotonic(), 0.0))
+        current = threading.current_thread()
+        return [thread.name for thread in self._threads
+                if thread.is_alive() and thread is not current]
+
+
+class _Once:
+    """A ``done(error=None)`` callback that acts on its first call only."""
+
+    def __init__(self, action: Callable[..., None]):
+        self._action = action
+        self._lock = threading.Lock()
+        self._called = False
+
+    def __call__(self, error: Optional[BaseException] = None) -> None:
+        with self._lock:
+            if self._called:
+                return
+            self._called = True
+        self._action(error)
+
+
+def _annotate(error: BaseException, stage: Stage, items: List[WorkItem]) -> None:
+    """Add a note naming where the error happened (the exception keeps its type)."""
+    where = ", ".join("key %s partition %d" % (item.key, item.index) for item in items[:4])
+    if len(items) > 4:
+        where += ", ... (%d partitions)" % len(items)
+    if hasattr(error, "add_note"):
+        error.add_note("in kvstore-byteps stage %s (%s)" % (stage.name, where))
+
+
+def _resolve(tasks: List[Task]) -> None:
+    """Complete futures outside the lock (their callbacks may submit new tasks)."""
+    for task in tasks:
+        if task._error is not None:
+            task.future.set_exception(task._error)
+        else:
+            task.future.set_result(task)
+
+
+def _check_order(stages: Sequence[StageSpec]) -> List[StageSpec]:
+    specs = list(stages)
+    if not specs:
+        raise ValueError("a pipeline needs at least one stage")
+    order = [spec.stage for spec in specs]
+    if order != sorted(set(order)):
+        raise ValueError("stages must be distinct and in data-path order, got %s"
+                         % [stage.name for stage in order])
+    return specs
+
+
+def _check_span(span: Optional[Tuple[Stage, Stage]], order: List[Stage]):
+    if span is None:
+        return None
+    first, last = span
+    if first not in order or last not in order or last < first:
+        raise ValueError("credit span %s..%s is not a range of this pipeline's stages %s"
+                         % (first.name, last.name, [stage.name for stage in order]))
+    return span

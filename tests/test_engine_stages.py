@@ -1,0 +1,185 @@
+"""Tests of the one-loop-per-stage pipeline with fake stage functions (threads, no network)."""
+import sys
+import threading
+
+import pytest
+
+from kvstore_byteps.engine.stages import (Pipeline, PipelineClosedError, Stage, StageSpec,
+                                          Task)
+from kvstore_byteps.engine.trace import Tracer
+from kvstore_byteps.errors import DeadlineError
+
+pytestmark = pytest.mark.timeout(30)
+WAIT_S = 10.0
+
+
+def recorder(stage, log):
+    def fn(item):
+        log.append((stage, item.key, item.index))
+    return fn
+
+
+def test_every_partition_passes_every_stage_in_order():
+    log = []
+    stages = [StageSpec(stage, recorder(stage, log)) for stage in Stage]
+    with Pipeline(stages, credit=2) as pipeline:
+        task = Task(7, ["p0", "p1", "p2"], inputs="in", outputs="out")
+        assert pipeline.submit(task).result(WAIT_S) is task
+        assert pipeline.pending() == 0
+    for index in range(3):
+        assert [entry[0] for entry in log if entry[2] == index] == list(Stage)
+    assert len(log) == 3 * len(Stage)
+
+
+def test_asynchronous_stage_completes_from_another_thread():
+    timers = []
+
+    def push_later(item, done):
+        timer = threading.Timer(0.01, done)
+        timers.append(timer)
+        timer.start()
+
+    stages = [StageSpec(Stage.PUSH, push_later, asynchronous=True),
+              StageSpec(Stage.PULL, lambda item: None)]
+    with Pipeline(stages, credit=1) as pipeline:
+        futures = [pipeline.submit(Task(key, [0, 1])) for key in range(3)]
+        for future in futures:
+            future.result(WAIT_S)
+    for timer in timers:
+        timer.join(WAIT_S)
+
+
+def failing_at(stage, bad_key, bad_index):
+    def fn(item):
+        if (item.key, item.index) == (bad_key, bad_index):
+            raise ValueError("fake %s failure" % stage.name)
+    return fn
+
+
+def test_stage_error_reaches_the_future_and_other_tasks_go_on():
+    stages = [StageSpec(Stage.PUSH, failing_at(Stage.PUSH, 5, 1)),
+              StageSpec(Stage.PULL, lambda item: None)]
+    with Pipeline(stages, credit=1) as pipeline:
+        bad = pipeline.submit(Task(5, range(4)))
+        good = [pipeline.submit(Task(key, range(3))) for key in (6, 7)]
+        error = bad.exception(WAIT_S)
+        assert isinstance(error, ValueError) and "fake PUSH failure" in str(error)
+        if sys.version_info >= (3, 11):
+            assert "stage PUSH (key 5 partition 1)" in "".join(error.__notes__)
+        for future in good:   # credit of the failed partition was given back
+            future.result(WAIT_S)
+
+
+def test_error_passed_to_done_reaches_the_future():
+    def pull(item, done):
+        threading.Thread(target=done, args=(ConnectionError("server 8 lost"),)).start()
+
+    stages = [StageSpec(Stage.PUSH, lambda item: None),
+              StageSpec(Stage.PULL, pull, asynchronous=True)]
+    with Pipeline(stages, credit=2) as pipeline:
+        error = pipeline.submit(Task(1, [0, 1, 2])).exception(WAIT_S)
+    assert isinstance(error, ConnectionError) and "server 8 lost" in str(error)
+
+
+def test_higher_priority_task_overtakes_under_credit_contention():
+    entered, gate = threading.Event(), threading.Event()
+
+    def push(item):
+        if (item.key, item.index) == (9, 0):
+            entered.set()
+            assert gate.wait(WAIT_S), "test gate never opened"
+
+    tracer = Tracer(enabled=True)
+    stages = [StageSpec(Stage.PUSH, push), StageSpec(Stage.PULL, lambda item: None)]
+    with Pipeline(stages, credit=1, tracer=tracer) as pipeline:
+        back = pipeline.submit(Task(9, range(3), priority=-9))       # back layer first
+        assert entered.wait(WAIT_S)
+        front = pipeline.submit(Task(0, range(2), priority=0))       # front layer later
+        gate.set()
+        back.result(WAIT_S), front.result(WAIT_S)
+    pushes = sorted((e for e in tracer.events() if e.stage is Stage.PUSH),
+                    key=lambda e: e.start_ns)
+    assert [(e.key, e.part) for e in pushes] == [(9, 0), (0, 0), (0, 1), (9, 1), (9, 2)]
+
+
+def test_credit_bounds_partitions_between_push_and_pull():
+    lock, state = threading.Lock(), {"inside": 0, "most": 0}
+    timers = []
+
+    def push(item, done):
+        with lock:
+            state["inside"] += 1
+            state["most"] = max(state["most"], state["inside"])
+        timer = threading.Timer(0.005, done)
+        timers.append(timer)
+        timer.start()
+
+    def pull(item):
+        with lock:
+            state["inside"] -= 1
+
+    stages = [StageSpec(Stage.COPY_D2H, lambda item: None),
+              StageSpec(Stage.PUSH, push, asynchronous=True), StageSpec(Stage.PULL, pull)]
+    with Pipeline(stages, credit=2) as pipeline:
+        for future in [pipeline.submit(Task(key, range(5))) for key in range(4)]:
+            future.result(WAIT_S)
+    for timer in timers:
+        timer.join(WAIT_S)
+    assert state["most"] == 2
+
+
+def test_batch_stage_gets_all_ready_items():
+    entered, gate, batches = threading.Event(), threading.Event(), []
+
+    def push(items):
+        batches.append([(item.key, item.index) for item in items])
+        entered.set()
+        assert gate.wait(WAIT_S), "test gate never opened"
+
+    stages = [StageSpec(Stage.PUSH, push, batch=True)]
+    with Pipeline(stages) as pipeline:
+        first = pipeline.submit(Task(1, [0]))
+        assert entered.wait(WAIT_S)
+        rest = [pipeline.submit(Task(key, [0, 1])) for key in (2, 3)]
+        gate.set()
+        for future in [first] + rest:
+            future.result(WAIT_S)
+    assert batches == [[(1, 0)], [(2, 0), (2, 1), (3, 0), (3, 1)]]
+
+
+def test_close_fails_unfinished_tasks_and_refuses_new_ones():
+    stages = [StageSpec(Stage.PUSH, lambda item, done: None, asynchronous=True)]
+    pipeline = Pipeline(stages)
+    stuck = pipeline.submit(Task(3, [0]))
+    pipeline.close(timeout=0.2)
+    assert isinstance(stuck.exception(WAIT_S), PipelineClosedError)
+    with pytest.raises(PipelineClosedError):
+        pipeline.submit(Task(4, [0]))
+    pipeline.close(timeout=0.1)   # idempotent
+
+
+def test_close_names_a_stage_thread_that_does_not_stop():
+    release = threading.Event()
+    stages = [StageSpec(Stage.LOCAL_REDUCE, lambda item: release.wait(WAIT_S))]
+    pipeline = Pipeline(stages)
+    pipeline.submit(Task(1, [0]))
+    try:
+        with pytest.raises(DeadlineError, match="LOCAL_REDUCE"):
+            pipeline.close(timeout=0.2)
+    finally:
+        release.set()
+    pipeline.close(timeout=WAIT_S)
+
+
+def test_task_runs_once_and_stages_must_be_ordered():
+    with Pipeline([StageSpec(Stage.PUSH, lambda item: None)]) as pipeline:
+        task = Task(1, [0])
+        pipeline.submit(task).result(WAIT_S)
+        with pytest.raises(ValueError, match="once"):
+            pipeline.submit(task)
+    with pytest.raises(ValueError, match="order"):
+        Pipeline([StageSpec(Stage.PULL, print), StageSpec(Stage.PUSH, print)])
+    with pytest.raises(ValueError, match="credit span"):
+        Pipeline([StageSpec(Stage.PUSH, print)], credit=1)
+    with pytest.raises(ValueError, match="no partitions"):
+        Task(1, [])
