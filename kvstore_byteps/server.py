@@ -1,0 +1,98 @@
+"""The kvstore-byteps parameter server: ``python -m kvstore_byteps.server``.
+
+Runs :class:`BytePSServer` (MXNet's server semantics for unmodified ``dist_sync`` /
+``dist_async`` workers, plus the BytePS data path for ``dist_byteps`` workers) on the KV layer
+of :mod:`kvstore_byteps.van`: joins the cluster described by the usual ``DMLC_*`` variables,
+serves until a worker sends kStopServer, then finalizes (Barrier(7), like MXNet's server) and
+exits 0. ``run_server(config)`` is the same without the process around it; the
+``MXNET_KVSTORE_SERVER=byteps`` hook of ``mxnet_patch`` calls it.
+
+This module is the thin transport adapter; the logic lives in modules split by job, all pure
+or testable without sockets:
+
+* ``server_protocol``    cmd (Cantor pairing), dtypes, request frames -> typed requests
+* ``server_compression`` MXNet's 2-bit gradient compression layout and its command body
+* ``server_unpickle``    the restricted unpickler for optimizers sent with kController
+* ``server_updater``     the updater interface and its adapter to MXNet (lazy mxnet import)
+* ``server_store``       stored values, sync-round merge buffers, multi-precision copies
+* ``server_dist``        KVStoreDistServer: MXNet's C++ server semantics
+* ``server_rounds``      round bookkeeping of the BytePS data path
+* ``server_engine``      summation threads of the BytePS data path
+* ``server_byteps``      BytePSServer(KVStoreDistServer)
+"""
+import dataclasses
+import logging
+import sys
+from typing import Optional
+
+from .config import Config, Role
+from .errors import ConfigError, KVStoreBytePSError
+from .logs import setup_logging
+from .server_byteps import BytePSServer
+from .server_dist import KVStoreDistServer
+from .server_protocol import RequestType, ServerCommand, decode_cmd, encode_cmd
+
+__all__ = ["KVStoreDistServer", "BytePSServer", "RequestType", "ServerCommand", "encode_cmd",
+           "decode_cmd", "build_server", "run_server", "main"]
+
+log = logging.getLogger(__name__)
+
+#: the serving loop waits in slices so that signals (Ctrl-C) are handled promptly
+_POLL_SECONDS = 1.0
+
+
+def build_server(config: Config, num_workers: int, key_begin: int) -> BytePSServer:
+    """The server object for ``config`` (engine threads, async flag), not yet attached."""
+    return BytePSServer(num_workers, key_begin=key_begin,
+                        engine_threads=config.server_engine_threads,
+                        enable_async=config.enable_async)
+
+
+def run_server(config: Config) -> int:
+    """Join the cluster as a server, serve until kStopServer, finalize; return 0."""
+    if config.role is not Role.SERVER:
+        raise ConfigError("run_server needs DMLC_ROLE=server, got %s" % config.role.name.lower())
+    from .van.kv import KVServer            # the transport is imported only to run for real
+    from .van.message import ALL_GROUP
+    from .van.postoffice import Postoffice
+    postoffice = Postoffice(config)
+    server = build_server(config, config.num_workers, key_begin=0)
+    try:
+        # registered before start, as upstream does, so no early request finds no handler
+        KVServer(postoffice, app_id=0, request_handler=server.handle_request,
+                 command_handler=server.handle_command)
+        postoffice.start()
+        # requests come only after the start-up barrier, which needs this server: safe to set
+        server.key_begin = postoffice.server_key_ranges()[postoffice.my_rank].begin
+        postoffice.barrier(ALL_GROUP)
+        log.info("server rank %d serving %d worker(s)", postoffice.my_rank, config.num_workers)
+        while not server.wait_stopped(_POLL_SECONDS):
+            pass
+    except BaseException:
+        server.close()
+        postoffice.stop()
+        raise
+    server.close()
+    postoffice.finalize()
+    return 0
+
+
+def main(argv: Optional[list] = None) -> int:
+    """Command-line entry point; the only place here that turns errors into an exit code."""
+    try:
+        config = Config.from_env()
+    except KVStoreBytePSError as exc:
+        print("kvstore_byteps.server: %s" % exc, file=sys.stderr)
+        return 2
+    if config.role is not Role.SERVER:   # running this module means "be a server"
+        config = dataclasses.replace(config, role=Role.SERVER)
+    setup_logging(config, "[server]")
+    try:
+        return run_server(config)
+    except KVStoreBytePSError as exc:
+        log.error("server failed: %s", exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""BytePSServer: the BytePS data path for ``dist_byteps`` workers, MXNet's semantics for the rest.
+
+Requests whose cmd carries request type 3 (``RequestType.BYTEPS``: cmd = cantor(3, dtype), 6
+for float32, 11 for float64, 17 for float16) take the BytePS path; every other request and
+command goes to the inherited :class:`KVStoreDistServer`, so unmodified ``dist_sync`` /
+``dist_async`` workers get exactly MXNet's behaviour.
+
+BytePS path, one key per request, ``lens=[nbytes]`` like a default push:
+
+* the first push of a key initialises it (as upstream: rank 0 pushes, the others do not);
+* sync (default): each round every worker pushes once (acked at once) and pulls once; the
+  pushes are summed by the key's engine thread; a pull is answered with the round's sum when
+  all ``num_workers`` pushes of that round are summed. Rounds are counted per (key, worker);
+  see :mod:`.server_rounds` for the double buffering. A pushpull (push=1, pull=1) is a push
+  followed by a pull and gets one answer, with the sum. If the worker sets the ``round``
+  extension field of the meta, it must match the server's count;
+* async (``BYTEPS_ENABLE_ASYNC=1``): a push is added to the stored weights by the key's engine
+  thread and acked at once; a pull is answered at once with the weights as they are then;
+* a default-type (cmd 0/2/5) pull of a BytePS key returns its initial value (sync) or the
+  current weights (async).
+"""
+import dataclasses
+import logging
+import threading
+from typing import Callable, Dict, Optional
+
+import numpy as np
+
+from .errors import ProtocolError
+from .server_rounds import KeyRounds
+from .server_dist import KVStoreDistServer
+from .server_engine import SumEngine
+from .server_protocol import Cmd, parse_dense
+from .server_store import publish
+from .server_updater import Updater, load_mxnet_updater
+
+__all__ = ["BytePSServer"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class _BytePSKey:
+    ps_key: int
+    dtype: np.dtype
+    value: np.ndarray               # init value (sync) / current weights (async); published
+    thread: int                     # engine thread the key is bound to
+    rounds: Optional[KeyRounds]     # sync mode only
+
+
+class BytePSServer(KVStoreDistServer):
+    """KVStoreDistServer plus the BytePS data path. Call :meth:`close` to stop its threads."""
+
+    def __init__(self, num_workers: int, key_begin: int = 0, engine_threads: int = 4,
+                 enable_async: bool = False,
+                 updater_loader: Callable[[bytes], Updater] = load_mxnet_updater):
+        super().__init__(num_workers, key_begin, updater_loader)
+        self.enable_async = enable_async
+        self._engine = SumEngine(engine_threads)
+        self._keys: Dict[int, _BytePSKey] = {}
+        self._keys_lock = threading.Lock()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Finish queued summations and stop the engine threads."""
+        self._engine.close(timeout)
+
+    def __enter__(self) -> "BytePSServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- dispatch ---------------------------------------------------------------------------
+    def _handle_byteps(self, req, server, cmd: Cmd) -> None:
+        parsed = parse_dense(req, cmd)
+        if parsed.push:
+            self._push(req, server, parsed.ps_key, parsed.values, parsed.pull)
+        else:
+            self._pull(req, server, self._known(parsed.ps_key, cmd))
+
+    def _handle_default(self, req, server, cmd: Cmd) -> None:
+        if not req.meta.push and req.keys is not None and len(req.keys) == 1:
+            key = self._keys.get(int(req.keys[0]))
+            if key is not None:
+                self._answer(req, server, key.value)
+                return
+        super()._handle_default(req, server, cmd)
+
+    # -- BytePS requests --------------------------------------------------------------------
+    def _push(self, req, server, ps_key: int, values: np.ndarray, pull: bool) -> None:
+        with self._keys_lock:
+            key = self._keys.get(ps_key)
+            if key is None:
+                self._keys[ps_key] = key = self._init_key(ps_key, values)
+                initialised = True
+            else:
+                initialised = False
+        if initialised and pull:
+            self._answer(req, server, key.value)
+        if initialised:
+            if not pull:
+                self._respond(server, req)
+            return
+        _check_matches(key, values)
+        if self.enable_async:
+            self._engine.submit(key.thread, lambda: self._add_async(req, server, key, values, pull))
+            if not pull:
+                self._respond(server, req)
+            return
+        r = key.rounds.begin_push(req.sender, _claimed_round(req))
+        if pull:
+            self._pull(req, server, key)
+        else:
+            self._respond(server, req)
+        self._engine.submit(key.thread, lambda: self._accumulate(key, r, values))
+
+    def _pull(self, req, server, key: _BytePSKey) -> None:
+        if self.enable_async:
+            self._answer(req, server, key.value)
+            return
+        ready = key.rounds.request_pull(req.sender, (req, server))
+        if ready is not None:
+            self._answer(req, server, ready)
+
+    def _init_key(self, ps_key: int, values: np.ndarray) -> _BytePSKey:
+        rounds = None if self.enable_async else KeyRounds(ps_key, self.num_workers, values.size,
+                                                          values.dtype)
+        thread = self._engine.bind(values.nbytes)
+        log.debug("BytePS key %d: %d bytes of %s on engine thread %d", ps_key, values.nbytes,
+                  values.dtype, thread)
+        return _BytePSKey(ps_key, values.dtype, publish(values.copy()), thread, rounds)
+
+    def _known(self, ps_key: int, cmd: Cmd) -> _BytePSKey:
+        key = self._keys.get(ps_key)
+        if key is None:
+            raise ProtocolError("BytePS pull of key %d, which was never initialised" % ps_key)
+        if cmd.dtype != key.dtype:
+            raise ProtocolError("key %d holds %s, pull asks for %s"
+                                % (ps_key, key.dtype, cmd.dtype))
+        return key
+
+    # -- engine tasks -----------------------------------------------------------------------
+    def _accumulate(self, key: _BytePSKey, r: int, values: np.ndarray) -> None:
+        tokens, total = key.rounds.accumulate(r, values)
+        for req, server in tokens:
+            self._answer(req, server, total)
+
+    def _add_async(self, req, server, key: _BytePSKey, values: np.ndarray, pull: bool) -> None:
+        # a new array each time: pulls answered meanwhile keep the previous weights intact
+        key.value = publish(np.add(key.value, values))
+        if pull:
+            self._answer(req, server, key.value)
+
+    def _answer(self, req, server, value: np.ndarray) -> None:
+        lens = np.array([value.nbytes], dtype=np.int32)
+        self._respond(server, req, keys=req.keys, vals=value, lens=lens)
+
+
+def _check_matches(key: _BytePSKey, values: np.ndarray) -> None:
+    if values.dtype != key.dtype or values.size != key.value.size:
+        raise ProtocolError("key %d holds %d x %s, push has %d x %s"
+                            % (key.ps_key, key.value.size, key.dtype, values.size, values.dtype))
+
+
+def _claimed_round(req) -> Optional[int]:
+    extra = getattr(req.meta, "extra", None) or {}
+    value = extra.get("round")
+    return None if value is None else int(value)

@@ -1,0 +1,298 @@
+"""KVStoreDistServer: the behaviour of MXNet 1.9.1's C++ parameter server, in Python.
+
+Driven by two callbacks of the KV layer (``handle_request`` / ``handle_command``, each given
+the request and an object with ``respond(req, keys=None, vals=None, lens=None, error=None)``),
+so it is tested with a fake responder and no sockets. Semantics (spec/pslite-wire.md §5.3-5.6):
+
+* the first push of a key initialises it (a 1-D array in the pushed dtype) and is acked at once;
+* sync mode (after kSyncMode): pushes of a round are summed until ``num_workers`` of them
+  arrived (counted per key, not per worker, as upstream); then stored = the sum, or
+  ``updater(key, sum, stored)`` once an optimizer was sent; then every push of the round is
+  answered, pushpulls with that round's value;
+* async mode: each push goes through the updater at once (no updater: error answer);
+* pulls are never deferred: answered at once from the store, lens in bytes (row_sparse: lens in
+  elements, ``[0, unit_len, ...]``);
+* kController / kSetMultiPrecision / kStopServer / kSyncMode / kSetGradientCompression /
+  kSetProfilerParams as upstream; every command is answered after it was handled.
+
+Where upstream aborts the process on bad input (unknown key, wrong lens, unsupported dtype, a bad
+pickle ...) this server answers the request with an error and keeps serving.
+"""
+import logging
+import threading
+from typing import Callable, Optional
+
+import numpy as np
+
+from .errors import ProtocolError
+from .server_compression import GradientCompression, dequantize_2bit, packed_nbytes_2bit, \
+    parse_compression_params
+from .server_protocol import Cmd, CompressedPush, RequestType, ServerCommand, decode_cmd, \
+    parse_compressed, parse_dense, parse_row_sparse
+from .server_store import Entry, StorageKind, check_rows, dense_rows
+from .server_updater import RowSparseGrad, Updater, load_mxnet_updater
+
+__all__ = ["KVStoreDistServer"]
+
+log = logging.getLogger(__name__)
+
+
+class KVStoreDistServer:
+    """MXNet's server semantics. ``handle_request``/``handle_command`` are thread-safe."""
+
+    def __init__(self, num_workers: int, key_begin: int = 0,
+                 updater_loader: Callable[[bytes], Updater] = load_mxnet_updater):
+        """``key_begin``: start of this server's key range (ps key - key_begin = MXNet's key)."""
+        if num_workers < 1:
+            raise ValueError("num_workers must be positive, got %r" % num_workers)
+        self.num_workers = num_workers
+        self.key_begin = key_begin
+        self.sync_mode = False
+        self.multi_precision = False
+        self.compression = GradientCompression()
+        self.updater: Optional[Updater] = None
+        self._load_updater = updater_loader
+        self._lock = threading.RLock()
+        self._store = {}
+        self._stopped = threading.Event()
+        self._handlers = {
+            RequestType.DEFAULT: self._handle_default,
+            RequestType.ROW_SPARSE: self._handle_row_sparse,
+            RequestType.COMPRESSED: self._handle_compressed,
+            RequestType.BYTEPS: self._handle_byteps,
+        }
+        self._commands = {
+            ServerCommand.CONTROLLER: self._cmd_controller,
+            ServerCommand.SET_MULTI_PRECISION: self._cmd_multi_precision,
+            ServerCommand.STOP_SERVER: lambda body: None,
+            ServerCommand.SYNC_MODE: self._cmd_sync_mode,
+            ServerCommand.SET_GRADIENT_COMPRESSION: self._cmd_compression,
+            ServerCommand.SET_PROFILER_PARAMS: self._cmd_profiler,
+        }
+
+    # -- transport-facing callbacks --------------------------------------------------------
+    def handle_request(self, req, server) -> None:
+        """A KV request from a worker; answered now, at the end of its round, or with an error."""
+        try:
+            cmd = decode_cmd(req.meta.head)
+            self._handlers[cmd.request_type](req, server, cmd)
+        except ProtocolError as exc:
+            self._refuse(req, server, str(exc))
+        except Exception as exc:  # a bug or a failing updater must not take the server down
+            log.exception("request from node %s failed", req.sender)
+            self._refuse(req, server, "server error: %s: %s" % (type(exc).__name__, exc))
+
+    def handle_command(self, req, server) -> None:
+        """A SimpleApp command; answered after it was handled (kStopServer then stops)."""
+        error = None
+        try:
+            command = _command_of(req.meta.head)
+            with self._lock:
+                self._commands[command](bytes(req.meta.body or b""))
+        except ProtocolError as exc:
+            error = str(exc)
+        except Exception as exc:
+            log.exception("command %d from node %s failed", req.meta.head, req.sender)
+            error = "server error: %s: %s" % (type(exc).__name__, exc)
+        if error is not None:
+            log.warning("command %s from node %s refused: %s", req.meta.head, req.sender, error)
+        self._respond(server, req, error=error)
+        if error is None and req.meta.head == ServerCommand.STOP_SERVER:
+            self._stopped.set()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped.is_set()
+
+    def wait_stopped(self, timeout: Optional[float] = None) -> bool:
+        """Wait for kStopServer; True if it came within ``timeout`` seconds."""
+        return self._stopped.wait(timeout)
+
+    def close(self) -> None:
+        """Release resources (nothing to release here; subclasses stop their threads)."""
+
+    # -- commands ---------------------------------------------------------------------------
+    def _cmd_controller(self, body: bytes) -> None:
+        self.updater = self._load_updater(body)
+        log.info("optimizer installed: %s", type(getattr(self.updater, "optimizer", self.updater)))
+
+    def _cmd_multi_precision(self, body: bytes) -> None:
+        self.multi_precision = True
+        for entry in self._store.values():
+            if isinstance(entry, Entry):
+                entry.enable_master()
+
+    def _cmd_sync_mode(self, body: bytes) -> None:
+        self.sync_mode = True
+
+    def _cmd_compression(self, body: bytes) -> None:
+        self.compression = parse_compression_params(body)
+        log.info("gradient compression: %s", self.compression)
+
+    def _cmd_profiler(self, body: bytes) -> None:
+        log.info("server profiler command accepted and ignored: %r", body)
+
+    # -- request types ----------------------------------------------------------------------
+    def _handle_default(self, req, server, cmd: Cmd) -> None:
+        parsed = parse_dense(req, cmd)
+        with self._lock:
+            if parsed.push:
+                self._push_dense(req, server, parsed.ps_key, parsed.values, parsed.pull)
+            else:
+                self._answer_dense(req, server, self._entry(parsed.ps_key, StorageKind.DENSE), cmd)
+
+    def _handle_compressed(self, req, server, cmd: Cmd) -> None:
+        if not self.compression.enabled:
+            raise ProtocolError("compressed request before kSetGradientCompression")
+        parsed = parse_compressed(req, cmd, self.key_begin, packed_nbytes_2bit)
+        with self._lock:
+            if isinstance(parsed, CompressedPush):
+                values = dequantize_2bit(parsed.packed, parsed.original_size,
+                                         self.compression.threshold)
+                self._push_dense(req, server, parsed.ps_key, values, parsed.pull)
+            else:
+                self._answer_dense(req, server, self._entry(parsed.ps_key, StorageKind.DENSE), cmd)
+
+    def _handle_row_sparse(self, req, server, cmd: Cmd) -> None:
+        parsed = parse_row_sparse(req, cmd)
+        with self._lock:
+            if parsed.push:
+                self._push_rows(req, server, parsed)
+            else:
+                self._answer_rows(req, server, parsed.master_key, parsed.rows)
+
+    def _handle_byteps(self, req, server, cmd: Cmd) -> None:
+        raise ProtocolError("BytePS requests (request type 3) need BytePSServer")
+
+    # -- pushes -----------------------------------------------------------------------------
+    def _push_dense(self, req, server, ps_key: int, values: np.ndarray, pull: bool) -> None:
+        entry = self._store.get(ps_key)
+        if entry is None:
+            entry = Entry.create(StorageKind.DENSE, values, self.multi_precision)
+            self._store[ps_key] = entry
+            self._reply(req, server, entry)
+            return
+        entry.check_push(StorageKind.DENSE, values.dtype, ps_key)
+        if self.sync_mode:
+            entry.merge_dense(values, ps_key)
+            self._add_to_round(req, server, ps_key, entry)
+        else:
+            if values.size != entry.value.size:
+                raise ProtocolError("key %d holds %d values, push has %d"
+                                    % (ps_key, entry.value.size, values.size))
+            self._update_async(ps_key, entry, values)
+            self._reply(req, server, entry)
+
+    def _push_rows(self, req, server, parsed) -> None:
+        key, rows, values = parsed.master_key, parsed.rows, parsed.values
+        entry = self._store.get(key)
+        if entry is None:
+            self._store[key] = entry = _init_rows(key, rows, values, self.multi_precision)
+            self._reply(req, server, entry)
+            return
+        if values is not None:
+            entry.check_push(StorageKind.ROW_SPARSE, values.dtype, key)
+        if self.sync_mode:
+            entry.merge_rows(rows, values, key)
+            self._add_to_round(req, server, key, entry)
+        else:
+            if values is not None:
+                check_rows(rows, values.shape[1], entry.value.shape, key)
+                grad = RowSparseGrad(rows, values, entry.value.shape)
+                self._update_async(key, entry, grad)
+            self._reply(req, server, entry)
+
+    def _add_to_round(self, req, server, ps_key: int, entry: Entry) -> None:
+        entry.waiting.append((req, server))
+        if len(entry.waiting) < self.num_workers:
+            return
+        grad, waiting = entry.take_round()
+        try:
+            if self.updater is not None:
+                entry.set_working(self.updater(self._mxnet_key(ps_key), grad, entry.working))
+            else:
+                entry.set_working(dense_rows(grad) if isinstance(grad, RowSparseGrad) else grad)
+        except Exception as exc:
+            log.exception("update of key %d failed", ps_key)
+            for waiting_req, waiting_server in waiting:
+                self._refuse(waiting_req, waiting_server, "update of key %d failed: %s"
+                             % (ps_key, exc))
+            return
+        for waiting_req, waiting_server in waiting:
+            self._reply(waiting_req, waiting_server, entry)
+
+    def _update_async(self, ps_key: int, entry: Entry, grad) -> None:
+        if self.updater is None:
+            raise ProtocolError("async mode needs an optimizer on the server (kv.set_optimizer) "
+                                "before pushes to key %d" % ps_key)
+        entry.set_working(self.updater(self._mxnet_key(ps_key), grad, entry.working))
+
+    # -- answers ----------------------------------------------------------------------------
+    def _entry(self, ps_key: int, kind: StorageKind) -> Entry:
+        entry = self._store.get(ps_key)
+        if entry is None:
+            raise ProtocolError("pull of key %d (MXNet key %d), which was never initialised"
+                                % (ps_key, self._mxnet_key(ps_key)))
+        if not isinstance(entry, Entry) or entry.kind is not kind:
+            raise ProtocolError("key %d does not hold %s data" % (ps_key, kind.value))
+        return entry
+
+    def _reply(self, req, server, entry: Entry) -> None:
+        """Ack a push; a request that also pulls gets the value published right now."""
+        if not req.meta.pull:
+            self._respond(server, req)
+        elif entry.kind is StorageKind.ROW_SPARSE:
+            rows = (req.keys[1:] - req.keys[0]).astype(np.int64)
+            self._answer_rows(req, server, int(req.keys[0]), rows)
+        else:
+            self._answer_dense(req, server, entry, None)
+
+    def _answer_dense(self, req, server, entry: Entry, cmd: Optional[Cmd]) -> None:
+        value = entry.value
+        if cmd is not None and cmd.dtype != value.dtype:
+            value = value.astype(cmd.dtype)  # upstream casts to the requested dtype as well
+        lens = np.array([value.nbytes], dtype=np.int32)
+        self._respond(server, req, keys=req.keys, vals=value, lens=lens)
+
+    def _answer_rows(self, req, server, master_key: int, rows: np.ndarray) -> None:
+        if len(rows) == 0:
+            lens = np.zeros(len(req.keys), dtype=np.int32)
+            self._respond(server, req, keys=req.keys, vals=b"", lens=lens)
+            return
+        entry = self._entry(master_key, StorageKind.ROW_SPARSE)
+        unit_len = entry.value.shape[1]
+        check_rows(rows, unit_len, entry.value.shape, master_key)
+        lens = np.full(len(rows) + 1, unit_len, dtype=np.int32)
+        lens[0] = 0   # row_sparse answers count elements, not bytes (vector 26)
+        self._respond(server, req, keys=req.keys, vals=entry.value[rows], lens=lens)
+
+    def _refuse(self, req, server, message: str) -> None:
+        log.warning("request from node %s refused: %s", req.sender, message)
+        self._respond(server, req, error=message)
+
+    @staticmethod
+    def _respond(server, req, **kwargs) -> None:
+        try:
+            server.respond(req, **kwargs)
+        except Exception:  # the peer may be gone; that must not stop the server
+            log.exception("could not answer node %s", req.sender)
+
+    def _mxnet_key(self, ps_key: int) -> int:
+        return ps_key - self.key_begin
+
+
+def _command_of(head: int) -> ServerCommand:
+    try:
+        return ServerCommand(head)
+    except ValueError:
+        raise ProtocolError("unknown server command %d" % head) from None
+
+
+def _init_rows(key: int, rows: np.ndarray, values: Optional[np.ndarray],
+               multi_precision: bool) -> Entry:
+    """First row_sparse push: the rows make up the stored array (rows absent are zero)."""
+    if values is None:
+        raise ProtocolError("row_sparse key %d: the initialising push has no rows" % key)
+    initial = np.zeros((int(rows.max()) + 1, values.shape[1]), dtype=values.dtype)
+    initial[rows] = values
+    return Entry.create(StorageKind.ROW_SPARSE, initial, multi_precision)

@@ -1,0 +1,128 @@
+"""Round bookkeeping of one key on the BytePS data path (sync mode). Pure, thread-safe.
+
+The protocol of a ``dist_byteps`` worker for one partition key, every round r = 0, 1, ...:
+one push (acked at once), later one pull, answered with the sum of all workers' round-r
+pushes as soon as the round is complete. A combined pushpull is a push followed by a pull.
+A worker pushes round r+1 only after its round-r pull was answered.
+
+Rounds live in two slots, round r in slot ``r % 2`` (double buffering): a fast worker's round
+r+1 push lands in the other slot, so the slow workers still pulling round r read an untouched
+sum. Slot r % 2 is reused for round r+2 only after all ``num_workers`` pulls of round r were
+answered; that is guaranteed by the per-worker rule above (round r+2 needs every worker's
+round r+1 push, which each worker sends only after its round-r answer), and it is checked.
+
+Threads: ``begin_push`` and ``request_pull`` run on the transport's receive thread,
+``accumulate`` on the one engine thread the key is bound to; the summation itself runs outside
+the lock, since only that engine thread ever writes a slot's buffer.
+"""
+import dataclasses
+import threading
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from .errors import ProtocolError
+
+__all__ = ["KeyRounds"]
+
+
+@dataclasses.dataclass
+class _Slot:
+    round: int = -1
+    buffer: Optional[np.ndarray] = None
+    summed: int = 0
+    answered: int = 0
+    pending: List[tuple] = dataclasses.field(default_factory=list)   # (sender, token)
+
+
+class KeyRounds:
+    """Sync rounds of one key: who pushed and pulled which round, and the two sum buffers."""
+
+    def __init__(self, ps_key: int, num_workers: int, size: int, dtype):
+        self.ps_key = ps_key
+        self.num_workers = num_workers
+        self._size = size
+        self._dtype = np.dtype(dtype)
+        self._lock = threading.Lock()
+        self._slots = (_Slot(), _Slot())
+        self._pushed: Dict[int, int] = {}     # sender -> rounds pushed
+        self._pulled: Dict[int, int] = {}     # sender -> pulls requested
+        self._answered: Dict[int, int] = {}   # sender -> pulls answered
+
+    def begin_push(self, sender: int, claimed_round: Optional[int] = None) -> int:
+        """Register ``sender``'s next push; return its round. ProtocolError if out of order."""
+        with self._lock:
+            r = self._pushed.get(sender, 0)
+            if claimed_round is not None and claimed_round != r:
+                raise ProtocolError("node %d says its push of key %d is round %d, the server "
+                                    "counts round %d" % (sender, self.ps_key, claimed_round, r))
+            if self._answered.get(sender, 0) < r:
+                raise ProtocolError("node %d pushed round %d of key %d before its round %d pull "
+                                    "was answered" % (sender, r, self.ps_key, r - 1))
+            self._claim_slot(r)
+            self._pushed[sender] = r + 1
+            return r
+
+    def _claim_slot(self, r: int) -> None:
+        slot = self._slots[r % 2]
+        if slot.round == r:
+            return
+        if slot.round >= 0 and (slot.round != r - 2 or slot.answered < self.num_workers):
+            raise ProtocolError("key %d: round %d cannot start, round %d has %d of %d answers"
+                                % (self.ps_key, r, slot.round, slot.answered, self.num_workers))
+        slot.round, slot.summed, slot.answered, slot.pending = r, 0, 0, []
+
+    def request_pull(self, sender: int, token) -> Optional[np.ndarray]:
+        """Register ``sender``'s next pull; return the sum now if its round is complete.
+
+        Otherwise ``token`` is kept and comes back from the :meth:`accumulate` call that
+        completes the round. Each pull is answered exactly once.
+        """
+        with self._lock:
+            r = self._pulled.get(sender, 0)
+            if r >= self._pushed.get(sender, 0):
+                raise ProtocolError("node %d pulled round %d of key %d before pushing it"
+                                    % (sender, r, self.ps_key))
+            self._pulled[sender] = r + 1
+            slot = self._slots[r % 2]
+            if slot.summed == self.num_workers:
+                self._count_answers(slot, [(sender, token)])
+                return slot.buffer
+            slot.pending.append((sender, token))
+            return None
+
+    def accumulate(self, r: int, data: np.ndarray) -> Tuple[list, Optional[np.ndarray]]:
+        """Add one push of round ``r`` (engine thread of this key only).
+
+        Returns ``(tokens, sum)``: the pulls to answer now with ``sum`` when this push completed
+        the round, else ``([], None)``.
+        """
+        slot = self._slots[r % 2]
+        with self._lock:
+            if slot.round != r:
+                raise ProtocolError("key %d: push of round %d arrived in a slot of round %d"
+                                    % (self.ps_key, r, slot.round))
+            first = slot.summed == 0
+            if slot.buffer is None:
+                slot.buffer = np.empty(self._size, dtype=self._dtype)
+        if first:
+            np.copyto(slot.buffer, data)
+        else:
+            np.add(slot.buffer, data, out=slot.buffer)
+        with self._lock:
+            slot.summed += 1
+            if slot.summed < self.num_workers:
+                return [], None
+            ready, slot.pending = slot.pending, []
+            self._count_answers(slot, ready)
+            return [token for _, token in ready], slot.buffer
+
+    def _count_answers(self, slot: _Slot, answered: list) -> None:
+        slot.answered += len(answered)
+        for sender, _ in answered:
+            self._answered[sender] = self._answered.get(sender, 0) + 1
+
+    def rounds_pushed(self, sender: int) -> int:
+        """How many rounds ``sender`` has pushed (for tests and diagnostics)."""
+        with self._lock:
+            return self._pushed.get(sender, 0)

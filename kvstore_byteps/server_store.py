@@ -1,0 +1,131 @@
+"""What a server stores per key: the value, a float32 master copy, and the sync round's merge. Pure.
+
+Invariant that makes answers safe without copies: a *published* array (``Entry.value``) is never
+written again; it is marked read-only, and every update replaces it by a new array. A pull or a
+round's pushpull is answered with the array published at that moment, so no later round, update
+or push can change bytes that are still waiting in a send queue. (MXNet's C++ server answers
+pushpulls from a buffer the next round overwrites; that is the wrong-sum race the issue saw.)
+"""
+import dataclasses
+import enum
+from typing import List, Optional, Tuple
+
+import numpy as np
+
+from .errors import ProtocolError
+from .server_updater import Grad, RowSparseGrad
+
+__all__ = ["StorageKind", "Entry", "publish"]
+
+FLOAT32 = np.dtype(np.float32)
+
+
+class StorageKind(enum.Enum):
+    """How a key's values travel: one dense slice, or rows of a row_sparse array."""
+
+    DENSE = "dense"
+    ROW_SPARSE = "row_sparse"
+
+
+def publish(array: np.ndarray) -> np.ndarray:
+    """Mark ``array`` read-only; it may now be handed to a send queue."""
+    array.flags.writeable = False
+    return array
+
+
+@dataclasses.dataclass
+class Entry:
+    """One key's state. ``value`` is in the wire dtype; ``master`` is float32 or None."""
+
+    kind: StorageKind
+    dtype: np.dtype
+    value: np.ndarray
+    master: Optional[np.ndarray] = None
+    merged: Optional[np.ndarray] = None
+    touched: Optional[np.ndarray] = None
+    waiting: List[tuple] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def create(cls, kind: StorageKind, initial: np.ndarray, multi_precision: bool) -> "Entry":
+        """Initialise from the first push (a copy; the request buffer is not kept)."""
+        entry = cls(kind, initial.dtype, publish(np.array(initial, copy=True)))
+        if multi_precision:
+            entry.enable_master()
+        return entry
+
+    def enable_master(self) -> None:
+        """Keep a float32 master copy for a non-float32 key (kSetMultiPrecision)."""
+        if self.dtype != FLOAT32 and self.master is None:
+            self.master = self.value.astype(FLOAT32)
+
+    @property
+    def working(self) -> np.ndarray:
+        """The array an updater updates: the master copy if any, else the value."""
+        return self.master if self.master is not None else self.value
+
+    @property
+    def accumulate_dtype(self) -> np.dtype:
+        return FLOAT32 if self.master is not None else self.dtype
+
+    def set_working(self, new: np.ndarray) -> None:
+        """Replace the working array with ``new`` (not aliased elsewhere) and publish the value."""
+        new = np.asarray(new).reshape(self.value.shape)
+        if self.master is not None:
+            self.master = new.astype(FLOAT32, copy=False)
+        self.value = publish(new.astype(self.dtype, copy=False))
+
+    def check_push(self, kind: StorageKind, dtype: np.dtype, ps_key: int) -> None:
+        """Refuse pushes whose storage type or dtype differs from the key's initialisation."""
+        if kind is not self.kind:
+            raise ProtocolError("key %d holds %s data, got a %s push" % (ps_key, self.kind.value,
+                                                                        kind.value))
+        if dtype != self.dtype:
+            raise ProtocolError("key %d holds %s, got a %s push" % (ps_key, self.dtype, dtype))
+
+    # -- the sync round ------------------------------------------------------------------
+    def merge_dense(self, values: np.ndarray, ps_key: int) -> None:
+        """Add one worker's dense push to this round's sum."""
+        if values.size != self.value.size:
+            raise ProtocolError("key %d holds %d values, push has %d"
+                                % (ps_key, self.value.size, values.size))
+        if self.merged is None:
+            self.merged = values.astype(self.accumulate_dtype, copy=True)
+        else:
+            np.add(self.merged, values, out=self.merged)
+
+    def merge_rows(self, rows: np.ndarray, values: Optional[np.ndarray], ps_key: int) -> None:
+        """Add one worker's row_sparse push (possibly no rows) to this round's sum."""
+        if self.merged is None:
+            self.merged = np.zeros(self.value.shape, dtype=self.accumulate_dtype)
+            self.touched = np.zeros(self.value.shape[0], dtype=bool)
+        if values is None:
+            return
+        check_rows(rows, values.shape[1], self.value.shape, ps_key)
+        np.add.at(self.merged, rows, values.astype(self.accumulate_dtype, copy=False))
+        self.touched[rows] = True
+
+    def take_round(self) -> Tuple[Grad, list]:
+        """End the round: return (merged gradient, waiting requests) and reset both."""
+        merged, touched, waiting = self.merged, self.touched, self.waiting
+        self.merged, self.touched, self.waiting = None, None, []
+        if self.kind is StorageKind.ROW_SPARSE:
+            indices = np.flatnonzero(touched)
+            return RowSparseGrad(indices, merged[indices], merged.shape), waiting
+        return merged, waiting
+
+
+def check_rows(rows: np.ndarray, unit_len: int, shape: tuple, ps_key: int) -> None:
+    """Row ids and row length of a row_sparse request must fit the stored array."""
+    if unit_len != shape[1]:
+        raise ProtocolError("key %d has rows of %d values, request has %d"
+                            % (ps_key, shape[1], unit_len))
+    if len(rows) and int(rows.max()) >= shape[0]:
+        raise ProtocolError("key %d has %d rows, request names row %d"
+                            % (ps_key, shape[0], int(rows.max())))
+
+
+def dense_rows(grad: RowSparseGrad) -> np.ndarray:
+    """The dense array of a row_sparse sum (rows nobody pushed are zero)."""
+    out = np.zeros(grad.shape, dtype=grad.data.dtype)
+    out[grad.indices] = grad.data
+    return out

@@ -1,0 +1,61 @@
+"""The updater a server applies to merged gradients, and its adapter to MXNet optimizers.
+
+The server's logic works on numpy arrays and never mutates a value it has published, so an
+updater here is a pure function ``update(key, grad, weight) -> new weight``:
+
+* ``key`` is MXNet's int key (ps key minus the server's range begin), the index MXNet's own
+  server hands its Python updater, so optimizer state and per-index counters line up;
+* ``grad`` is a 1-D numpy array, or a :class:`RowSparseGrad` for row_sparse keys;
+* ``weight`` is the stored value (the float32 master copy under multi-precision).
+
+:class:`MXNetUpdater` wraps ``mx.optimizer.get_updater(optimizer)``; mxnet is imported there
+only, lazily, so a server that never receives kController never imports MXNet.
+"""
+import dataclasses
+from typing import Callable, Union
+
+import numpy as np
+
+from .server_unpickle import load_optimizer
+
+__all__ = ["RowSparseGrad", "Grad", "Updater", "MXNetUpdater", "load_mxnet_updater"]
+
+
+@dataclasses.dataclass
+class RowSparseGrad:
+    """A row_sparse gradient: ``data[i]`` is row ``indices[i]`` of an array of ``shape``."""
+
+    indices: np.ndarray
+    data: np.ndarray
+    shape: tuple
+
+
+Grad = Union[np.ndarray, RowSparseGrad]
+#: update(key, grad, weight) -> new weight (must not modify ``weight`` in place)
+Updater = Callable[[int, Grad, np.ndarray], np.ndarray]
+
+
+class MXNetUpdater:
+    """Applies an MXNet optimizer through ``mx.optimizer.get_updater``, on copies."""
+
+    def __init__(self, optimizer):
+        import mxnet  # lazily: only servers that receive an optimizer need MXNet
+        self._mx = mxnet
+        self._updater = mxnet.optimizer.get_updater(optimizer)
+        self.optimizer = optimizer
+
+    def __call__(self, key: int, grad: Grad, weight: np.ndarray) -> np.ndarray:
+        nd = self._mx.nd
+        weight_nd = nd.array(weight, dtype=weight.dtype)
+        if isinstance(grad, RowSparseGrad):
+            grad_nd = nd.sparse.row_sparse_array((grad.data, grad.indices), shape=grad.shape,
+                                                 dtype=grad.data.dtype)
+        else:
+            grad_nd = nd.array(grad, dtype=grad.dtype)
+        self._updater(int(key), grad_nd, weight_nd)
+        return weight_nd.asnumpy()
+
+
+def load_mxnet_updater(body: bytes) -> MXNetUpdater:
+    """Restricted-unpickle a kController body and build its updater."""
+    return MXNetUpdater(load_optimizer(body))
