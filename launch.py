@@ -26,7 +26,7 @@ from typing import Dict, IO, List, Mapping, Optional, Sequence, Tuple
 from kvstore_byteps.config import Env, Role
 
 #: BytePS's name for a worker's rank (ps-lite assigns ids itself; BytePS tools read this one).
-WORKER_ID = "DMLC_WORKER_ID"
+WORKER_ID = Env.WORKER_ID
 LOCALHOST = "127.0.0.1"
 #: Variables the launcher sets itself; ``--env`` may not override them.
 RESERVED = (Env.ROLE, Env.NUM_WORKER, Env.NUM_SERVER, Env.ROOT_URI, Env.ROOT_PORT,

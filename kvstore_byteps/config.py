@@ -52,6 +52,7 @@ class Env:
     """Names of the environment variables (one spelling for launcher, library and tests)."""
 
     ROLE = "DMLC_ROLE"
+    WORKER_ID = "DMLC_WORKER_ID"  # set by launch.py; ranks still come from the scheduler
     NUM_WORKER = "DMLC_NUM_WORKER"
     NUM_SERVER = "DMLC_NUM_SERVER"
     ROOT_URI = "DMLC_PS_ROOT_URI"
