@@ -1,0 +1,153 @@
+"""Tests of mxnet_patch.engine_async against MXNet 1.9.1's real dependency engine."""
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+mx = pytest.importorskip("mxnet")
+from mxnet_patch import engine_async  # noqa: E402  (needs mxnet)
+from kvstore_byteps.errors import PeerError  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WAIT_S = 10.0
+
+
+def write_later(target, value, gate=None, log=None, label=None):
+    """An fn for push_async that fills ``target`` from another thread, after ``gate``."""
+    def fn(done):
+        def work():
+            if gate is not None and not gate.wait(WAIT_S):
+                done(TimeoutError("test gate never opened"))
+                return
+            if log is not None:
+                log.append(label)
+            engine_async.host_view(target)[...] = value
+            done()
+        threading.Thread(target=work).start()
+    return fn
+
+
+def test_push_returns_at_once_and_reading_waits_for_done():
+    out = mx.nd.zeros((4,))
+    gate = threading.Event()
+    engine_async.push_async(write_later(out, 42.0, gate), mutable_arrays=[out])
+    # We got here while the operation cannot finish: push_async did not wait for it.
+    dependent = out + 1
+    threading.Timer(0.05, gate.set).start()
+    np.testing.assert_array_equal(dependent.asnumpy(), np.full(4, 43.0, dtype=np.float32))
+    np.testing.assert_array_equal(out.asnumpy(), np.full(4, 42.0, dtype=np.float32))
+
+
+def test_operations_on_the_same_arrays_run_in_push_order():
+    source = mx.nd.ones((3,)) * 3          # produced by an MXNet operator, asynchronously
+    out, copy = mx.nd.zeros((3,)), mx.nd.zeros((3,))
+    log = []
+
+    def add_one(done):
+        def work():
+            log.append("reader")
+            engine_async.host_view(copy)[...] = engine_async.host_view(out) + 1
+            done()
+        threading.Thread(target=work).start()
+
+    def slow_write(done):
+        def work():
+            time.sleep(0.1)
+            log.append("writer")
+            engine_async.host_view(out)[...] = engine_async.host_view(source) * 2
+            done()
+        threading.Thread(target=work).start()
+
+    engine_async.push_async(slow_write, const_arrays=[source], mutable_arrays=[out])
+    engine_async.push_async(add_one, const_arrays=[out], mutable_arrays=[copy])
+    np.testing.assert_array_equal(copy.asnumpy(), np.full(3, 7.0, dtype=np.float32))
+    assert log == ["writer", "reader"]
+
+
+def test_error_passed_to_done_raises_when_the_output_is_read():
+    assert engine_async.engine_errors_supported()
+    out = mx.nd.zeros((2,))
+    engine_async.push_async(lambda done: threading.Thread(
+        target=done, args=(ValueError("server 3 refused key 7"),)).start(),
+        mutable_arrays=[out])
+    with pytest.raises(ValueError, match="server 3 refused key 7"):   # MXNet maps the type
+        out.asnumpy()
+    out.asnumpy()   # MXNet reports an operator's error once, then the array is usable again
+
+
+def test_our_error_classes_keep_their_type_and_notes():
+    error = PeerError("server 8 lost")
+    if hasattr(error, "add_note"):
+        error.add_note("in kvstore-byteps stage PULL (key 3 partition 0)")
+    out = mx.nd.zeros((2,))
+    engine_async.push_async(lambda done: done(error), mutable_arrays=[out])
+    with pytest.raises(PeerError, match="server 8 lost") as caught:
+        out.wait_to_read()
+    if hasattr(error, "add_note"):
+        assert "stage PULL (key 3 partition 0)" in str(caught.value)
+
+
+def test_exception_raised_by_fn_reaches_readers_of_dependents():
+    out = mx.nd.zeros((2,))
+
+    def broken(done):
+        raise KeyError("no partition plan")
+
+    engine_async.push_async(broken, mutable_arrays=[out], inline=True)
+    with pytest.raises(mx.base.MXNetError, match="KeyError: 'no partition plan'"):
+        (out * 2).asnumpy()
+
+
+def test_done_twice_is_ignored_and_many_threads_may_push():
+    arrays = [mx.nd.zeros((8,)) for _ in range(40)]
+
+    def twice(target, value):
+        def fn(done):
+            engine_async.host_view(target)[...] = value
+            done()
+            done(RuntimeError("second call must be ignored"))
+        return fn
+
+    def pusher(offset):
+        for index in range(offset, len(arrays), 4):
+            engine_async.push_async(twice(arrays[index], index), mutable_arrays=[arrays[index]])
+
+    threads = [threading.Thread(target=pusher, args=(offset,)) for offset in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(WAIT_S)
+    for index, array in enumerate(arrays):
+        np.testing.assert_array_equal(array.asnumpy(), np.full(8, index, dtype=np.float32))
+
+
+def test_host_view_rejects_sparse_arrays_and_other_objects():
+    with pytest.raises(ValueError, match="dense"):
+        engine_async.host_view(mx.nd.sparse.zeros("row_sparse", (2, 2)))
+    with pytest.raises(TypeError, match="NDArray"):
+        engine_async.push_async(lambda done: done(), mutable_arrays=[np.zeros(2)])
+
+
+def test_naive_engine_waits_for_done_inside_the_push():
+    code = (
+        "import threading, numpy as np, mxnet as mx\n"
+        "from mxnet_patch import engine_async\n"
+        "out = mx.nd.zeros((3,))\n"
+        "def fn(done):\n"
+        "    def work():\n"
+        "        import time; time.sleep(0.2)\n"
+        "        engine_async.host_view(out)[...] = 5\n"
+        "        done()\n"
+        "    threading.Thread(target=work).start()\n"
+        "engine_async.push_async(fn, mutable_arrays=[out])\n"
+        "print(out.asnumpy().tolist())\n")
+    env = dict(os.environ, MXNET_ENGINE_TYPE="NaiveEngine", PYTHONPATH=ROOT)
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[5.0, 5.0, 5.0]"
