@@ -22,10 +22,10 @@ Facts about MXNet 1.9.1 this relies on (checked against ``include/mxnet/c_api.h`
   exception: the next read of an output (or of anything computed from it) raises it, once, as
   for MXNet's own failing operators. The message is ``"<ClassName>: <text>"``; MXNet's FFI turns
   that into the class registered under that name (builtins such as ValueError and TypeError,
-  and, registered here, every kvstore_byteps error class), else ``MXNetError``. A ``dmlc::Error`` is a
-  ``std::runtime_error`` with no extra members; we build one with libstdc++'s exported
-  ``std::runtime_error(const char*)`` constructor and point its vtable at ``dmlc::Error``'s
-  (``_ZTVN4dmlc5ErrorE``, exported by ``libmxnet.so``). If that is not possible on some build,
+  and, registered here, every kvstore_byteps error class), else ``MXNetError``.
+  A ``dmlc::Error`` is a ``std::runtime_error`` with no extra members; we build one with
+  libstdc++'s exported ``std::runtime_error(const char*)`` constructor and point its vtable at
+  ``dmlc::Error``'s (``_ZTVN4dmlc5ErrorE``, exported by ``libmxnet.so``). If that is not possible on some build,
   the error is kept and :func:`raise_pending_error` raises it (the outputs are then released
   without an error).
 * Under ``MXNET_ENGINE_TYPE=NaiveEngine`` the engine runs the operation inside the push call and
@@ -85,8 +85,10 @@ class _DmlcErrors:
         except (OSError, AttributeError, ValueError):
             self.supported = False
             return
-        self._construct.argtypes, self._construct.restype = [ctypes.c_void_p, ctypes.c_char_p], None
-        self._destroy.argtypes, self._destroy.restype = [ctypes.c_void_p], None
+        self._construct.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        self._construct.restype = None
+        self._destroy.argtypes = [ctypes.c_void_p]
+        self._destroy.restype = None
         # A vtable pointer points past the offset-to-top and typeinfo slots.
         self._vptr = ctypes.addressof(table) + 2 * ctypes.sizeof(ctypes.c_void_p)
         self.supported = True

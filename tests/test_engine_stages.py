@@ -183,3 +183,13 @@ def test_task_runs_once_and_stages_must_be_ordered():
         Pipeline([StageSpec(Stage.PUSH, print)], credit=1)
     with pytest.raises(ValueError, match="no partitions"):
         Task(1, [])
+
+
+def test_async_stage_raising_after_done_is_logged_not_lost(caplog):
+    def push(item, done):
+        done()
+        raise RuntimeError("bug after done")
+
+    with Pipeline([StageSpec(Stage.PUSH, push, asynchronous=True)]) as pipeline:
+        assert pipeline.submit(Task(1, [0])).result(WAIT_S).key == 1
+    assert "raised after calling done()" in caplog.text

@@ -22,14 +22,13 @@ from typing import Dict, List, Tuple
 
 from ..config import Config
 from ..errors import KVStoreBytePSError
+from ..van.kv_keys import K_MAX_KEY
 from .keyhash import KeyHash, server_for_key
 
 __all__ = ["K_MAX_KEY", "PARTITION_BITS", "MAX_PARTITIONS", "MAX_USER_KEY", "KeyLayoutError",
            "Partition", "PartitionPlan", "Partitioner", "server_key_range", "encode_ps_key",
            "decode_ps_key", "partition_bound", "plan_partitions"]
 
-#: ps-lite's ``kMaxKey``.
-K_MAX_KEY = 2 ** 64 - 1
 PARTITION_BITS = 16
 MAX_PARTITIONS = 1 << PARTITION_BITS
 #: Largest user key the encoding admits (MXNet keys are C ``int``).

@@ -23,6 +23,7 @@ other tasks go on.
 import concurrent.futures
 import dataclasses
 import enum
+import logging
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -32,6 +33,8 @@ from .scheduler import CreditScheduler
 from .trace import Tracer, now_ns
 
 __all__ = ["Stage", "StageSpec", "Task", "WorkItem", "Pipeline", "PipelineClosedError"]
+
+log = logging.getLogger(__name__)
 
 #: Idle stage threads re-check for shutdown at least this often (seconds).
 _IDLE_POLL_S = 1.0
@@ -206,7 +209,8 @@ class Pipeline:
             try:
                 spec.fn(argument, done)
             except Exception as exc:  # the stage function's failure belongs to the task
-                done(exc)
+                if not done(exc):
+                    log.exception("stage %s raised after calling done()", spec.stage.name)
             return
         try:
             spec.fn(argument)
@@ -333,12 +337,14 @@ class _Once:
         self._lock = threading.Lock()
         self._called = False
 
-    def __call__(self, error: Optional[BaseException] = None) -> None:
+    def __call__(self, error: Optional[BaseException] = None) -> bool:
+        """Act on the first call; return whether this call was the one that acted."""
         with self._lock:
             if self._called:
-                return
+                return False
             self._called = True
         self._action(error)
+        return True
 
 
 def _annotate(error: BaseException, stage: Stage, items: List[WorkItem]) -> None:
