@@ -151,3 +151,44 @@ def test_naive_engine_waits_for_done_inside_the_push():
                             text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[5.0, 5.0, 5.0]"
+
+
+def test_pipeline_task_runs_as_an_engine_operation():
+    """The shape of dist_byteps' pushpull: an engine op whose work is a pipeline task."""
+    from kvstore_byteps.engine import reduce
+    from kvstore_byteps.engine.partition import plan_partitions
+    from kvstore_byteps.engine.stages import Pipeline, Stage, StageSpec, Task
+
+    def local_reduce(item):
+        part, task = item.partition, item.task
+        views = [reduce.flat_view(engine_async.host_view(a), part.offset, part.nbytes)
+                 for a in task.inputs]
+        reduce.cpu_sum(views, reduce.flat_view(task.context["host"], part.offset, part.nbytes))
+
+    def fake_pushpull(item):   # "the other worker" pushed the same values
+        part = item.partition
+        reduce.flat_view(item.task.context["host"], part.offset, part.nbytes)[...] *= 2
+
+    def broadcast(item):
+        part, task = item.partition, item.task
+        source = reduce.flat_view(task.context["host"], part.offset, part.nbytes)
+        reduce.cpu_broadcast(source, [reduce.flat_view(engine_async.host_view(o), part.offset,
+                                                       part.nbytes) for o in task.outputs])
+
+    stages = [StageSpec(Stage.LOCAL_REDUCE, local_reduce), StageSpec(Stage.PUSH, fake_pushpull),
+              StageSpec(Stage.PULL, lambda item: None),
+              StageSpec(Stage.LOCAL_BROADCAST, broadcast)]
+    grads = [mx.nd.arange(0, 1000) * (device + 1) for device in range(2)]
+    outs = [mx.nd.zeros((1000,)) for _ in range(2)]
+    plan = plan_partitions(3, 4000, 4, 2, partition_bytes=1024)
+    with Pipeline(stages, credit=2) as pipeline:
+        task = Task(3, plan.partitions, priority=-3, inputs=grads, outputs=outs,
+                    context={"host": np.empty(1000, dtype=np.float32)})
+
+        def start(done):
+            pipeline.submit(task).add_done_callback(lambda future: done(future.exception()))
+
+        engine_async.push_async(start, const_arrays=grads, mutable_arrays=outs, priority=-3)
+        expected = np.arange(0, 1000, dtype=np.float32) * 6
+        for out in outs:
+            np.testing.assert_array_equal(out.asnumpy(), expected)
