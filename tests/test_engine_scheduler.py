@@ -59,3 +59,21 @@ def test_remove_if_drops_queued_items_in_order_without_credit():
     assert queue.remove_if(lambda item: item.startswith("x")) == ["x2", "x1"]
     assert len(queue) == 1 and queue.in_flight == 0
     assert queue.peek_priority() == 3 and queue.pop() == "y"
+
+
+def test_byte_weighted_credit_lets_many_small_items_fly_but_not_big_ones():
+    queue = CreditScheduler(credit=100, cost=lambda item: item[1])
+    for name, size in [("small1", 10), ("small2", 10), ("big", 90), ("small3", 10)]:
+        queue.push((name, size), priority=0)
+    assert queue.pop()[0] == "small1" and queue.pop()[0] == "small2"
+    assert queue.pop() is None            # 20 in flight + 90 would exceed 100
+    queue.release(10)
+    queue.release(10)
+    assert queue.pop()[0] == "big"        # nothing in flight: it may go even alone
+    assert queue.pop()[0] == "small3"     # 90 + 10 <= 100
+
+
+def test_item_costlier_than_credit_still_leaves_when_idle():
+    queue = CreditScheduler(credit=5, cost=lambda item: 50)
+    queue.push("huge")
+    assert queue.pop() == "huge" and queue.in_flight == 50

@@ -3,8 +3,11 @@
 Items wait in a priority queue: a higher ``priority`` leaves first (MXNet passes
 ``priority = -param_index``, so layer 0, needed first by the next forward pass, goes first), and
 items of equal priority leave in the order they arrived. A queue built with a credit lets at most
-``credit`` items be *in flight* (popped and not yet released); BytePS counts its
-``BYTEPS_SCHEDULING_CREDIT`` in partitions, and so do we, so every item costs one credit.
+``credit`` units be *in flight* (popped and not yet released). An item costs ``cost(item)``
+units (default 1). BytePS allows ``BYTEPS_SCHEDULING_CREDIT`` partitions' worth of *bytes* in
+flight, so the worker passes the partition's byte size as cost: many small partitions may fly
+at once where one big one would use a whole credit. An item is always let out when nothing is in
+flight, so an item costlier than the whole credit cannot block the queue.
 
 Because a higher-priority item enqueued later is popped before lower-priority ones still queued,
 the front layers' partitions overtake the back layers' whenever the credit is exhausted.
@@ -23,11 +26,14 @@ T = TypeVar("T")
 class CreditScheduler(Generic[T]):
     """Priority queue whose pops are limited by a credit of in-flight items."""
 
-    def __init__(self, credit: Optional[int] = None):
-        """``credit``: most items in flight at once; ``None`` means unlimited."""
+    def __init__(self, credit: Optional[int] = None,
+                 cost: Optional[Callable[[T], int]] = None):
+        """``credit``: most cost units in flight at once (``None``: unlimited); ``cost(item)``:
+        the units an item takes (default 1)."""
         if credit is not None and credit < 1:
             raise ValueError("credit must be positive or None, got %r" % (credit,))
         self._credit = credit
+        self.cost = cost or (lambda item: 1)
         self._in_flight = 0
         self._heap: List[Tuple[int, int, T]] = []
         self._order = itertools.count()
@@ -47,8 +53,10 @@ class CreditScheduler(Generic[T]):
         return self._credit
 
     def has_credit(self) -> bool:
-        """Whether one more item may be popped now."""
-        return self._credit is None or self._in_flight < self._credit
+        """Whether the next item may be popped now."""
+        if self._credit is None or self._in_flight == 0:
+            return True
+        return bool(self._heap) and self._in_flight + self.cost(self._heap[0][2]) <= self._credit
 
     def push(self, item: T, priority: int = 0) -> None:
         """Queue ``item``; higher ``priority`` leaves earlier, FIFO among equals."""
@@ -59,20 +67,21 @@ class CreditScheduler(Generic[T]):
         return bool(self._heap) and self.has_credit()
 
     def pop(self) -> Optional[T]:
-        """Take the highest-priority item and one credit, or return None if none may leave."""
+        """Take the highest-priority item and its credit, or return None if none may leave."""
         if not self.ready():
             return None
-        self._in_flight += 1
-        return heapq.heappop(self._heap)[2]
+        item = heapq.heappop(self._heap)[2]
+        self._in_flight += self.cost(item)
+        return item
 
     def peek_priority(self) -> Optional[int]:
         """Priority of the item that would leave next (ignoring credit), or None if empty."""
         return -self._heap[0][0] if self._heap else None
 
     def release(self, count: int = 1) -> None:
-        """Return the credit of ``count`` items that finished; raise if more than in flight."""
+        """Return ``count`` units of credit (an item's cost); raise if more than in flight."""
         if not 0 <= count <= self._in_flight:
-            raise ValueError("releasing %d credits but only %d items are in flight"
+            raise ValueError("releasing %d credits but only %d are in flight"
                              % (count, self._in_flight))
         self._in_flight -= count
 

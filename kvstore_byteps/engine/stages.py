@@ -123,14 +123,17 @@ class Pipeline:
 
     def __init__(self, stages: Sequence[StageSpec], credit: Optional[int] = None,
                  credit_span: Optional[Tuple[Stage, Stage]] = (Stage.PUSH, Stage.PULL),
-                 tracer: Optional[Tracer] = None, name: str = "kvstore-byteps"):
-        """``credit`` limits items inside ``credit_span`` (both ends included, if present)."""
+                 tracer: Optional[Tracer] = None, name: str = "kvstore-byteps",
+                 cost: Optional[Callable[["WorkItem"], int]] = None):
+        """``credit`` limits the summed ``cost`` (default 1 per item) of the items inside
+        ``credit_span`` (both ends included, if present)."""
         self._specs = _check_order(stages)
         self._order = [spec.stage for spec in self._specs]
         self._span = _check_span(credit_span, self._order) if credit is not None else None
         self._lock = threading.Lock()
+        self._cost = cost or (lambda item: 1)
         self._queues = {stage: CreditScheduler(credit if self._span and stage == self._span[0]
-                                               else None) for stage in self._order}
+                                               else None, self._cost) for stage in self._order}
         self._wake = {stage: threading.Condition(self._lock) for stage in self._order}
         self._idle = threading.Condition(self._lock)
         self._next = dict(zip(self._order, self._order[1:] + [None]))
@@ -192,7 +195,7 @@ class Pipeline:
             if self._span and spec.stage == self._span[0]:
                 item.holds_credit = True
             else:
-                queue.release()  # queues outside the span only order, they do not count
+                queue.release(self._cost(item))  # queues outside the span only order
             items.append(item)
         return items
 
@@ -262,7 +265,7 @@ class Pipeline:
     def _release_locked(self, item: WorkItem) -> None:
         if item.holds_credit:
             item.holds_credit = False
-            self._queues[self._span[0]].release()
+            self._queues[self._span[0]].release(self._cost(item))
             self._wake[self._span[0]].notify()
 
     def _retire_locked(self, item: WorkItem, resolved: List[Task]) -> None:
