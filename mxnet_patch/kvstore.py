@@ -1,18 +1,187 @@
-"""The ``dist_byteps`` KVStore (worker side) -- UNFINISHED: it lands with issue 4.
+"""The ``dist_byteps`` KVStore: MXNet's KVStore API over :class:`kvstore_byteps.engine.worker.WorkerEngine`.
 
-Registered under ``'dist_byteps'`` in ``mxnet.kvstore.base.KVStoreBase.kv_registry`` by
-:func:`mxnet_patch._startup_hook.register_dist_byteps`. This module is imported while MXNet itself
-is still importing (from ``mxnet.kvstore``, before ``mxnet.gluon`` exists): import at module level
-only MXNet modules that load before ``mxnet.kvstore`` (base, context, ndarray, optimizer), and
-anything else inside functions.
+``pushpull`` returns at once: it is an MXNet engine operation that reads the values and writes
+the outputs, so MXNet orders later reads of the outputs after it while backward passes, other
+keys' communication and the caller's Python go on. The update runs on the workers
+(``is_capable('optimizer')`` is False), so ``gluon.Trainer`` and ``Module`` reduce gradients
+through this store and update locally, as with BytePS.
+
+Registered under ``'dist_byteps'`` in ``KVStoreBase.kv_registry`` by :mod:`mxnet_patch`'s
+start-up hook. This module is imported while MXNet itself is still importing (from
+``mxnet.kvstore``), so at module level it imports only MXNet modules loaded before
+``mxnet.kvstore``, and everything of ours lazily.
 """
+import atexit
+import logging
+import threading
+
+from mxnet import ndarray as nd
 from mxnet.kvstore.base import KVStoreBase
 
 __all__ = ["KVStoreBytePS"]
 
+log = logging.getLogger(__name__)
+
 
 class KVStoreBytePS(KVStoreBase):
-    """BytePS-style distributed KVStore for unmodified MXNet (not implemented yet)."""
+    """BytePS-style distributed KVStore for unmodified MXNet (``mx.kv.create('dist_byteps')``).
+
+    Values may be one NDArray or a list of NDArrays on several CPU contexts (summed locally
+    first). Keys are ints or strs (not mixed), as in MXNet. Thread-safe like MXNet's stores:
+    call it from one Python thread.
+    """
 
     def __init__(self):
-        raise NotImplementedError("dist_byteps worker lands with issue 4")
+        from kvstore_byteps.config import Config
+        from kvstore_byteps.engine.worker import WorkerEngine
+        self._engine = WorkerEngine(Config.from_env())
+        self._str_keys = {}
+        self._key_kind = None
+        self._push_results = {}       # key -> NDArray holding the last push's sum (push/pull API)
+        self._lock = threading.Lock()
+        atexit.register(self.close)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def type(self):
+        return "dist_byteps"
+
+    @property
+    def rank(self):
+        return self._engine.rank
+
+    @property
+    def num_workers(self):
+        return self._engine.num_workers
+
+    @staticmethod
+    def is_capable(capability):
+        """No server-side optimizer: the update runs on the workers (as in BytePS)."""
+        if capability.lower() == KVStoreBase.OPTIMIZER:
+            return False
+        raise ValueError("unknown capability %r" % capability)
+
+    # ------------------------------------------------------------------ keys and values
+    def _int_key(self, key):
+        kind = "str" if isinstance(key, str) else "int"
+        if self._key_kind is None:
+            self._key_kind = kind
+        elif kind != self._key_kind:
+            raise TypeError("Mixed key types are not allowed (got %r after %s keys)"
+                            % (key, self._key_kind))
+        if kind == "str":
+            return self._str_keys.setdefault(key, len(self._str_keys))
+        if not 0 <= int(key) < 2 ** 31:
+            raise ValueError("key %r is outside [0, 2**31)" % (key,))
+        return int(key)
+
+    @staticmethod
+    def _per_key(keys, values, what):
+        """Pair keys with their values: one value (or device list) per key."""
+        if not isinstance(keys, (list, tuple)):
+            return [(keys, values)]
+        if values is None:
+            return [(k, None) for k in keys]
+        if not isinstance(values, (list, tuple)) or len(values) != len(keys):
+            raise ValueError("%s: %d keys need %d values" % (what, len(keys), len(keys)))
+        return list(zip(keys, values))
+
+    @staticmethod
+    def _as_list(value):
+        return list(value) if isinstance(value, (list, tuple)) else [value]
+
+    # ------------------------------------------------------------------ init / broadcast
+    def init(self, key, value):
+        """Initialise keys on the servers from rank 0's values (blocking, then a barrier)."""
+        for k, v in self._per_key(key, value, "init"):
+            self._initialise(k, self._as_list(v)[0], [])
+
+    def broadcast(self, key, value, out, priority=0):
+        """Rank 0's ``value`` goes to every worker's ``out`` (and initialises the key)."""
+        for (k, v), (_, o) in zip(self._per_key(key, value, "broadcast"),
+                                  self._per_key(key, out, "broadcast")):
+            self._initialise(k, self._as_list(v)[0], self._as_list(o))
+
+    def _initialise(self, key, value, outs):
+        ikey = self._int_key(key)
+        stored = self._engine.init(ikey, value.asnumpy())
+        for out in outs:
+            out[:] = nd.array(stored, ctx=out.context, dtype=out.dtype)
+        self._push_results[ikey] = nd.array(stored, dtype=stored.dtype)
+
+    # ------------------------------------------------------------------ pushpull
+    def pushpull(self, key, value, out=None, priority=0):
+        """Sum ``value`` over local devices and all workers into ``out`` (default: in place).
+
+        Returns at once; reading an output waits for the result (and raises its error).
+        """
+        for (k, v), (_, o) in zip(self._per_key(key, value, "pushpull"),
+                                  self._per_key(key, out, "pushpull")):
+            values = self._as_list(v)
+            outs = values if o is None else self._as_list(o)
+            self._submit(self._int_key(k), values, outs, priority)
+
+    def push(self, key, value, priority=0):
+        """Push the sum of ``value`` (over devices); a later ``pull`` reads the round's sum."""
+        for k, v in self._per_key(key, value, "push"):
+            ikey = self._int_key(k)
+            if ikey not in self._push_results:
+                raise KeyError("key %r was not initialised (call init first)" % (k,))
+            self._submit(ikey, self._as_list(v), [self._push_results[ikey]], priority)
+
+    def pull(self, key, out=None, priority=0, ignore_sparse=True):
+        """Copy the sum of the last push of ``key`` (or its initial value) into ``out``."""
+        for k, o in self._per_key(key, out, "pull"):
+            ikey = self._int_key(k)
+            if ikey not in self._push_results:
+                raise KeyError("key %r was not initialised (call init first)" % (k,))
+            for target in self._as_list(o):
+                self._push_results[ikey].copyto(target)
+
+    def _submit(self, ikey, values, outs, priority):
+        from mxnet_patch.engine_async import host_view, push_async
+        engine = self._engine
+        same = [o for o in outs if any(o is v for v in values)]
+        const = [v for v in values if not any(v is o for o in same)]
+
+        def run(done):
+            engine.pushpull(ikey, [host_view(v) for v in values], [host_view(o) for o in outs],
+                            priority, on_done=done)
+        for array in values + outs:
+            if array.context.device_type != "cpu" or array.stype != "default":
+                raise NotImplementedError(
+                    "dist_byteps supports dense CPU arrays on this build; key %d has a %s array "
+                    "on %s" % (ikey, array.stype, array.context))
+        push_async(run, const_arrays=const, mutable_arrays=outs, priority=priority,
+                   name="byteps_pushpull_%d" % ikey)
+
+    # ------------------------------------------------------------------ the rest of the API
+    def set_optimizer(self, optimizer):
+        raise NotImplementedError(
+            "dist_byteps updates on the workers: use gluon.Trainer(..., kvstore=kv) (it then "
+            "sets update_on_kvstore=False by itself) or Module.fit, not set_optimizer")
+
+    def save_optimizer_states(self, fname, dump_optimizer=False):
+        raise NotImplementedError("dist_byteps keeps no optimizer: save the Trainer's states "
+                                  "(trainer.save_states) instead")
+
+    def load_optimizer_states(self, fname):
+        raise NotImplementedError("dist_byteps keeps no optimizer: load the Trainer's states "
+                                  "(trainer.load_states) instead")
+
+    def _barrier(self):
+        """Block until every worker reached this barrier (after this worker's pending ops)."""
+        nd.waitall()
+        self._engine.barrier()
+
+    def close(self):
+        """Finish pending work, then leave the cluster as MXNet's workers do. Idempotent."""
+        with self._lock:
+            engine, self._engine_closed = self._engine, True
+        if getattr(engine, "_closed", False):
+            return
+        try:
+            nd.waitall()
+        except Exception as exc:     # a failed op was already reported to its reader
+            log.warning("pending operations failed before close: %s", exc)
+        engine.close()

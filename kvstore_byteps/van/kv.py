@@ -85,6 +85,7 @@ class Request:
         self.error: Optional[BaseException] = None
         self.result: Optional[KVPairs] = None
         self.head: Optional[int] = None
+        self.bodies: Dict[int, bytes] = {}      # server id -> body of its answer
 
     @property
     def done(self) -> bool:
@@ -102,6 +103,7 @@ class Request:
         if len(kvs.keys):
             self._parts.append(kvs)
         self.head = meta.head
+        self.bodies[sender] = bytes(meta.body)
         if not self._waiting:
             self._complete()
 
@@ -287,12 +289,14 @@ class KVServer:
         postoffice.register_customer(app_id, app_id, self._on_message)
 
     def respond(self, req: KVRequest, keys=None, vals=None, lens=None,
-                error: Optional[str] = None) -> None:
-        """Answer ``req``: an ack (no data), data (keys, vals, lens) or an error text."""
+                error: Optional[str] = None, body: bytes = b"") -> None:
+        """Answer ``req``: an ack (no data), data (keys, vals, lens) or an error text; ``body``
+        is a SimpleApp answer's payload (upstream's answers carry none)."""
         data, types = _frames(keys, vals, lens, with_empty_vals=keys is not None)
         m = req.meta
         meta = Meta(head=m.head, request=False, push=m.push, pull=m.pull,
                     simple_app=m.simple_app, app_id=self.app_id, customer_id=m.customer_id,
+                    body=body,
                     timestamp=m.timestamp, data_type=types, recver=m.sender,
                     extra={"error": error} if error else None)
         self.po.send(Message(meta, data))

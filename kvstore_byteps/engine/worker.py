@@ -1,0 +1,280 @@
+"""The worker side of ``dist_byteps`` without MXNet: keys, rounds and the stage pipeline.
+
+:class:`WorkerEngine` joins the cluster, finds out which servers it talks to, lays each key out
+on the servers and runs a pushpull of host (numpy) buffers through the pipeline
+
+    LOCAL_REDUCE -> PUSH -> PULL -> LOCAL_BROADCAST
+
+one work item per partition, priority-scheduled with a byte credit. ``mxnet_patch.kvstore``
+wraps it in MXNet's KVStore API and engine.
+
+Two kinds of servers are spoken to, found out at start by a probe command:
+
+* our BytePSServer: keys are cut into ``BYTEPS_PARTITION_BYTES`` partitions placed by
+  ``BYTEPS_KEY_HASH_FN``; each partition goes in one pushpull request (cmd = cantor(3, dtype)),
+  answered with the round's sum;
+* an unmodified MXNet server: keys are laid out exactly as MXNet's own worker does
+  (``EncodeDefaultKey``, cmd = cantor(0, dtype)); each round is a push, then (after its ack,
+  which arrives when the round is merged) a pull.
+"""
+import dataclasses
+import enum
+import logging
+import threading
+from typing import Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from ..config import Config
+from ..errors import KVStoreBytePSError, PeerError
+from ..van.kv import KVWorker
+from ..van.message import ALL_GROUP, WORKER_GROUP
+from ..van.postoffice import Postoffice
+from .partition import KeyLayoutError, Partitioner
+from .reduce import cpu_sum, flat_view
+from .stages import Pipeline, Stage, StageSpec, Task
+from .trace import Tracer
+from .upstream import RequestType, dtype_code, encode_cmd, encode_default_key
+
+log = logging.getLogger(__name__)
+
+#: Request type of the BytePS data path (cmd = cantor(3, dtype)); upstream never sends it.
+BYTEPS_REQUEST_TYPE = 3
+#: SimpleApp command ids (MXNet's, plus our probe).
+CMD_STOP_SERVER, CMD_SYNC_MODE, CMD_BYTEPS_PROBE = 2, 3, 100
+#: What our BytePSServer answers to the probe (upstream answers with an empty body).
+PROBE_ANSWER = b"byteps"
+
+
+class ServerFlavor(enum.Enum):
+    BYTEPS = "byteps"
+    MXNET = "mxnet"
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """One partition of a key on the wire: its ps key and its byte range in the tensor."""
+
+    ps_key: int
+    offset: int
+    nbytes: int
+
+
+@dataclasses.dataclass
+class KeyLayout:
+    key: int
+    shape: tuple
+    dtype: np.dtype
+    slots: List[Slot]
+    round_cmd: int      # cmd of the per-round traffic
+    init_cmd: int       # cmd of the initialising push and of plain pulls
+
+    def describe(self) -> str:
+        return "key %d (%s %s)" % (self.key, self.shape, self.dtype)
+
+
+class WorkerEngine:
+    """Cluster membership plus the pushpull pipeline of one worker. Thread-safe ``pushpull``."""
+
+    def __init__(self, config: Config, postoffice: Optional[Postoffice] = None):
+        self.config = config
+        self.po = postoffice or Postoffice(config)
+        self.po.start()
+        self.po.barrier(ALL_GROUP)
+        self.kv = KVWorker(self.po)
+        self.rank, self.num_workers = self.po.my_rank, self.po.num_workers
+        self.flavor = self._probe_servers()
+        if self.rank == 0:
+            self._wait(self.kv.command(CMD_SYNC_MODE), "kSyncMode")
+        self._partitioner = Partitioner(config)
+        self._layouts: Dict[int, KeyLayout] = {}
+        self._layout_lock = threading.Lock()
+        self.tracer = Tracer.from_config(config, self.rank)
+        self.pipeline = Pipeline(self._stages(), credit=config.scheduling_credit
+                                 * config.partition_bytes, tracer=self.tracer,
+                                 cost=lambda item: max(1, item.partition.nbytes))
+        self._closed = False
+        log.info("worker rank %d of %d talks to %s servers", self.rank, self.num_workers,
+                 self.flavor.value)
+
+    # ------------------------------------------------------------------ set-up
+    def _probe_servers(self) -> ServerFlavor:
+        request = self.kv.command(CMD_BYTEPS_PROBE)
+        self._wait(request, "the server probe")
+        answers = set(request.bodies.values())
+        if answers == {PROBE_ANSWER}:
+            return ServerFlavor.BYTEPS
+        if answers == {b""}:
+            return ServerFlavor.MXNET
+        raise KVStoreBytePSError("servers of mixed kinds answered the probe (%s); use either "
+                                 "only BytePS servers or only MXNet servers" % sorted(answers))
+
+    def _wait(self, request, what: str):
+        try:
+            return self.kv.wait(request)
+        except KVStoreBytePSError as exc:
+            raise type(exc)("worker rank %d, %s: %s" % (self.rank, what, exc)) from exc
+
+    def layout(self, key: int, shape, dtype) -> KeyLayout:
+        """The wire layout of ``key``; KeyLayoutError naming the key if shape/dtype changed."""
+        shape, dtype = tuple(int(d) for d in shape), np.dtype(dtype)
+        with self._layout_lock:
+            known = self._layouts.get(key)
+            if known is None:
+                known = self._layouts[key] = self._new_layout(key, shape, dtype)
+        if (known.shape, known.dtype) != (shape, dtype):
+            raise KeyLayoutError("%s used with shape %s and dtype %s" % (known.describe(),
+                                                                        shape, dtype))
+        return known
+
+    def _new_layout(self, key: int, shape: tuple, dtype: np.dtype) -> KeyLayout:
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        code = dtype_code(dtype)
+        init_cmd = encode_cmd(RequestType.DEFAULT_PUSHPULL, code)
+        if self.flavor is ServerFlavor.MXNET:
+            pskv = encode_default_key(key, nbytes // dtype.itemsize, dtype.itemsize,
+                                      self.po.num_servers, self.config.bigarray_bound)
+            offsets = np.concatenate(([0], np.cumsum(pskv.lens)))[:-1]
+            slots = [Slot(k, int(o), n) for k, o, n in zip(pskv.keys, offsets, pskv.lens)]
+            return KeyLayout(key, shape, dtype, slots, init_cmd, init_cmd)
+        plan = self._partitioner.plan(key, nbytes, dtype.itemsize)
+        slots = [Slot(p.ps_key, p.offset, p.nbytes) for p in plan.partitions]
+        return KeyLayout(key, shape, dtype, slots, encode_cmd(BYTEPS_REQUEST_TYPE, code),
+                         init_cmd)
+
+    # ------------------------------------------------------------------ init / broadcast
+    def init(self, key: int, value: np.ndarray, out: Optional[Sequence[np.ndarray]] = None):
+        """Initialise ``key`` on the servers from rank 0's ``value``; every rank then reads the
+        stored value back (into ``out`` if given) and checks its size. Blocking."""
+        layout = self.layout(key, value.shape, value.dtype)
+        if self.rank == 0:
+            flat = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+            requests = [self.kv.push([s.ps_key], flat[s.offset:s.offset + s.nbytes], [s.nbytes],
+                                     cmd=layout.init_cmd) for s in layout.slots]
+            for request in requests:
+                self._wait(request, "initialising %s" % layout.describe())
+        self.po.barrier(WORKER_GROUP, timeout=self.config.request_timeout)
+        stored = self._pull_all(layout)
+        for target in out or ():
+            np.copyto(target.reshape(-1).view(np.uint8), stored)
+        return stored.view(layout.dtype).reshape(layout.shape)
+
+    def _pull_all(self, layout: KeyLayout) -> np.ndarray:
+        total = sum(s.nbytes for s in layout.slots)
+        stored = np.empty(total, np.uint8)
+        requests = [(s, self.kv.pull([s.ps_key], cmd=layout.init_cmd)) for s in layout.slots]
+        for slot, request in requests:
+            got = self._wait(request, "reading %s back" % layout.describe())
+            if got.vals.nbytes != slot.nbytes:
+                raise KeyLayoutError(
+                    "%s disagrees with the cluster: the servers hold %d bytes for ps key %d "
+                    "where this worker expects %d (do all workers use the same shape and "
+                    "dtype for this key?)" % (layout.describe(), got.vals.nbytes, slot.ps_key,
+                                              slot.nbytes))
+            stored[slot.offset:slot.offset + slot.nbytes] = np.frombuffer(got.vals, np.uint8)
+        return stored
+
+    def barrier(self) -> None:
+        self.po.barrier(WORKER_GROUP, timeout=self.config.request_timeout)
+
+    # ------------------------------------------------------------------ pushpull
+    def pushpull(self, key: int, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
+                 priority: int = 0, on_done: Optional[Callable[[Optional[BaseException]], None]]
+                 = None) -> Task:
+        """Sum ``inputs`` over local devices and all workers into every output. Returns at once;
+        ``on_done(error_or_None)`` runs on a pipeline thread when finished."""
+        layout = self.layout(key, inputs[0].shape, inputs[0].dtype)
+        for array in list(inputs) + list(outputs):
+            if array.shape != layout.shape or array.dtype != layout.dtype:
+                raise KeyLayoutError("%s: got an array of shape %s and dtype %s"
+                                     % (layout.describe(), array.shape, array.dtype))
+        context = {"inputs": [a.reshape(-1).view(np.uint8) for a in inputs],
+                   "outputs": [a.reshape(-1).view(np.uint8) for a in outputs],
+                   "layout": layout, "results": {}}
+        if len(inputs) > 1:   # local reduce needs a buffer of its own
+            context["reduced"] = np.empty(layout.slots[-1].offset + layout.slots[-1].nbytes,
+                                          np.uint8)
+        task = Task(key, layout.slots, priority, name=layout.describe(), context=context)
+        if on_done is not None:
+            task.future.add_done_callback(lambda f: on_done(f.exception()))
+        self.pipeline.submit(task)
+        return task
+
+    def _stages(self) -> List[StageSpec]:
+        byteps = self.flavor is ServerFlavor.BYTEPS
+        return [StageSpec(Stage.LOCAL_REDUCE, self._local_reduce),
+                StageSpec(Stage.PUSH, self._push, asynchronous=True),
+                StageSpec(Stage.PULL, self._no_pull if byteps else self._pull,
+                          asynchronous=True),
+                StageSpec(Stage.LOCAL_BROADCAST, self._local_broadcast)]
+
+    @staticmethod
+    def _span(array: np.ndarray, slot: Slot) -> np.ndarray:
+        return array[slot.offset:slot.offset + slot.nbytes]
+
+    def _local_reduce(self, item) -> None:
+        ctx, slot = item.task.context, item.partition
+        if "reduced" not in ctx:
+            return          # one device: its buffer is sent as it is
+        dtype = ctx["layout"].dtype
+        sources = [flat_view(self._span(a, slot).view(dtype), 0, slot.nbytes)
+                   for a in ctx["inputs"]]
+        cpu_sum(sources, self._span(ctx["reduced"], slot).view(dtype))
+
+    def _send_buffer(self, item) -> np.ndarray:
+        ctx = item.task.context
+        source = ctx.get("reduced", ctx["inputs"][0])
+        return self._span(source, item.partition)
+
+    def _push(self, item, done) -> None:
+        ctx, slot = item.task.context, item.partition
+        layout = ctx["layout"]
+
+        def on_answer(request):
+            if request.error is None and request.result is not None:
+                ctx["results"][item.index] = request.result
+            done(request.error)
+        send = self.kv.pushpull if self.flavor is ServerFlavor.BYTEPS else self.kv.push
+        send([slot.ps_key], self._send_buffer(item), [slot.nbytes], cmd=layout.round_cmd,
+             priority=item.priority, callback=on_answer)
+
+    def _pull(self, item, done) -> None:
+        ctx, slot = item.task.context, item.partition
+
+        def on_answer(request):
+            if request.error is None:
+                ctx["results"][item.index] = request.result
+            done(request.error)
+        self.kv.pull([slot.ps_key], cmd=ctx["layout"].round_cmd, priority=item.priority,
+                     callback=on_answer)
+
+    @staticmethod
+    def _no_pull(item, done) -> None:
+        done()      # the BytePS pushpull already brought the sum back
+
+    def _local_broadcast(self, item) -> None:
+        ctx, slot = item.task.context, item.partition
+        result = ctx["results"].pop(item.index, None)
+        if result is None or result.vals.nbytes != slot.nbytes:
+            raise PeerError("%s: the server answered ps key %d with %s bytes, expected %d"
+                            % (ctx["layout"].describe(), slot.ps_key,
+                               None if result is None else result.vals.nbytes, slot.nbytes))
+        data = np.frombuffer(result.vals, np.uint8)
+        for out in ctx["outputs"]:
+            self._span(out, slot)[:] = data
+
+    # ------------------------------------------------------------------ shutdown
+    def close(self) -> None:
+        """MXNet's exit sequence: Barrier(4), kStopServer from rank 0, Barrier(7). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.pipeline.close(self.config.request_timeout)
+            self.barrier()
+            if self.rank == 0:
+                self._wait(self.kv.command(CMD_STOP_SERVER), "kStopServer")
+            if self.tracer.enabled:
+                self.tracer.dump()
+        finally:
+            self.po.finalize()
