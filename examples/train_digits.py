@@ -1,0 +1,165 @@
+"""Data-parallel training of a small MLP on scikit-learn's digits with ``kvstore='dist_byteps'``.
+
+    python launch.py -n 2 -s 2 python examples/train_digits.py [--epochs 8] [--contexts 2]
+
+The digits set (1797 8x8 images, 10 classes) ships inside scikit-learn, so nothing is downloaded.
+Every worker shuffles the same way, keeps the same held-out test split and trains on its own
+shard of the rest (by rank). ``gluon.Trainer`` sums the gradients over the workers (and over the
+``--contexts`` CPU contexts of a worker) through the ``dist_byteps`` store, and every worker then
+makes the same SGD step. Rank 0 prints one line per epoch: the mean training loss over all
+workers (summed through the store too) and the accuracy on the held-out test set. At the end the
+workers check, through the store, that they all hold identical parameters.
+
+Lines start with ``[digits]``; ``launch.py`` adds ``[worker 0]`` in front.
+"""
+import argparse
+import sys
+import time
+
+import numpy as np
+
+import mxnet as mx
+from mxnet import autograd, gluon, nd
+
+PREFIX = "[digits]"
+SPLIT_SEED = 1234          # the same shuffle (and so the same test split) on every worker
+TEST_FRACTION = 0.2
+# Keys 0..len(params)-1 belong to the Trainer (one per parameter); ours come after them.
+EXTRA_KEYS = 1000
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=32,
+                        help="samples per worker per step (the global batch is this x workers)")
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--contexts", type=int, default=1,
+                        help="CPU contexts per worker; each batch is split over them")
+    parser.add_argument("--seed", type=int, default=42, help="parameter initialisation seed")
+    parser.add_argument("--kvstore", default="dist_byteps")
+    args = parser.parse_args(argv)
+    if args.epochs < 1 or args.batch_size < 1 or args.contexts < 1:
+        parser.error("--epochs, --batch-size and --contexts must be positive")
+    return args
+
+
+def say(kv, text: str) -> None:
+    """Print from rank 0 only, so the launcher's output has one copy of each line."""
+    if kv.rank == 0:
+        print("%s %s" % (PREFIX, text), flush=True)
+
+
+def load_data():
+    """(x_train, y_train, x_test, y_test): digits scaled to [0, 1], one fixed shuffle."""
+    from sklearn.datasets import load_digits
+    digits = load_digits()
+    x = (digits.data / 16.0).astype(np.float32)
+    y = digits.target.astype(np.float32)
+    order = np.random.RandomState(SPLIT_SEED).permutation(len(x))
+    n_test = int(len(x) * TEST_FRACTION)
+    test, train = order[:n_test], order[n_test:]
+    return x[train], y[train], x[test], y[test]
+
+
+def shard(x, y, rank: int, num_workers: int):
+    """This worker's equal share of the training set (equal sizes keep the workers in step)."""
+    per_worker = len(x) // num_workers
+    rows = np.arange(rank, per_worker * num_workers, num_workers)
+    return x[rows], y[rows]
+
+
+def build_net(contexts, seed: int) -> gluon.nn.HybridSequential:
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(128, activation="relu"),
+            gluon.nn.Dense(64, activation="relu"),
+            gluon.nn.Dense(10))
+    mx.random.seed(seed)      # same start on every worker (the store broadcasts rank 0's anyway)
+    net.initialize(mx.init.Xavier(), ctx=contexts)
+    net.hybridize()
+    return net
+
+
+def global_sum(kv, key: int, values) -> np.ndarray:
+    """Sum a float64 vector over all workers through the store (``key`` initialised with the
+    same shape: like MXNet's dist stores, a key is initialised once before its first pushpull)."""
+    array = nd.array(np.asarray(values, np.float64), dtype=np.float64)
+    kv.pushpull(key, array)
+    return array.asnumpy()
+
+
+def accuracy(net, x, y, ctx) -> float:
+    predictions = net(nd.array(x, ctx=ctx)).argmax(axis=1).asnumpy()
+    return float((predictions == y).mean())
+
+
+def train_epoch(net, trainer, loss_fn, x, y, args, contexts, rng, num_workers) -> tuple:
+    """One pass over this worker's shard; returns (sum of losses, samples seen)."""
+    order = rng.permutation(len(x))
+    steps = len(x) // args.batch_size          # the same on every worker
+    global_batch = args.batch_size * num_workers
+    total = 0.0
+    for step in range(steps):
+        rows = order[step * args.batch_size:(step + 1) * args.batch_size]
+        data = gluon.utils.split_and_load(nd.array(x[rows]), contexts, even_split=False)
+        label = gluon.utils.split_and_load(nd.array(y[rows]), contexts, even_split=False)
+        with autograd.record():
+            losses = [loss_fn(net(d), l) for d, l in zip(data, label)]
+        autograd.backward(losses)
+        trainer.step(global_batch)   # gradients are summed over workers and contexts
+        total += sum(float(l.sum().asscalar()) for l in losses)
+    return total, steps * args.batch_size
+
+
+def check_identical(kv, net, key: int, metrics_key: int) -> float:
+    """Every worker compares its parameters with rank 0's (broadcast through the store under
+    ``key``); the mismatch counts are summed over workers under ``metrics_key``. Returns the sum
+    of the absolute parameter values; raises on a mismatch."""
+    params = [p.data(p.list_ctx()[0]).asnumpy().ravel() for p in net.collect_params().values()]
+    mine = np.concatenate(params).astype(np.float32)
+    theirs = nd.zeros(mine.shape, dtype=np.float32)
+    kv.broadcast(key, nd.array(mine), out=theirs)
+    differing = int(np.count_nonzero(mine != theirs.asnumpy()))
+    total = int(global_sum(kv, metrics_key, [differing, 0])[0])
+    if total:
+        raise RuntimeError("workers disagree on %d parameter values" % total)
+    return float(np.abs(mine).sum())
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    kv = mx.kv.create(args.kvstore)
+    contexts = [mx.cpu(i) for i in range(args.contexts)]
+    x_train, y_train, x_test, y_test = load_data()
+    x_mine, y_mine = shard(x_train, y_train, kv.rank, kv.num_workers)
+    say(kv, "%d workers x %d contexts, kvstore %s; %d training samples (%d per worker), %d test"
+        % (kv.num_workers, len(contexts), kv.type, len(x_train), len(x_mine), len(x_test)))
+
+    net = build_net(contexts, args.seed)
+    trainer = gluon.Trainer(net.collect_params(), "sgd",
+                            {"learning_rate": args.lr, "momentum": args.momentum}, kvstore=kv)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    rng = np.random.RandomState(args.seed + kv.rank)    # each worker shuffles its shard its own way
+    metrics_key = EXTRA_KEYS                             # [loss sum, samples] per epoch
+    kv.init(metrics_key, nd.zeros(2, dtype=np.float64))
+    test_acc = 0.0
+    for epoch in range(1, args.epochs + 1):
+        tic = time.perf_counter()
+        loss_sum, seen = train_epoch(net, trainer, loss_fn, x_mine, y_mine, args, contexts, rng,
+                                     kv.num_workers)
+        loss_total, seen_total = global_sum(kv, metrics_key, [loss_sum, seen])
+        test_acc = accuracy(net, x_test, y_test, contexts[0])
+        say(kv, "epoch %d/%d  train loss %.4f  test accuracy %.4f  (%.2f s)"
+            % (epoch, args.epochs, loss_total / seen_total, test_acc, time.perf_counter() - tic))
+
+    checksum = check_identical(kv, net, metrics_key + 1, metrics_key)
+    say(kv, "parameters identical on all %d workers (sum |w| = %.4f)" % (kv.num_workers, checksum))
+    say(kv, "final test accuracy %.4f after %d epochs in %.1f s"
+        % (test_acc, args.epochs, time.perf_counter() - started))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
