@@ -5,9 +5,14 @@ for float32, 11 for float64, 17 for float16) take the BytePS path; every other r
 command goes to the inherited :class:`KVStoreDistServer`, so unmodified ``dist_sync`` /
 ``dist_async`` workers get exactly MXNet's behaviour.
 
+A ``dist_byteps`` worker finds out which server it talks to with the ``BYTEPS_PROBE``
+command, which this server answers ``PROBE_ANSWER`` (MXNet's server: an empty body).
+
 BytePS path, one key per request, ``lens=[nbytes]`` like a default push:
 
-* the first push of a key initialises it (as upstream: rank 0 pushes, the others do not);
+* a key is initialised by rank 0's first push, as upstream: either a default-type push (what
+  our worker sends: the value lands in the inherited store, where default-type pulls read it
+  back) or, failing that, the first BytePS-type push of the key;
 * sync (default): each round every worker pushes once (acked at once) and pulls once; the
   pushes are summed by the key's engine thread; a pull is answered with the round's sum when
   all ``num_workers`` pushes of that round are summed. Rounds are counted per (key, worker);
@@ -31,8 +36,10 @@ from .server_rounds import KeyRounds
 from .server_dist import KVStoreDistServer
 from .server_engine import SumEngine
 from .server_protocol import Cmd, parse_dense
-from .server_store import publish
+from .server_store import Entry, StorageKind, publish
 from .server_updater import Updater, load_mxnet_updater
+from .van.commands import PROBE_ANSWER
+from .van.commands import PROBE_ANSWER, Command
 
 __all__ = ["BytePSServer"]
 
@@ -70,7 +77,17 @@ class BytePSServer(KVStoreDistServer):
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _cmd_probe(self, body: bytes) -> bytes:
+        return PROBE_ANSWER
+
     # -- dispatch ---------------------------------------------------------------------------
+    def handle_command(self, req, server) -> None:
+        """Answers the dist_byteps worker's probe; every other command as MXNet's server."""
+        if req.meta.head == Command.BYTEPS_PROBE:
+            self._respond(server, req, body=PROBE_ANSWER)
+            return
+        super().handle_command(req, server)
+
     def _handle_byteps(self, req, server, cmd: Cmd) -> None:
         parsed = parse_dense(req, cmd)
         if parsed.push:
@@ -88,17 +105,11 @@ class BytePSServer(KVStoreDistServer):
 
     # -- BytePS requests --------------------------------------------------------------------
     def _push(self, req, server, ps_key: int, values: np.ndarray, pull: bool) -> None:
-        with self._keys_lock:
-            key = self._keys.get(ps_key)
-            if key is None:
-                self._keys[ps_key] = key = self._init_key(ps_key, values)
-                initialised = True
+        key, initialised_now = self._key_for_push(ps_key, values)
+        if initialised_now:   # this push was the initialisation: acked (or read back) at once
+            if pull:
+                self._answer(req, server, key.value)
             else:
-                initialised = False
-        if initialised and pull:
-            self._answer(req, server, key.value)
-        if initialised:
-            if not pull:
                 self._respond(server, req)
             return
         _check_matches(key, values)
@@ -121,6 +132,25 @@ class BytePSServer(KVStoreDistServer):
         ready = key.rounds.request_pull(req.sender, (req, server))
         if ready is not None:
             self._answer(req, server, ready)
+
+    def _key_for_push(self, ps_key: int, values: np.ndarray):
+        """(key state, whether ``values`` just initialised it)."""
+        with self._keys_lock:
+            key = self._keys.get(ps_key)
+            if key is not None:
+                return key, False
+            initial = self._initial_value(ps_key)
+            key = self._init_key(ps_key, values if initial is None else initial)
+            self._keys[ps_key] = key
+            return key, initial is None
+
+    def _initial_value(self, ps_key: int) -> Optional[np.ndarray]:
+        """The value a default-type push stored for ``ps_key``, if there was one."""
+        with self._lock:
+            entry = self._store.get(ps_key)
+        if isinstance(entry, Entry) and entry.kind is StorageKind.DENSE:
+            return entry.value
+        return None
 
     def _init_key(self, ps_key: int, values: np.ndarray) -> _BytePSKey:
         rounds = None if self.enable_async else KeyRounds(ps_key, self.num_workers, values.size,

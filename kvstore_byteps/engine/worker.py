@@ -27,6 +27,7 @@ import numpy as np
 
 from ..config import Config
 from ..errors import KVStoreBytePSError, PeerError
+from ..van.commands import PROBE_ANSWER, Command
 from ..van.kv import KVWorker
 from ..van.message import ALL_GROUP, WORKER_GROUP
 from ..van.postoffice import Postoffice
@@ -40,10 +41,6 @@ log = logging.getLogger(__name__)
 
 #: Request type of the BytePS data path (cmd = cantor(3, dtype)); upstream never sends it.
 BYTEPS_REQUEST_TYPE = 3
-#: SimpleApp command ids (MXNet's, plus our probe).
-CMD_STOP_SERVER, CMD_SYNC_MODE, CMD_BYTEPS_PROBE = 2, 3, 100
-#: What our BytePSServer answers to the probe (upstream answers with an empty body).
-PROBE_ANSWER = b"byteps"
 
 
 class ServerFlavor(enum.Enum):
@@ -85,7 +82,7 @@ class WorkerEngine:
         self.rank, self.num_workers = self.po.my_rank, self.po.num_workers
         self.flavor = self._probe_servers()
         if self.rank == 0:
-            self._wait(self.kv.command(CMD_SYNC_MODE), "kSyncMode")
+            self._wait(self.kv.command(Command.SYNC_MODE), "kSyncMode")
         self._partitioner = Partitioner(config)
         self._layouts: Dict[int, KeyLayout] = {}
         self._layout_lock = threading.Lock()
@@ -99,7 +96,7 @@ class WorkerEngine:
 
     # ------------------------------------------------------------------ set-up
     def _probe_servers(self) -> ServerFlavor:
-        request = self.kv.command(CMD_BYTEPS_PROBE)
+        request = self.kv.command(Command.BYTEPS_PROBE)
         self._wait(request, "the server probe")
         answers = set(request.bodies.values())
         if answers == {PROBE_ANSWER}:
@@ -273,7 +270,7 @@ class WorkerEngine:
             self.pipeline.close(self.config.request_timeout)
             self.barrier()
             if self.rank == 0:
-                self._wait(self.kv.command(CMD_STOP_SERVER), "kStopServer")
+                self._wait(self.kv.command(Command.STOP_SERVER), "kStopServer")
             if self.tracer.enabled:
                 self.tracer.dump()
         finally:
