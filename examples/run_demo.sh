@@ -3,7 +3,7 @@
 # the examples extra into it (non-editable, so the start-up .pth is installed too), then train a
 # small MLP on scikit-learn's digits with gluon and kvstore='dist_byteps' on a local cluster of
 # 2 workers and 2 servers through launch.py. Extra arguments go to launch.py before the worker
-# command (e.g. `bash examples/run_demo.sh --scheduler mxnet`); the script's own options go in
+# command (e.g. `bash examples/run_demo.sh --server mxnet`); the script's own options go in
 # DEMO_ARGS (e.g. `DEMO_ARGS="--epochs 3 --contexts 2" bash examples/run_demo.sh`).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -14,7 +14,8 @@ fi
 # numpy<1.24 in the same command: MXNet 1.9.1 breaks on newer numpy, so pip must never upgrade it.
 .venv/bin/python -m pip install --quiet ".[examples]" "numpy<1.24"
 export PATH="$PWD/.venv/bin:$PATH"
-# Upstream MXNet servers (launch.py's default): our BytePS server joins here once the
-# --server byteps path passes this demo.
+# Our scheduler and our BytePS servers; "$@" comes after --server, so `--server mxnet` (upstream
+# MXNet's C++ servers) overrides it.
 # shellcheck disable=SC2086  # DEMO_ARGS is a list of options
-exec python launch.py -n 2 -s 2 --timeout 600 "$@" python examples/train_digits.py ${DEMO_ARGS:-}
+exec python launch.py -n 2 -s 2 --server byteps --timeout 600 "$@" \
+    python examples/train_digits.py ${DEMO_ARGS:-}
