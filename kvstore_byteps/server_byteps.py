@@ -39,7 +39,6 @@ from .server_protocol import Cmd, parse_dense
 from .server_store import Entry, StorageKind, publish
 from .server_updater import Updater, load_mxnet_updater
 from .van.commands import PROBE_ANSWER
-from .van.commands import PROBE_ANSWER, Command
 
 __all__ = ["BytePSServer"]
 
@@ -81,13 +80,6 @@ class BytePSServer(KVStoreDistServer):
         return PROBE_ANSWER
 
     # -- dispatch ---------------------------------------------------------------------------
-    def handle_command(self, req, server) -> None:
-        """Answers the dist_byteps worker's probe; every other command as MXNet's server."""
-        if req.meta.head == Command.BYTEPS_PROBE:
-            self._respond(server, req, body=PROBE_ANSWER)
-            return
-        super().handle_command(req, server)
-
     def _handle_byteps(self, req, server, cmd: Cmd) -> None:
         parsed = parse_dense(req, cmd)
         if parsed.push:

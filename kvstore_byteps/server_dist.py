@@ -13,7 +13,9 @@ so it is tested with a fake responder and no sockets. Semantics (spec/pslite-wir
 * pulls are never deferred: answered at once from the store, lens in bytes (row_sparse: lens in
   elements, ``[0, unit_len, ...]``);
 * kController / kSetMultiPrecision / kStopServer / kSyncMode / kSetGradientCompression /
-  kSetProfilerParams as upstream; every command is answered after it was handled.
+  kSetProfilerParams as upstream; every command is answered after it was handled. Our
+  ``BYTEPS_PROBE`` gets an empty answer, as upstream answers commands it does not know (our
+  workers then speak MXNet's protocol); :class:`BytePSServer` answers it ``PROBE_ANSWER``.
 
 Where upstream aborts the process on bad input (unknown key, wrong lens, unsupported dtype, a bad
 pickle ...) this server answers the request with an error and keeps serving.
@@ -68,6 +70,7 @@ class KVStoreDistServer:
             ServerCommand.SYNC_MODE: self._cmd_sync_mode,
             ServerCommand.SET_GRADIENT_COMPRESSION: self._cmd_compression,
             ServerCommand.SET_PROFILER_PARAMS: self._cmd_profiler,
+            ServerCommand.BYTEPS_PROBE: self._cmd_probe,
         }
 
     # -- transport-facing callbacks --------------------------------------------------------
@@ -84,11 +87,11 @@ class KVStoreDistServer:
 
     def handle_command(self, req, server) -> None:
         """A SimpleApp command; answered after it was handled (kStopServer then stops)."""
-        error = None
+        error, body = None, None
         try:
             command = _command_of(req.meta.head)
             with self._lock:
-                self._commands[command](bytes(req.meta.body or b""))
+                body = self._commands[command](bytes(req.meta.body or b""))
         except ProtocolError as exc:
             error = str(exc)
         except Exception as exc:
@@ -96,7 +99,7 @@ class KVStoreDistServer:
             error = "server error: %s: %s" % (type(exc).__name__, exc)
         if error is not None:
             log.warning("command %s from node %s refused: %s", req.meta.head, req.sender, error)
-        self._respond(server, req, error=error)
+        self._respond(server, req, error=error, body=body or b"")
         if error is None and req.meta.head == ServerCommand.STOP_SERVER:
             self._stopped.set()
 
@@ -117,6 +120,7 @@ class KVStoreDistServer:
         log.info("optimizer installed: %s", type(getattr(self.updater, "optimizer", self.updater)))
 
     def _cmd_multi_precision(self, body: bytes) -> None:
+        log.info("multi-precision: float32 master copies for float16/float64 keys")
         self.multi_precision = True
         for entry in self._store.values():
             if isinstance(entry, Entry):
@@ -131,6 +135,9 @@ class KVStoreDistServer:
 
     def _cmd_profiler(self, body: bytes) -> None:
         log.info("server profiler command accepted and ignored: %r", body)
+
+    def _cmd_probe(self, body: bytes) -> bytes:
+        return b""     # what upstream answers to a command it does not know
 
     # -- request types ----------------------------------------------------------------------
     def _handle_default(self, req, server, cmd: Cmd) -> None:

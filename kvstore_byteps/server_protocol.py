@@ -18,6 +18,7 @@ from typing import Optional, Union
 import numpy as np
 
 from .errors import ProtocolError
+from .van.commands import Command
 
 __all__ = [
     "RequestType", "ServerCommand", "MShadowType", "Cmd", "DenseRequest", "RowSparseRequest",
@@ -35,15 +36,8 @@ class RequestType(enum.IntEnum):
     BYTEPS = 3        # ours: the BytePS data path; never sent by upstream MXNet
 
 
-class ServerCommand(enum.IntEnum):
-    """SimpleApp command ids a worker sends to every server (spec §5.3)."""
-
-    CONTROLLER = 0                 # body: pickle.dumps(optimizer, 0)
-    SET_MULTI_PRECISION = 1
-    STOP_SERVER = 2
-    SYNC_MODE = 3
-    SET_GRADIENT_COMPRESSION = 4   # body: "<type>[,<threshold>]"
-    SET_PROFILER_PARAMS = 5
+#: SimpleApp command ids (spec §5.3, plus our BYTEPS_PROBE), shared with the workers.
+ServerCommand = Command
 
 
 class MShadowType(enum.IntEnum):

@@ -12,15 +12,19 @@ AdaGrad, LAMB, Ftrl, Signum, with and without multi_precision and lr schedulers)
 * a few inert value types: ``set``, ``frozenset``, numpy scalars and dtypes.
 
 Anything else raises :class:`UnsafePickleError` naming the refused global before it is
-imported or called. mxnet is imported lazily, only when a pickle names one of its modules.
+imported or called. mxnet is imported lazily, only when a kController arrives, through
+:func:`import_mxnet`, which keeps the import from starting MXNet's own server in this process.
 """
 import importlib
 import io
+import os
 import pickle
+import sys
 
+from .config import Env
 from .errors import ProtocolError
 
-__all__ = ["UnsafePickleError", "OptimizerUnpickler", "load_optimizer"]
+__all__ = ["UnsafePickleError", "OptimizerUnpickler", "load_optimizer", "import_mxnet"]
 
 #: (module, name) pairs admitted as they are; protocol 0 spells some modules the Python 2 way.
 _PLAIN_GLOBALS = frozenset([
@@ -72,8 +76,31 @@ def _family_class(module: str, name: str, base_module: str, base_name: str):
     return found
 
 
+def import_mxnet():
+    """Import mxnet in a server process without starting MXNet's parameter server.
+
+    ``import mxnet`` runs MXNet's C++ server (and never returns) when ``DMLC_ROLE`` is server,
+    which it is in our server process. MXNet reads the variable with ``getenv`` while it
+    imports, so we present ``worker`` for the duration of the first import only. This write is
+    the one place outside config.py that touches ``os.environ``; nothing else in a server
+    process reads ``DMLC_ROLE`` after start-up.
+    """
+    if "mxnet" not in sys.modules:
+        saved = os.environ.get(Env.ROLE)
+        os.environ[Env.ROLE] = "worker"
+        try:
+            import mxnet  # noqa: F401  (the import itself is the point)
+        finally:
+            if saved is None:
+                del os.environ[Env.ROLE]
+            else:
+                os.environ[Env.ROLE] = saved
+    return importlib.import_module("mxnet")
+
+
 def load_optimizer(body: bytes):
     """Unpickle an optimizer sent with kController; UnsafePickleError or ProtocolError if bad."""
+    import_mxnet()   # before the unpickler resolves any mxnet class
     try:
         optimizer = OptimizerUnpickler(io.BytesIO(bytes(body))).load()
     except UnsafePickleError:
@@ -86,7 +113,7 @@ def load_optimizer(body: bytes):
 
 
 def _check_is_optimizer(obj) -> None:
-    base = getattr(importlib.import_module("mxnet.optimizer"), "Optimizer")
+    base = import_mxnet().optimizer.Optimizer
     if not isinstance(obj, base):
         raise ProtocolError("kController body unpickles to %s, not an mxnet Optimizer"
                             % type(obj).__name__)

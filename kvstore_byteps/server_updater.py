@@ -16,7 +16,7 @@ from typing import Callable, Union
 
 import numpy as np
 
-from .server_unpickle import load_optimizer
+from .server_unpickle import import_mxnet, load_optimizer
 
 __all__ = ["RowSparseGrad", "Grad", "Updater", "MXNetUpdater", "load_mxnet_updater"]
 
@@ -39,9 +39,8 @@ class MXNetUpdater:
     """Applies an MXNet optimizer through ``mx.optimizer.get_updater``, on copies."""
 
     def __init__(self, optimizer):
-        import mxnet  # lazily: only servers that receive an optimizer need MXNet
-        self._mx = mxnet
-        self._updater = mxnet.optimizer.get_updater(optimizer)
+        self._mx = import_mxnet()   # lazily: only servers that receive an optimizer need it
+        self._updater = self._mx.optimizer.get_updater(optimizer)
         self.optimizer = optimizer
 
     def __call__(self, key: int, grad: Grad, weight: np.ndarray) -> np.ndarray:

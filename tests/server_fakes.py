@@ -42,8 +42,8 @@ def command(sender, head, body=b""):
 class Answer:
     """One recorded respond() call."""
 
-    def __init__(self, req, keys, vals, lens, error):
-        self.req, self.keys, self.lens, self.error = req, keys, lens, error
+    def __init__(self, req, keys, vals, lens, error, body):
+        self.req, self.keys, self.lens, self.error, self.body = req, keys, lens, error, body
         self.vals_ref = vals                            # what the server handed over
         # the bytes as they were when respond() was called
         self.vals = None if vals is None else bytes(memoryview(vals).cast("B"))
@@ -59,9 +59,9 @@ class FakeServer:
         self.answers = []
         self._cond = threading.Condition()
 
-    def respond(self, req, keys=None, vals=None, lens=None, error=None):
+    def respond(self, req, keys=None, vals=None, lens=None, error=None, body=b""):
         with self._cond:
-            self.answers.append(Answer(req, keys, vals, lens, error))
+            self.answers.append(Answer(req, keys, vals, lens, error, body))
             self._cond.notify_all()
 
     def answer_to(self, req):

@@ -205,3 +205,40 @@ def test_engine_binds_equal_keys_evenly_and_runs_tasks_in_order():
         assert done.wait(5) and seen == list(range(50))
     finally:
         engine.close()
+
+
+def test_probe_tells_byteps_server_from_mxnet_semantics():
+    from kvstore_byteps.server_dist import KVStoreDistServer
+    from kvstore_byteps.van.commands import PROBE_ANSWER
+    with BytePSServer(1, engine_threads=1) as srv:
+        fake = FakeServer()
+        probe = command(WORKER0, ServerCommand.BYTEPS_PROBE)
+        srv.handle_command(probe, fake)
+        assert fake.answer_to(probe).body == PROBE_ANSWER and not fake.answer_to(probe).error
+    plain, fake = KVStoreDistServer(1), FakeServer()
+    probe = command(WORKER0, ServerCommand.BYTEPS_PROBE)
+    plain.handle_command(probe, fake)
+    assert fake.answer_to(probe).body == b"" and not fake.answer_to(probe).error
+
+
+def test_our_workers_protocol_default_init_then_byteps_pushpull_rounds(server):
+    """Rank 0 initialises with a default push; everyone reads it back with a default pull;
+    rounds are BytePS pushpulls; the init value is not taken for a round's push."""
+    srv, fake = server
+    init = push(WORKER0, 6, np.full(4, 5.0, np.float32))           # cmd 0: the init
+    srv.handle_request(init, fake)
+    for sender in (WORKER0, WORKER1):
+        back = pull(sender, 6)
+        srv.handle_request(back, fake)
+        assert list(_ok(fake, back).values()) == [5.0] * 4
+    for step in range(3):
+        a = bpush(WORKER0, 6, 1.0, pull_too=True)
+        srv.handle_request(a, fake)
+        assert not fake.answered(a)                                 # a round push, not an init
+        b = bpush(WORKER1, 6, step, pull_too=True)
+        srv.handle_request(b, fake)
+        for req in (a, b):
+            assert list(_ok(fake, req).values()) == [1.0 + step] * 4
+    late = pull(WORKER1, 6)
+    srv.handle_request(late, fake)
+    assert list(_ok(fake, late).values()) == [5.0] * 4
