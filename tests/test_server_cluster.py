@@ -1,0 +1,85 @@
+"""Our server (``python -m kvstore_byteps.server``) with unmodified MXNet 1.9.1 workers on 127.0.0.1.
+
+Values are checked against exactly computed ones (``sums``, ``async``) or against a run of the same
+worker script with MXNet's own C++ server (optimizers, multi-precision, 2-bit compression,
+row_sparse), never against the C++ server on the pushpull path it gets wrong now and then.
+"""
+import numpy as np
+import pytest
+
+from tests.cluster import PY, SCHEDULER_OURS, UPSTREAM, Cluster, app, assert_all_ok
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.timeout(240)
+
+OUR_SERVER = [PY, "-m", "kvstore_byteps.server"]
+#: server name -> (command, extra environment of the server processes)
+SERVERS = {
+    "ours": (OUR_SERVER, {}),
+    "knob": (UPSTREAM, {"MXNET_KVSTORE_SERVER": "byteps"}),   # `import mxnet` runs ours
+    "mxnet": (UPSTREAM, {}),
+}
+SPLIT_ENV = {"MXNET_KVSTORE_BIGARRAY_BOUND": "100"}   # arrays of >= 100 values span servers
+
+
+def run_scenario(scenario, server, num_servers, tmp_path, scheduler=SCHEDULER_OURS):
+    """Run ``mx_server_scenarios.py scenario`` on 2 workers; return each worker's output file."""
+    outs = [str(tmp_path / ("%s_%s_%d.npz" % (scenario, server, i))) for i in range(2)]
+    argv, server_env = SERVERS[server]
+    with Cluster(num_workers=2, num_servers=num_servers, env=SPLIT_ENV) as cluster:
+        cluster.start("scheduler", scheduler)
+        for _ in range(num_servers):
+            cluster.start("server", argv, env=server_env)
+        for out in outs:
+            cluster.start("worker", app("mx_server_scenarios.py", scenario, out))
+        results = cluster.wait_all(150)
+        assert_all_ok(results, cluster)
+    return results, outs
+
+
+@pytest.mark.parametrize("server,num_servers,scheduler", [
+    ("ours", 1, SCHEDULER_OURS), ("knob", 2, UPSTREAM)],
+    ids=["1server-our-scheduler", "2servers-via-knob-mxnet-scheduler"])
+def test_dist_sync_sums_are_exact(server, num_servers, scheduler, tmp_path):
+    results, _ = run_scenario("sums", server, num_servers, tmp_path, scheduler)
+    for name in ("worker0", "worker1"):
+        assert "SUMS OK" in results[name][1], results[name][1]
+
+
+def test_dist_async_applies_every_push_through_the_optimizer(tmp_path):
+    results, _ = run_scenario("async", "ours", 2, tmp_path)
+    for name in ("worker0", "worker1"):
+        assert "ASYNC OK" in results[name][1], results[name][1]
+
+
+@pytest.mark.parametrize("scenario,server", [
+    ("trainer-sgd16", "knob"), ("trainer-adam", "ours"), ("compressed", "ours"),
+    ("sparse", "ours")])
+def test_same_results_as_mxnets_own_server(scenario, server, tmp_path):
+    _, ours = run_scenario(scenario, server, 2, tmp_path)
+    _, theirs = run_scenario(scenario, "mxnet", 2, tmp_path)
+    for mine, reference in zip(ours, theirs):
+        got, want = np.load(mine), np.load(reference)
+        assert sorted(got.files) == sorted(want.files) and got.files
+        for name in want.files:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-7,
+                                       err_msg="%s: %s" % (scenario, name))
+
+
+def test_bad_input_is_refused_while_mxnet_workers_keep_exact_sums(tmp_path):
+    marker = tmp_path / "pwned"
+    ports = sorted(free_port() for _ in range(3))   # ranks follow ports: the rogue is rank 2
+    with Cluster(num_workers=3, num_servers=1) as cluster:
+        cluster.start("scheduler", SCHEDULER_OURS)
+        cluster.start("server", OUR_SERVER)
+        for port in ports[:2]:
+            cluster.start("worker", app("upstream_worker.py", "3,4", 100), env={"PORT": str(port)})
+        cluster.start("worker", app("server_rogue_worker.py", "3,4", 100, marker), name="rogue",
+                      env={"PORT": str(ports[2])})
+        results = cluster.wait_all(150)
+        assert_all_ok(results, cluster)
+    for name in ("worker0", "worker1"):
+        assert sum(" ok sum 6" in line for line in results[name][1].splitlines()) == 3
+    rogue = results["rogue"][1]
+    assert "ROGUE OK" in rogue and rogue.count("refused as expected") == 8, rogue
+    assert not marker.exists()
