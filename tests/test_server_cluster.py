@@ -46,6 +46,14 @@ def test_dist_sync_sums_are_exact(server, num_servers, scheduler, tmp_path):
         assert "SUMS OK" in results[name][1], results[name][1]
 
 
+def test_trainer_pushpull_without_update_on_kvstore_is_exact(tmp_path):
+    """The path where MXNet's C++ server now and then answers a wrong sum (seen here in 1 of 6
+    runs): every worker replays all ranks' gradients and must find the same parameters."""
+    results, _ = run_scenario("trainer-pushpull", "ours", 2, tmp_path)
+    for name in ("worker0", "worker1"):
+        assert "PUSHPULL TRAINER OK" in results[name][1], results[name][1]
+
+
 def test_dist_async_applies_every_push_through_the_optimizer(tmp_path):
     results, _ = run_scenario("async", "ours", 2, tmp_path)
     for name in ("worker0", "worker1"):

@@ -92,6 +92,45 @@ def trainer(out_path, optimizer, dtype):
     save(out_path, {name: p.data().astype("float32").asnumpy() for name, p in params.items()})
 
 
+def trainer_pushpull(out_path):
+    """gluon.Trainer, update_on_kvstore=False (one pushpull per parameter, 6 steps): each worker
+    replays every rank's gradients locally and checks its parameters against that, exactly."""
+    def model(dtype="float32"):
+        mx.random.seed(0)
+        params = mx.gluon.ParameterDict()
+        params.get("w", shape=(300,), init=mx.init.Uniform(1.0))
+        params.get("b", shape=(10,), init=mx.init.Zero())
+        params.initialize()
+        return params
+
+    def grads(params, rank, step):
+        rng = np.random.RandomState(1000 * rank + step)
+        x, y, t = mx.nd.array(rng.randn(300)), mx.nd.array(rng.randn(300)), \
+            mx.nd.array(rng.randn(10))
+        with mx.autograd.record():
+            loss = ((params["w"].data() * x - y) ** 2).mean() + \
+                ((params["b"].data() - t) ** 2).sum()
+        loss.backward()
+        return {name: p.grad().copy() for name, p in params.items()}
+
+    kv = mx.kv.create("dist_sync")
+    params, replica = model(), model()
+    train = mx.gluon.Trainer(params, "sgd", {"learning_rate": 0.1, "momentum": 0.9},
+                             kvstore=kv, update_on_kvstore=False)
+    local = mx.gluon.Trainer(replica, "sgd", {"learning_rate": 0.1, "momentum": 0.9},
+                             kvstore=None)
+    for step in range(6):
+        grads(params, kv.rank, step)
+        train.step(1)
+        per_rank = [grads(replica, r, step) for r in range(kv.num_workers)]
+        for name, p in replica.items():
+            p.grad()[:] = per_rank[0][name] + sum(g[name] for g in per_rank[1:])
+        local.step(1)
+        for name, p in params.items():
+            check("%s after step %d" % (name, step), p.data(), replica[name].data().asnumpy())
+    print("rank %d PUSHPULL TRAINER OK" % kv.rank, flush=True)
+
+
 def compressed(out_path):
     """2-bit gradient compression: pulls return the dequantized sums."""
     kv = mx.kv.create("dist_sync")
@@ -143,6 +182,7 @@ def save(out_path, arrays):
 
 SCENARIOS = {
     "sums": sums, "async": run_async, "compressed": compressed, "sparse": sparse,
+    "trainer-pushpull": trainer_pushpull,
     "trainer-sgd16": lambda out: trainer(out, "sgd", "float16"),
     "trainer-adam": lambda out: trainer(out, "adam", "float32"),
 }
