@@ -11,8 +11,8 @@ wraps it in MXNet's KVStore API and engine.
 Two kinds of servers are spoken to, found out at start by a probe command:
 
 * our BytePSServer: keys are cut into ``BYTEPS_PARTITION_BYTES`` partitions placed by
-  ``BYTEPS_KEY_HASH_FN``; each partition goes in one pushpull request (cmd = cantor(3, dtype)),
-  answered with the round's sum;
+  ``BYTEPS_KEY_HASH_FN``; each round, a partition is pushed (cmd = cantor(3, dtype); acked at
+  once) and then pulled (answered with the round's sum once every worker pushed);
 * an unmodified MXNet server: keys are laid out exactly as MXNet's own worker does
   (``EncodeDefaultKey``, cmd = cantor(0, dtype)); each round is a push, then (after its ack,
   which arrives when the round is merged) a pull.
@@ -87,10 +87,11 @@ class WorkerEngine:
         self._layouts: Dict[int, KeyLayout] = {}
         self._layout_lock = threading.Lock()
         self.tracer = Tracer.from_config(config, self.rank)
-        self.pipeline = Pipeline(self._stages(), credit=config.scheduling_credit
-                                 * config.partition_bytes, tracer=self.tracer,
+        self.pipeline = Pipeline(self._stages(), credit=self._credit(),
+                                 credit_span=(Stage.PUSH, Stage.PUSH), tracer=self.tracer,
                                  cost=lambda item: max(1, item.partition.nbytes))
         self._closed = False
+        self.failure: Optional[BaseException] = None   # set once a request failed for good
         log.info("worker rank %d of %d talks to %s servers", self.rank, self.num_workers,
                  self.flavor.value)
 
@@ -143,6 +144,13 @@ class WorkerEngine:
     def init(self, key: int, value: np.ndarray, out: Optional[Sequence[np.ndarray]] = None):
         """Initialise ``key`` on the servers from rank 0's ``value``; every rank then reads the
         stored value back (into ``out`` if given) and checks its size. Blocking."""
+        try:
+            return self._init(key, value, out)
+        except KVStoreBytePSError as exc:
+            self.failure = self.failure or exc
+            raise
+
+    def _init(self, key, value, out):
         layout = self.layout(key, value.shape, value.dtype)
         if self.rank == 0:
             flat = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
@@ -192,17 +200,31 @@ class WorkerEngine:
             context["reduced"] = np.empty(layout.slots[-1].offset + layout.slots[-1].nbytes,
                                           np.uint8)
         task = Task(key, layout.slots, priority, name=layout.describe(), context=context)
-        if on_done is not None:
-            task.future.add_done_callback(lambda f: on_done(f.exception()))
+
+        def finished(future):
+            error = future.exception()
+            if error is not None:
+                self.failure = self.failure or error
+            if on_done is not None:
+                on_done(error)
+        task.future.add_done_callback(finished)
         self.pipeline.submit(task)
         return task
 
+    def _credit(self) -> Optional[int]:
+        """Bytes of pushes in flight. The credit covers only the push, which our server
+        acknowledges at once: were a stage that waits for the other workers inside it (a pull,
+        or an upstream push, acked only when the round is merged), two workers that ordered
+        partitions differently could each hold the credit the other needs. Upstream servers
+        therefore get no credit limit (priorities still order the queue), as MXNet's worker."""
+        if self.flavor is not ServerFlavor.BYTEPS:
+            return None
+        return self.config.scheduling_credit * self.config.partition_bytes
+
     def _stages(self) -> List[StageSpec]:
-        byteps = self.flavor is ServerFlavor.BYTEPS
         return [StageSpec(Stage.LOCAL_REDUCE, self._local_reduce),
                 StageSpec(Stage.PUSH, self._push, asynchronous=True),
-                StageSpec(Stage.PULL, self._no_pull if byteps else self._pull,
-                          asynchronous=True),
+                StageSpec(Stage.PULL, self._pull, asynchronous=True),
                 StageSpec(Stage.LOCAL_BROADCAST, self._local_broadcast)]
 
     @staticmethod
@@ -224,16 +246,10 @@ class WorkerEngine:
         return self._span(source, item.partition)
 
     def _push(self, item, done) -> None:
-        ctx, slot = item.task.context, item.partition
-        layout = ctx["layout"]
-
-        def on_answer(request):
-            if request.error is None and request.result is not None:
-                ctx["results"][item.index] = request.result
-            done(request.error)
-        send = self.kv.pushpull if self.flavor is ServerFlavor.BYTEPS else self.kv.push
-        send([slot.ps_key], self._send_buffer(item), [slot.nbytes], cmd=layout.round_cmd,
-             priority=item.priority, callback=on_answer)
+        slot = item.partition
+        self.kv.push([slot.ps_key], self._send_buffer(item), [slot.nbytes],
+                     cmd=item.task.context["layout"].round_cmd, priority=item.priority,
+                     callback=lambda request: done(request.error))
 
     def _pull(self, item, done) -> None:
         ctx, slot = item.task.context, item.partition
@@ -244,10 +260,6 @@ class WorkerEngine:
             done(request.error)
         self.kv.pull([slot.ps_key], cmd=ctx["layout"].round_cmd, priority=item.priority,
                      callback=on_answer)
-
-    @staticmethod
-    def _no_pull(item, done) -> None:
-        done()      # the BytePS pushpull already brought the sum back
 
     def _local_broadcast(self, item) -> None:
         ctx, slot = item.task.context, item.partition
@@ -262,16 +274,24 @@ class WorkerEngine:
 
     # ------------------------------------------------------------------ shutdown
     def close(self) -> None:
-        """MXNet's exit sequence: Barrier(4), kStopServer from rank 0, Barrier(7). Idempotent."""
+        """MXNet's exit sequence: Barrier(4), kStopServer from rank 0, Barrier(7), each with a
+        deadline. After a failed request the worker leaves at once instead: its peers' waits
+        then end at their deadlines, naming what they waited for. Idempotent."""
         if self._closed:
             return
         self._closed = True
+        timeout = self.config.request_timeout
         try:
-            self.pipeline.close(self.config.request_timeout)
+            self.pipeline.close(timeout)
+            if self.tracer.enabled:
+                self.tracer.dump()
+            if self.failure is not None:
+                log.error("worker rank %d leaves without the shutdown barriers after: %s",
+                          self.rank, self.failure)
+                return
             self.barrier()
             if self.rank == 0:
                 self._wait(self.kv.command(Command.STOP_SERVER), "kStopServer")
-            if self.tracer.enabled:
-                self.tracer.dump()
+            self.po.finalize(timeout=timeout)
         finally:
-            self.po.finalize()
+            self.po.stop()

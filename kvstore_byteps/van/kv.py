@@ -83,6 +83,7 @@ class Request:
         self._callback = callback
         self._done = threading.Event()
         self.error: Optional[BaseException] = None
+        self.started = time.monotonic()
         self.result: Optional[KVPairs] = None
         self.head: Optional[int] = None
         self.bodies: Dict[int, bytes] = {}      # server id -> body of its answer
@@ -107,6 +108,10 @@ class Request:
         if not self._waiting:
             self._complete()
 
+    def describe_wait(self, waited: float) -> str:
+        return ("%s (timestamp %d): no answer from server node(s) %s within %.0f s"
+                % (self.what, self.timestamp, sorted(self._waiting), waited))
+
     def _fail(self, error: BaseException) -> None:
         if not self.done:
             self.error = self.error or error
@@ -130,9 +135,7 @@ class Request:
         that did not answer within ``timeout`` seconds.
         """
         if not self._done.wait(timeout):
-            raise DeadlineError("%s (timestamp %d): no answer from server node(s) %s within "
-                                "%.0f s" % (self.what, self.timestamp, sorted(self._waiting),
-                                            timeout))
+            raise DeadlineError(self.describe_wait(timeout))
         if self.error is not None:
             raise self.error
         return self.result
@@ -161,6 +164,22 @@ class KVWorker:
         self._next_timestamp = 0
         self._pending: Dict[int, Request] = {}
         postoffice.register_customer(app_id, customer_id, self._on_message)
+        # Requests completed by callback (no one calls wait) still get a deadline.
+        threading.Thread(target=self._watch_deadlines, daemon=True,
+                         name="kv-deadlines-%d-%d" % (app_id, customer_id)).start()
+
+    def _watch_deadlines(self) -> None:
+        period = min(1.0, self.request_timeout / 10)
+        while True:
+            time.sleep(period)
+            now = time.monotonic()
+            with self._lock:
+                expired = [r for r in self._pending.values()
+                           if now - r.started > self.request_timeout]
+                for request in expired:
+                    self._pending.pop(request.timestamp, None)
+            for request in expired:
+                request._fail(DeadlineError(request.describe_wait(now - request.started)))
 
     # -------------------------------------------------------------- public API
     def push(self, keys, vals, lens=None, cmd: int = 0, priority: int = 0,

@@ -257,14 +257,16 @@ class Postoffice:
                     log.info("%s still waiting for barrier of group %d",
                              self.my_node.describe(), group)
 
-    def finalize(self, barrier: bool = True) -> None:
-        """MXNet's shutdown: Barrier(7), then TERMINATE to self; idempotent."""
+    def finalize(self, barrier: bool = True, timeout: Optional[float] = None) -> None:
+        """MXNet's shutdown: Barrier(7) (DeadlineError after ``timeout`` s; None waits as long
+        as the cluster lives), then TERMINATE to self; the van stops even if the barrier
+        fails. Idempotent."""
         if self._finalized or self._thread is None:
             return
         self._finalized = True
         try:
             if barrier and not self._stopped.is_set():
-                self.barrier(ALL_GROUP)
+                self.barrier(ALL_GROUP, timeout=timeout)
         finally:
             self.stop()
 

@@ -1,0 +1,88 @@
+"""dist_byteps behaviours checked from inside a worker: ``byteps_checks.py MODE [OUT_DIR]``.
+
+async     rank 1 joins the round 1.5 s late; rank 0's pushpull must return at once and the
+          output, when read, must hold the sum (so the read waited for the communication).
+priority  with a credit of one 4 KB partition, a low-priority key of many partitions is issued
+          before a high-priority key; the engine's trace must show the high-priority
+          partitions overtaking the low-priority ones still queued.
+mismatch  rank 0 and rank 1 declare key 5 with different shapes: both get a clear error
+          naming key 5, within the request deadline.
+"""
+import json
+import sys
+import time
+
+import mxnet as mx
+import numpy as np
+
+from kvstore_byteps.engine.stages import Stage
+
+
+def check_async(kv):
+    kv.init(0, mx.nd.zeros((1000,)))
+    grad = mx.nd.ones((1000,)) * (kv.rank + 1)
+    mx.nd.waitall()
+    if kv.rank == 1:
+        time.sleep(1.5)
+    started = time.perf_counter()
+    kv.pushpull(0, grad)
+    returned = time.perf_counter() - started
+    value = grad.asnumpy()
+    read = time.perf_counter() - started
+    print("returned after %.3f s, value ready after %.3f s, value %s" % (returned, read, value[0]))
+    if kv.rank == 0:
+        assert returned < 0.5, returned
+        assert read > 1.0, read
+    assert np.all(value == 3.0), value[:3]
+    print("ASYNC OK")
+
+
+def check_priority(kv, out_dir):
+    low, high = mx.nd.ones((64 * 1024,)), mx.nd.ones((4 * 1024,))   # 64 and 4 partitions
+    kv.init(0, mx.nd.zeros(low.shape))
+    kv.init(1, mx.nd.zeros(high.shape))
+    mx.nd.waitall()
+    kv.pushpull(0, low, priority=-10)
+    kv.pushpull(1, high, priority=0)
+    mx.nd.waitall()
+    events = [e for e in kv._engine.tracer.events() if e.stage == Stage.PUSH]
+    order = [e.key for e in sorted(events, key=lambda e: e.start_ns)]
+    with open("%s/push_order_rank%d.json" % (out_dir, kv.rank), "w") as f:
+        json.dump(order, f)
+    first_high = order.index(1)
+    high_run = order[first_high:first_high + 4]
+    assert high_run == [1, 1, 1, 1], order
+    assert 0 in order[first_high + 4:], "no low-priority partition was left to overtake: %s" % order
+    assert np.all(low.asnumpy() == 2) and np.all(high.asnumpy() == 2)
+    print("PRIORITY OK: high-priority partitions left at positions %d-%d of %d"
+          % (first_high, first_high + 3, len(order)))
+
+
+def check_mismatch(kv):
+    shape = (10,) if kv.rank == 0 else (20,)
+    try:
+        kv.init(5, mx.nd.zeros(shape))
+        grad = mx.nd.ones(shape)
+        kv.pushpull(5, grad)
+        grad.asnumpy()
+    except Exception as exc:
+        print("ERROR rank %d: %s: %s" % (kv.rank, type(exc).__name__, exc), flush=True)
+        return 3
+    print("no error on rank %d" % kv.rank)
+    return 0
+
+
+def main():
+    mode = sys.argv[1]
+    kv = mx.kv.create("dist_byteps")
+    if mode == "async":
+        check_async(kv)
+    elif mode == "priority":
+        check_priority(kv, sys.argv[2])
+    else:
+        return check_mismatch(kv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""dist_byteps behaviours in real 2-worker clusters with our BytePS server."""
+import sys
+
+import pytest
+
+from tests.cluster import SCHEDULER_OURS, Cluster, app, assert_all_ok
+
+pytestmark = pytest.mark.timeout(120)
+SERVER_KNOB = [sys.executable, "-c", "import mxnet"]
+
+
+def run_checks(mode, *args, env=None, timeout=90, expect_ok=True):
+    env = dict({"MXNET_KVSTORE_SERVER": "byteps"}, **(env or {}))
+    with Cluster(num_workers=2, num_servers=1, env=env) as cluster:
+        cluster.start("scheduler", SCHEDULER_OURS)
+        cluster.start("server", SERVER_KNOB)
+        workers = [cluster.start("worker", app("byteps_checks.py", mode, *args))
+                   for _ in range(2)]
+        if expect_ok:
+            results = cluster.wait_all(timeout)
+            assert_all_ok(results, cluster)
+            return results
+        for name in workers:                     # the servers may wait for them forever
+            cluster.procs[name][0].wait(timeout)
+        return {name: (cluster.procs[name][0].returncode, cluster.output(name))
+                for name in workers}
+
+
+def test_pushpull_returns_before_communication_and_result_is_correct():
+    results = run_checks("async")
+    assert all("ASYNC OK" in results[w][1] for w in ("worker0", "worker1")), results
+
+
+def test_high_priority_partitions_overtake_queued_low_priority_ones(tmp_path):
+    env = {"BYTEPS_PARTITION_BYTES": "4096", "BYTEPS_SCHEDULING_CREDIT": "1",
+           "BYTEPS_TRACE_ON": "1", "BYTEPS_TRACE_START_STEP": "0",
+           "BYTEPS_TRACE_DIR": str(tmp_path)}
+    results = run_checks("priority", tmp_path, env=env)
+    assert all("PRIORITY OK" in results[w][1] for w in ("worker0", "worker1")), results
+
+
+def test_workers_disagreeing_on_a_shape_get_an_error_naming_the_key():
+    results = run_checks("mismatch", env={"BYTEPS_REQUEST_TIMEOUT": "5"}, timeout=60,
+                         expect_ok=False)
+    for name, (code, out) in results.items():
+        assert code == 3, "%s exited %s:\n%s" % (name, code, out)
+        assert "ERROR rank" in out and "key 5" in out, out
