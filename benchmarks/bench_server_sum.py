@@ -36,12 +36,17 @@ GB = 1e9
 class NullResponder:
     """Counts answers; ``wait(n)`` blocks until n answers arrived (with a deadline)."""
 
-    def __init__(self):
+    def __init__(self, expected_sum):
         self.count = 0
         self.errors = []
+        self._expected = expected_sum
         self._cond = threading.Condition()
 
     def respond(self, req, keys=None, vals=None, lens=None, error=None, body=b""):
+        if vals is not None and req.meta.pull:   # spot-check the sums (first and last value)
+            values = np.frombuffer(vals, np.float32)
+            if values[0] != self._expected or values[-1] != self._expected:
+                error = "wrong sum %s, expected %s" % (values[0], self._expected)
         with self._cond:
             self.count += 1
             if error:
@@ -106,7 +111,7 @@ def engine_rate(workers, keys, nbytes, threads, rounds, warmup=2):
     data = {s: np.full(nbytes // 4, 1.0 + i, np.float32) for i, s in enumerate(senders)}
     times = []
     with BytePSServer(workers, engine_threads=threads) as server:
-        sink = NullResponder()
+        sink = NullResponder(expected_sum=sum(1.0 + i for i in range(workers)))
         for k in range(keys):
             server.handle_request(make_request(senders[0], k, data[senders[0]], True, False, cmd),
                                   sink)
