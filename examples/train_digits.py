@@ -38,7 +38,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--contexts", type=int, default=1,
                         help="CPU contexts per worker; each batch is split over them")
     parser.add_argument("--seed", type=int, default=42, help="parameter initialisation seed")
-    parser.add_argument("--kvstore", default="dist_byteps")
+    parser.add_argument("--kvstore", default="dist_byteps",
+                        help="the store's type (dist_sync: MXNet's own, for comparison)")
     args = parser.parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1 or args.contexts < 1:
         parser.error("--epochs, --batch-size and --contexts must be positive")
@@ -99,7 +100,7 @@ def train_epoch(net, trainer, loss_fn, x, y, args, contexts, rng, num_workers) -
     order = rng.permutation(len(x))
     steps = len(x) // args.batch_size          # the same on every worker
     global_batch = args.batch_size * num_workers
-    total = 0.0
+    total = nd.zeros(1, ctx=contexts[0])   # summed on the engine, read once: no sync per step
     for step in range(steps):
         rows = order[step * args.batch_size:(step + 1) * args.batch_size]
         data = gluon.utils.split_and_load(nd.array(x[rows]), contexts, even_split=False)
@@ -108,8 +109,9 @@ def train_epoch(net, trainer, loss_fn, x, y, args, contexts, rng, num_workers) -
             losses = [loss_fn(net(d), l) for d, l in zip(data, label)]
         autograd.backward(losses)
         trainer.step(global_batch)   # gradients are summed over workers and contexts
-        total += sum(float(l.sum().asscalar()) for l in losses)
-    return total, steps * args.batch_size
+        for loss in losses:
+            total += loss.sum().as_in_context(contexts[0])
+    return float(total.asscalar()), steps * args.batch_size
 
 
 def check_identical(kv, net, key: int, metrics_key: int) -> float:
@@ -138,8 +140,11 @@ def main(argv=None) -> int:
         % (kv.num_workers, len(contexts), kv.type, len(x_train), len(x_mine), len(x_test)))
 
     net = build_net(contexts, args.seed)
+    # The update runs on the workers (dist_byteps's only mode; for --kvstore dist_sync it keeps
+    # the servers plain summers, so the metrics keys below are sums there too).
     trainer = gluon.Trainer(net.collect_params(), "sgd",
-                            {"learning_rate": args.lr, "momentum": args.momentum}, kvstore=kv)
+                            {"learning_rate": args.lr, "momentum": args.momentum}, kvstore=kv,
+                            update_on_kvstore=False)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     rng = np.random.RandomState(args.seed + kv.rank)    # each worker shuffles its shard its own way
     metrics_key = EXTRA_KEYS                             # [loss sum, samples] per epoch
