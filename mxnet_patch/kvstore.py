@@ -119,22 +119,24 @@ class KVStoreBytePS(KVStoreBase):
                                   self._per_key(key, out, "pushpull")):
             values = self._as_list(v)
             outs = values if o is None else self._as_list(o)
-            self._submit(self._int_key(k), values, outs, priority)
+            self._submit(self._initialised_key(k), values, outs, priority)
+
+    def _initialised_key(self, key):
+        ikey = self._int_key(key)
+        if ikey not in self._push_results:
+            raise KeyError("key %r was not initialised: call init or broadcast first" % (key,))
+        return ikey
 
     def push(self, key, value, priority=0):
         """Push the sum of ``value`` (over devices); a later ``pull`` reads the round's sum."""
         for k, v in self._per_key(key, value, "push"):
-            ikey = self._int_key(k)
-            if ikey not in self._push_results:
-                raise KeyError("key %r was not initialised (call init first)" % (k,))
+            ikey = self._initialised_key(k)
             self._submit(ikey, self._as_list(v), [self._push_results[ikey]], priority)
 
     def pull(self, key, out=None, priority=0, ignore_sparse=True):
         """Copy the sum of the last push of ``key`` (or its initial value) into ``out``."""
         for k, o in self._per_key(key, out, "pull"):
-            ikey = self._int_key(k)
-            if ikey not in self._push_results:
-                raise KeyError("key %r was not initialised (call init first)" % (k,))
+            ikey = self._initialised_key(k)
             for target in self._as_list(o):
                 self._push_results[ikey].copyto(target)
 

@@ -39,6 +39,11 @@ def test_high_priority_partitions_overtake_queued_low_priority_ones(tmp_path):
     assert all("PRIORITY OK" in results[w][1] for w in ("worker0", "worker1")), results
 
 
+def test_pushpull_of_a_key_never_initialised_raises_key_error():
+    results = run_checks("uninitialised")
+    assert all("UNINITIALISED OK" in results[w][1] for w in ("worker0", "worker1")), results
+
+
 def test_workers_disagreeing_on_a_shape_get_an_error_naming_the_key():
     results = run_checks("mismatch", env={"BYTEPS_REQUEST_TIMEOUT": "5"}, timeout=60,
                          expect_ok=False)

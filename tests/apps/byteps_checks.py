@@ -5,6 +5,7 @@ async     rank 1 joins the round 1.5 s late; rank 0's pushpull must return at on
 priority  with a credit of one 4 KB partition, a low-priority key of many partitions is issued
           before a high-priority key; the engine's trace must show the high-priority
           partitions overtaking the low-priority ones still queued.
+uninitialised  pushpull of a key never initialised raises KeyError naming it (no hang).
 mismatch  rank 0 and rank 1 declare key 5 with different shapes: both get a clear error
           naming key 5, within the request deadline.
 """
@@ -58,6 +59,16 @@ def check_priority(kv, out_dir):
           % (first_high, first_high + 3, len(order)))
 
 
+def check_uninitialised(kv):
+    try:
+        kv.pushpull(7, mx.nd.ones((3,)))
+    except KeyError as exc:
+        assert "7" in str(exc) and "not initialised" in str(exc), exc
+        print("UNINITIALISED OK: %s" % exc)
+        return
+    raise AssertionError("pushpull of a key never initialised did not raise")
+
+
 def check_mismatch(kv):
     shape = (10,) if kv.rank == 0 else (20,)
     try:
@@ -79,6 +90,8 @@ def main():
         check_async(kv)
     elif mode == "priority":
         check_priority(kv, sys.argv[2])
+    elif mode == "uninitialised":
+        check_uninitialised(kv)
     else:
         return check_mismatch(kv)
     return 0
