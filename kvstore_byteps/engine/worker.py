@@ -86,6 +86,7 @@ class WorkerEngine:
         self._partitioner = Partitioner(config)
         self._layouts: Dict[int, KeyLayout] = {}
         self._layout_lock = threading.Lock()
+        self._last_task: Dict[int, Task] = {}    # rounds of one key run in order
         self.tracer = Tracer.from_config(config, self.rank)
         self.pipeline = Pipeline(self._stages(), credit=self._credit(),
                                  credit_span=(Stage.PUSH, Stage.PUSH), tracer=self.tracer,
@@ -208,8 +209,18 @@ class WorkerEngine:
             if on_done is not None:
                 on_done(error)
         task.future.add_done_callback(finished)
-        self.pipeline.submit(task)
+        self._submit_in_order(task)
         return task
+
+    def _submit_in_order(self, task: Task) -> None:
+        """Submit ``task`` once the previous round of its key is complete: the server keeps
+        two round buffers per key, so a worker's round r+1 must not overtake its round r."""
+        with self._layout_lock:
+            previous, self._last_task[task.key] = self._last_task.get(task.key), task
+        if previous is None or previous.future.done():
+            self.pipeline.submit(task)
+        else:
+            previous.future.add_done_callback(lambda _: self.pipeline.submit(task))
 
     def _credit(self) -> Optional[int]:
         """Bytes of pushes in flight. The credit covers only the push, which our server

@@ -107,6 +107,15 @@ class Postoffice:
     def my_rank(self) -> int:
         return id_to_rank(self.my_id)
 
+    @property
+    def stopped(self) -> bool:
+        """Whether the receive loop ended (TERMINATE, or a fatal error: see ``error``)."""
+        return self._stopped.is_set()
+
+    @property
+    def error(self) -> Optional[BaseException]:
+        return self._error
+
     def server_key_ranges(self) -> List[KeyRange]:
         return server_key_ranges(self.num_servers)
 

@@ -35,6 +35,11 @@ def check_async(kv):
         assert returned < 0.5, returned
         assert read > 1.0, read
     assert np.all(value == 3.0), value[:3]
+    # two rounds of one key on different arrays: the engine must keep them in order
+    first, second = mx.nd.ones((1000,)), mx.nd.ones((1000,)) * 10
+    kv.pushpull(0, first)
+    kv.pushpull(0, second)
+    assert np.all(first.asnumpy() == 2) and np.all(second.asnumpy() == 20)
     print("ASYNC OK")
 
 
