@@ -1,0 +1,114 @@
+"""One worker of the push/pull benchmark; started by ``bench_pushpull.py`` through ``launch.py``.
+
+    python launch.py -n 2 -s 1 python benchmarks/_pushpull_worker.py \
+        --kvstore dist_byteps --shapes shapes.json --iters 10 --warmup 2
+
+Every worker initialises one key per tensor of the shape list, then times iterations of
+"pushpull every tensor (priority = -index), then ``mx.nd.waitall()``". The inputs hold
+``rank + 1``, so each output must hold ``W * (W + 1) / 2``; one extra iteration after the timed
+ones starts from zeroed outputs and checks that sum, so a fast but wrong run is caught.
+
+Prints one line ``BENCH_RESULT {json}`` (iteration times in seconds, the check, what the store
+talked to); exits 3 if the sums were wrong.
+"""
+import argparse
+import json
+import sys
+import time
+
+import mxnet as mx
+import numpy as np
+
+RESULT_TAG = "BENCH_RESULT "
+EXIT_WRONG_SUM = 3
+
+
+class Mode:
+    """How one iteration talks to the store (the choice is the parent's, see bench_pushpull)."""
+
+    PUSHPULL = "pushpull"
+    PUSH_PULL = "push+pull"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--kvstore", required=True, help="dist_sync or dist_byteps")
+    p.add_argument("--shapes", required=True, help="JSON file: a list of tensor shapes")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--mode", choices=[Mode.PUSHPULL, Mode.PUSH_PULL], default=Mode.PUSHPULL)
+    return p.parse_args(argv)
+
+
+def refill(grads, rank: int) -> None:
+    """Set the inputs back to ``rank + 1`` (untimed): upstream dist_sync writes the sum into
+    the input array too (its single-device reduce buffer is the input itself)."""
+    for grad in grads:
+        grad[:] = rank + 1
+    mx.nd.waitall()
+
+
+def one_iteration(kv, grads, outs, mode: str) -> float:
+    """Pushpull every tensor, front tensors first in priority; wait for all. Returns seconds."""
+    refill(grads, kv.rank)
+    started = time.perf_counter()
+    if mode == Mode.PUSHPULL:
+        for i, (grad, out) in enumerate(zip(grads, outs)):
+            kv.pushpull(i, grad, out=out, priority=-i)
+    else:
+        for i, grad in enumerate(grads):
+            kv.push(i, grad, priority=-i)
+        for i, out in enumerate(outs):
+            kv.pull(i, out=out, priority=-i)
+    mx.nd.waitall()
+    return time.perf_counter() - started
+
+
+def check_sums(kv, grads, outs, mode: str) -> dict:
+    """One iteration from zeroed outputs; every element must be the sum of (rank + 1)."""
+    for out in outs:
+        out[:] = 0
+    one_iteration(kv, grads, outs, mode)
+    workers = kv.num_workers
+    expected = workers * (workers + 1) / 2.0
+    wrong = [i for i, out in enumerate(outs) if not np.all(out.asnumpy() == expected)]
+    first = None if not wrong else float(outs[wrong[0]].asnumpy().reshape(-1)[0])
+    return {"expected": expected, "wrong_tensors": len(wrong), "first_wrong_value": first}
+
+
+def store_flavor(kv) -> str:
+    """What the store talked to: ``byteps``/``mxnet`` servers for dist_byteps, else its type."""
+    engine = getattr(kv, "_engine", None)
+    flavor = getattr(engine, "flavor", None)
+    return flavor.value if flavor is not None else kv.type
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    with open(args.shapes) as f:
+        shapes = [tuple(s) for s in json.load(f)]
+    kv = mx.kv.create(args.kvstore)
+    rank = kv.rank
+    grads = [mx.nd.full(s, rank + 1, dtype=np.float32) for s in shapes]
+    outs = [mx.nd.zeros(s, dtype=np.float32) for s in shapes]
+    started = time.perf_counter()
+    for i, out in enumerate(outs):
+        kv.init(i, out)
+    mx.nd.waitall()
+    init_s = time.perf_counter() - started
+    for _ in range(args.warmup):
+        one_iteration(kv, grads, outs, args.mode)
+    kv._barrier()           # every worker starts the timed iterations together
+    times = [one_iteration(kv, grads, outs, args.mode) for _ in range(args.iters)]
+    check = check_sums(kv, grads, outs, args.mode)
+    result = {"rank": rank, "workers": kv.num_workers, "kvstore": args.kvstore,
+              "flavor": store_flavor(kv), "mode": args.mode, "init_s": init_s,
+              "times_s": times, "check": check,
+              "bytes": int(sum(int(np.prod(s)) for s in shapes) * 4)}
+    print(RESULT_TAG + json.dumps(result), flush=True)
+    kv._barrier()
+    return EXIT_WRONG_SUM if check["wrong_tensors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

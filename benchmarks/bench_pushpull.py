@@ -1,0 +1,340 @@
+#!/usr/bin/env python3
+"""Push/pull throughput of ``dist_byteps`` against upstream MXNet ``dist_sync``, same machine.
+
+    python benchmarks/bench_pushpull.py                     # every case and topology (~15 min)
+    python benchmarks/bench_pushpull.py --quick             # small sizes, a smoke run
+    python benchmarks/bench_pushpull.py --cases resnet50 --topologies 2x2 --iters 5
+
+For each case and topology (workers x servers) the same worker script
+(``benchmarks/_pushpull_worker.py``) runs twice through ``launch.py`` on 127.0.0.1 over TCP
+(``DMLC_LOCAL`` removed from the environment, so neither side may use ipc):
+
+* ``kvstore=dist_sync`` with MXNet's scheduler and C++ servers (``--scheduler mxnet --server mxnet``);
+* ``kvstore=dist_byteps`` with our scheduler and our servers (``--server byteps-knob``), or with
+  MXNet's servers if ours do not answer the BytePS probe (said in the output).
+
+Cases: ``resnet50`` (the gradient set of gluon's resnet50_v1, 161 arrays, 102.3 MB fp32),
+``big`` (one 100 MB tensor), ``small`` (1000 tensors of 4 KB). The time of one iteration is the
+slowest worker's; the table shows medians, and the ratio upstream time / byteps time (> 1: we
+are faster). Results also go to a JSON file next to the PNG plot.
+"""
+import argparse
+import dataclasses
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+WORKER = os.path.join(HERE, "_pushpull_worker.py")
+LAUNCH = os.path.join(ROOT, "launch.py")
+RESULT_RE = re.compile(r"^\[worker \d+\] BENCH_RESULT (\{.*\})$")
+SMALL_BYTES = 4096
+BIG_ELEMS = 25 * 1000 * 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    label: str
+    warmup: int
+    iters: int
+    target: float       # the issue's target ratio on a 2-core machine
+
+
+CASES = {c.name: c for c in (
+    Case("resnet50", "(a) ResNet-50 grads", warmup=3, iters=15, target=2.0),
+    Case("big", "(b) 1 x 100 MB", warmup=3, iters=15, target=2.5),
+    Case("small", "(c) 1000 x 4 KB", warmup=5, iters=30, target=3.0),
+)}
+
+
+@dataclasses.dataclass
+class Run:
+    """The outcome of one launched job."""
+
+    kvstore: str
+    server: str                     # launch.py --server
+    status: str = "ok"              # ok, failed (rc N), timeout, wrong sums
+    median_s: Optional[float] = None
+    flavor: str = ""
+    mode: str = ""
+    detail: str = ""
+
+
+def resnet50_shapes() -> List[Tuple[int, ...]]:
+    """Shapes of resnet50_v1's trainable parameters (built and initialised offline)."""
+    import mxnet as mx
+    net = mx.gluon.model_zoo.vision.resnet50_v1()
+    net.initialize()
+    net(mx.nd.zeros((1, 3, 224, 224)))   # resolves the deferred (BatchNorm) shapes
+    return [p.shape for p in net.collect_params().values() if p.grad_req != "null"]
+
+
+def case_shapes(name: str, quick: bool) -> List[Tuple[int, ...]]:
+    """The tensors of one case; ``quick`` shrinks each case to a few MB."""
+    if name == "resnet50":
+        shapes = resnet50_shapes()
+        return shapes[:40] if quick else shapes
+    if name == "big":
+        return [(BIG_ELEMS // 25 if quick else BIG_ELEMS,)]
+    return [(SMALL_BYTES // 4,)] * (100 if quick else 1000)
+
+
+def child_env() -> Dict[str, str]:
+    """Our environment minus anything that would let ps-lite pick ipc or change the layout."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("DMLC_", "PS_", "BYTEPS_", "MXNET_KVSTORE"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    return env
+
+
+def launch(workers: int, servers: int, kvstore: str, server: str, shapes_file: str,
+           warmup: int, iters: int, mode: str, timeout: float) -> Tuple[int, str]:
+    """Run one job through launch.py; returns (exit status, combined output)."""
+    scheduler = "mxnet" if kvstore == "dist_sync" else "byteps"
+    argv = [sys.executable, LAUNCH, "-n", str(workers), "-s", str(servers),
+            "--scheduler", scheduler, "--server", server, "--timeout", str(timeout),
+            "--grace", "20", sys.executable, WORKER, "--kvstore", kvstore,
+            "--shapes", shapes_file, "--warmup", str(warmup), "--iters", str(iters),
+            "--mode", mode]
+    try:
+        proc = subprocess.run(argv, env=child_env(), cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, timeout=timeout + 30)
+    except subprocess.TimeoutExpired as exc:    # launch.py itself hung past its own timeout
+        return 124, (exc.stdout or b"").decode(errors="replace")
+    return proc.returncode, proc.stdout.decode(errors="replace")
+
+
+def summarise(run: Run, rc: int, output: str, workers: int) -> Run:
+    """Fill ``run`` from the workers' BENCH_RESULT lines."""
+    results = [json.loads(m.group(1)) for m in map(RESULT_RE.match, output.splitlines()) if m]
+    wrong = [r for r in results if r["check"]["wrong_tensors"]]
+    if wrong:
+        check = wrong[0]["check"]
+        run.status = "wrong sums"
+        run.detail = "%d tensors wrong, e.g. %s instead of %s" % (
+            check["wrong_tensors"], check["first_wrong_value"], check["expected"])
+    elif rc != 0 or len(results) != workers:
+        run.status = "timeout" if rc == 124 else "failed (rc %d)" % rc
+        run.detail = "\n".join(output.splitlines()[-8:])
+    if results:
+        # one iteration lasts until its slowest worker is done
+        per_iter = [max(times) for times in zip(*(r["times_s"] for r in results))]
+        run.median_s = statistics.median(per_iter)
+        run.flavor, run.mode = results[0]["flavor"], results[0]["mode"]
+    return run
+
+
+def run_job(workers, servers, kvstore, server, shapes_file, case, args) -> Run:
+    warmup = case.warmup if args.warmup is None else args.warmup
+    iters = case.iters if args.iters is None else args.iters
+    mode = args.upstream_mode if kvstore == "dist_sync" else "pushpull"
+    rc, output = launch(workers, servers, kvstore, server, shapes_file, warmup, iters, mode,
+                        args.job_timeout)
+    run = summarise(Run(kvstore, server), rc, output, workers)
+    if run.status == "wrong sums" and kvstore == "dist_sync" and mode == "pushpull":
+        # MXNet's C++ server has a known race with pushpull: measure push + pull instead
+        rc, output = launch(workers, servers, kvstore, server, shapes_file, warmup, iters,
+                            "push+pull", args.job_timeout)
+        retry = summarise(Run(kvstore, server), rc, output, workers)
+        retry.detail = "pushpull gave wrong sums (%s); measured push+pull" % run.detail
+        run = retry
+    return run
+
+
+def probe_byteps_server(args) -> str:
+    """``byteps-knob`` if our server answers the BytePS probe in a 1x1 job, else ``mxnet``."""
+    if args.byteps_server != "auto":
+        return args.byteps_server
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump([[16]], f)
+    try:
+        rc, output = launch(1, 1, "dist_byteps", "byteps-knob", f.name, 0, 1, "pushpull", 60)
+    finally:
+        os.unlink(f.name)
+    run = summarise(Run("dist_byteps", "byteps-knob"), rc, output, 1)
+    if run.status == "ok" and run.flavor == "byteps":
+        return "byteps-knob"
+    print("NOTE: our server (launch.py --server byteps-knob) is not usable here (%s, flavor %r);"
+          " dist_byteps runs against upstream MXNet servers (--server mxnet)."
+          % (run.status, run.flavor or "?"), flush=True)
+    return "mxnet"
+
+
+def parse_topologies(text: str) -> List[Tuple[int, int]]:
+    """``1x1,2x2`` -> [(1, 1), (2, 2)] (workers x servers)."""
+    result = []
+    for item in filter(None, text.split(",")):
+        w, sep, s = item.partition("x")
+        if not (sep and w.isdigit() and s.isdigit() and int(w) > 0 and int(s) > 0):
+            raise argparse.ArgumentTypeError("topology %r: expected WORKERSxSERVERS" % item)
+        result.append((int(w), int(s)))
+    return result
+
+
+def parse_cases(text: str) -> List[Case]:
+    names = [n for n in text.split(",") if n]
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        raise argparse.ArgumentTypeError("unknown case(s) %s; choose from %s"
+                                         % (unknown, ",".join(CASES)))
+    return [CASES[n] for n in names]
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", type=parse_cases, default=list(CASES.values()),
+                   help="comma list of %s (default all)" % ",".join(CASES))
+    p.add_argument("--topologies", type=parse_topologies, default=parse_topologies(
+        "1x1,1x2,2x1,2x2"), help="comma list of WORKERSxSERVERS (default 1x1,1x2,2x1,2x2)")
+    p.add_argument("--iters", type=int, help="timed iterations (default: per case, 15-30)")
+    p.add_argument("--warmup", type=int, help="warm-up iterations (default: per case, 3-5)")
+    p.add_argument("--quick", action="store_true", help="small sizes and few iterations")
+    p.add_argument("--out", default=os.path.join("bench_out", "pushpull.png"),
+                   help="PNG plot of the ratios (a .json of the results goes next to it)")
+    p.add_argument("--job-timeout", type=float, default=180.0,
+                   help="launch.py --timeout of every job, seconds (default 180)")
+    p.add_argument("--upstream-mode", choices=["pushpull", "push+pull"], default="pushpull",
+                   help="how the dist_sync worker talks (default pushpull; wrong sums retry "
+                        "with push+pull)")
+    p.add_argument("--byteps-server", choices=["auto", "byteps-knob", "mxnet"], default="auto",
+                   help="servers for dist_byteps (auto: ours if they answer the probe)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.iters = 3 if args.iters is None else args.iters
+        args.warmup = 1 if args.warmup is None else args.warmup
+    return args
+
+
+def fmt_ms(run: Run) -> str:
+    if run.median_s is None:
+        return run.status.upper()
+    text = "%.1f" % (run.median_s * 1e3)
+    return text if run.status == "ok" else "%s (%s)" % (text, run.status.upper())
+
+
+def ratio(upstream: Run, ours: Run) -> Optional[float]:
+    if upstream.status != "ok" or ours.status != "ok":
+        return None
+    return upstream.median_s / ours.median_s
+
+
+def table(rows) -> str:
+    """Markdown table of (case, workers, servers, bytes, upstream Run, byteps Run) rows."""
+    lines = ["| case | workers | servers | upstream ms/iter | byteps ms/iter | ratio "
+             "| upstream GB/s | byteps GB/s |", "|---|---|---|---|---|---|---|---|"]
+    for case, w, s, nbytes, up, ours in rows:
+        r = ratio(up, ours)
+        rate = ["%.2f" % (nbytes / x.median_s / 1e9) if x.median_s else "-" for x in (up, ours)]
+        lines.append("| %s | %d | %d | %s | %s | %s | %s | %s |" % (
+            case.label, w, s, fmt_ms(up), fmt_ms(ours), "-" if r is None else "%.2fx" % r,
+            rate[0], rate[1]))
+    return "\n".join(lines)
+
+
+def plot(rows, path: str) -> None:
+    """Bar plot of the ratios, one group per case, one bar per topology."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    cases = list(dict.fromkeys(r[0] for r in rows))
+    topos = list(dict.fromkeys("%dx%d" % (r[1], r[2]) for r in rows))
+    width = 0.8 / max(1, len(topos))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    for j, topo in enumerate(topos):
+        values = [next((ratio(r[4], r[5]) for r in rows if r[0] == c
+                        and "%dx%d" % (r[1], r[2]) == topo), None) for c in cases]
+        xs = [i + j * width for i in range(len(cases))]
+        bars = ax.bar(xs, [v or 0.0 for v in values], width,
+                      label="%s workers x servers" % topo)
+        ax.bar_label(bars, ["failed" if v is None else "%.2f" % v for v in values],
+                     fontsize=7)
+    for i, case in enumerate(cases):     # the issue's target for each case
+        ax.hlines(case.target, i - width / 2, i + width * (len(topos) - 0.5), colors="gray",
+                  linestyles="dashed", linewidth=1)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([i + width * (len(topos) - 1) / 2 for i in range(len(cases))])
+    ax.set_xticklabels(["%s\n(target %gx)" % (c.label, c.target) for c in cases])
+    ax.set_ylabel("upstream dist_sync time / dist_byteps time")
+    ax.set_title("push/pull, loopback TCP (> 1: dist_byteps faster)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def write_json(rows, path: str, byteps_server: str, args) -> None:
+    data = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(),
+            "load_before_after": args.loads,
+            "command": " ".join(sys.argv), "byteps_server": byteps_server, "quick": args.quick,
+            "runs": [{"case": c.name, "workers": w, "servers": s, "bytes": b,
+                      "upstream": dataclasses.asdict(u), "byteps": dataclasses.asdict(o)}
+                     for c, w, s, b, u, o in rows]}
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from tqdm import tqdm
+    args = parse_args(argv)
+    args.loads = [os.getloadavg()[0]]
+    print("machine: %d cpus, load average %.2f (other processes skew the times)"
+          % (os.cpu_count(), args.loads[0]), flush=True)
+    byteps_server = probe_byteps_server(args)
+    jobs = [(c, w, s) for c in args.cases for w, s in args.topologies]
+    rows, notes = [], []
+    with tempfile.TemporaryDirectory() as tmp, \
+            tqdm(total=2 * len(jobs), unit="job", dynamic_ncols=True) as bar:
+        for case, workers, servers in jobs:
+            shapes_file = os.path.join(tmp, case.name + ".json")
+            if not os.path.exists(shapes_file):
+                with open(shapes_file, "w") as f:
+                    json.dump(case_shapes(case.name, args.quick), f)
+            with open(shapes_file) as f:
+                nbytes = 4 * sum(_prod(s) for s in json.load(f))
+            pair = []
+            for kvstore, server in (("dist_sync", "mxnet"), ("dist_byteps", byteps_server)):
+                bar.set_description("%s %dx%d %s" % (case.name, workers, servers, kvstore))
+                run = run_job(workers, servers, kvstore, server, shapes_file, case, args)
+                if run.detail:
+                    notes.append("%s %dx%d %s: %s" % (case.name, workers, servers, kvstore,
+                                                      run.detail))
+                    tqdm.write(notes[-1])
+                pair.append(run)
+                bar.update(1)
+            rows.append((case, workers, servers, nbytes) + tuple(pair))
+    args.loads.append(os.getloadavg()[0])
+    print()
+    print(table(rows))
+    flavors = sorted({r[5].flavor for r in rows if r[5].flavor})
+    print("\ndist_byteps servers: launch.py --server %s (store talked to: %s servers); "
+          "upstream: %s" % (byteps_server, ", ".join(flavors) or "?",
+                            ", ".join(sorted({r[4].mode for r in rows if r[4].mode}))))
+    print("load average (1 min) before %.2f, after %.2f" % tuple(args.loads))
+    for note in notes:
+        print("note:", note.replace("\n", "\n    "))
+    plot(rows, args.out)
+    json_path = os.path.splitext(args.out)[0] + ".json"
+    write_json(rows, json_path, byteps_server, args)
+    print("plot: %s, results: %s" % (args.out, json_path))
+    failed = [r for r in rows if r[4].status != "ok" or r[5].status != "ok"]
+    return 1 if failed else 0
+
+
+def _prod(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+if __name__ == "__main__":
+    sys.exit(main())
