@@ -37,6 +37,7 @@ from .server_dist import KVStoreDistServer
 from .server_engine import SumEngine
 from .server_protocol import Cmd, parse_dense
 from .server_store import Entry, StorageKind, publish
+from .server_batch import BatchAnswer, BatchSlot, split_values
 from .server_updater import Updater, load_mxnet_updater
 from .van.commands import PROBE_ANSWER
 
@@ -81,6 +82,9 @@ class BytePSServer(KVStoreDistServer):
 
     # -- dispatch ---------------------------------------------------------------------------
     def _handle_byteps(self, req, server, cmd: Cmd) -> None:
+        if req.keys is not None and len(req.keys) > 1:
+            self._handle_byteps_batch(req, server, cmd)
+            return
         parsed = parse_dense(req, cmd)
         if parsed.push:
             self._push(req, server, parsed.ps_key, parsed.values, parsed.pull)
@@ -161,11 +165,58 @@ class BytePSServer(KVStoreDistServer):
                                 % (ps_key, key.dtype, cmd.dtype))
         return key
 
+    # -- batches of small keys (one request for many keys of one server) ------------------------
+    def _handle_byteps_batch(self, req, server, cmd: Cmd) -> None:
+        """A push or a pull of several already initialised keys: the worker's batching of small
+        partitions. A push is checked whole before any key counts it, then acked once; a pull
+        is answered once, when every key's round is complete, with keys, vals and lens."""
+        push, pull = req.meta.push, req.meta.pull
+        if push == pull:
+            raise ProtocolError("a BytePS request of %d keys must be a push or a pull, not both"
+                                % len(req.keys))
+        keys = [self._batch_key(int(k), cmd) for k in req.keys]
+        if push:
+            self._push_batch(req, server, keys, split_values(req, cmd, len(keys)))
+            return
+        batch = BatchAnswer(req, server, len(keys), self._respond)
+        for index, key in enumerate(keys):
+            if self.enable_async:
+                batch.fill(index, key.value)
+                continue
+            ready = key.rounds.request_pull(req.sender, batch.slot(index))
+            if ready is not None:
+                batch.fill(index, ready)
+
+    def _batch_key(self, ps_key: int, cmd: Cmd) -> _BytePSKey:
+        """A key of a batch: known, or initialised earlier by a default-type push."""
+        with self._keys_lock:
+            if ps_key not in self._keys:
+                initial = self._initial_value(ps_key)
+                if initial is not None:
+                    self._keys[ps_key] = self._init_key(ps_key, initial)
+        return self._known(ps_key, cmd)
+
+    def _push_batch(self, req, server, keys, values) -> None:
+        for key, part in zip(keys, values):
+            _check_matches(key, part)
+        for key, part in zip(keys, values):
+            if self.enable_async:
+                self._engine.submit(key.thread,
+                                    lambda k=key, v=part: self._add_async(req, server, k, v, False))
+                continue
+            r = key.rounds.begin_push(req.sender)
+            self._engine.submit(key.thread, lambda k=key, r=r, v=part: self._accumulate(k, r, v))
+        self._respond(server, req)
+
     # -- engine tasks -----------------------------------------------------------------------
     def _accumulate(self, key: _BytePSKey, r: int, values: np.ndarray) -> None:
         tokens, total = key.rounds.accumulate(r, values)
-        for req, server in tokens:
-            self._answer(req, server, total)
+        for token in tokens:
+            if isinstance(token, BatchSlot):
+                token.fill(total)
+            else:
+                req, server = token
+                self._answer(req, server, total)
 
     def _add_async(self, req, server, key: _BytePSKey, values: np.ndarray, pull: bool) -> None:
         # a new array each time: pulls answered meanwhile keep the previous weights intact

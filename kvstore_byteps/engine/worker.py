@@ -43,6 +43,57 @@ log = logging.getLogger(__name__)
 BYTEPS_REQUEST_TYPE = 3
 
 
+#: Partitions up to this size are sent together, one request per server (BytePS servers).
+SMALL_PARTITION_BYTES = 65536
+
+
+def group_small(items, server_of, small: int, limit: int) -> List[list]:
+    """Group items (in their order) into requests: items of at most ``small`` bytes that share
+    ``server_of(item)`` go together up to ``limit`` bytes; bigger items go alone. Pure."""
+    groups, open_groups = [], {}
+    for item in items:
+        nbytes = item.partition.nbytes
+        if nbytes > small:
+            groups.append([item])
+            continue
+        where = server_of(item)
+        group = open_groups.get(where)
+        if group is None or group[1] + nbytes > limit:
+            group = open_groups[where] = [[], 0]
+            groups.append(group[0])
+        group[0].append(item)
+        group[1] += nbytes
+    return [sorted(g, key=lambda item: item.partition.ps_key) for g in groups]
+
+
+def split_answer(result, count: int) -> List[memoryview]:
+    """The per-key value bytes of a pull answer of ``count`` keys (split by its lens)."""
+    vals = memoryview(result.vals).cast("B")
+    if count == 1:
+        return [vals]
+    if result.lens is None or len(result.lens) != count:
+        raise PeerError("a pull of %d keys was answered with %s lens"
+                        % (count, None if result.lens is None else len(result.lens)))
+    offsets = np.concatenate(([0], np.cumsum(result.lens, dtype=np.int64)))
+    return [vals[int(offsets[i]):int(offsets[i + 1])] for i in range(count)]
+
+
+class Countdown:
+    """Calls ``done(first error or None)`` after ``count`` calls of :meth:`one` (any thread)."""
+
+    def __init__(self, count: int, done):
+        self._count, self._done, self._error = count, done, None
+        self._lock = threading.Lock()
+
+    def one(self, error=None) -> None:
+        with self._lock:
+            self._error = self._error or error
+            self._count -= 1
+            finished = self._count == 0
+        if finished:
+            self._done(self._error)
+
+
 class ServerFlavor(enum.Enum):
     BYTEPS = "byteps"
     MXNET = "mxnet"
@@ -234,9 +285,22 @@ class WorkerEngine:
 
     def _stages(self) -> List[StageSpec]:
         return [StageSpec(Stage.LOCAL_REDUCE, self._local_reduce),
-                StageSpec(Stage.PUSH, self._push, asynchronous=True),
-                StageSpec(Stage.PULL, self._pull, asynchronous=True),
+                StageSpec(Stage.PUSH, self._push, asynchronous=True, batch=True),
+                StageSpec(Stage.PULL, self._pull, asynchronous=True, batch=True),
                 StageSpec(Stage.LOCAL_BROADCAST, self._local_broadcast)]
+
+    def _requests(self, items) -> List[list]:
+        """Items grouped into requests: small partitions of one server and cmd share one
+        (BytePS servers only: upstream's take exactly one key per request)."""
+        if self.flavor is not ServerFlavor.BYTEPS:
+            return [[item] for item in items]
+        return group_small(items, self._server_of, SMALL_PARTITION_BYTES,
+                           self.config.partition_bytes)
+
+    def _server_of(self, item) -> tuple:
+        ranges = self.po.server_key_ranges()
+        step = ranges[0].end
+        return (item.partition.ps_key // step, item.task.context["layout"].round_cmd)
 
     @staticmethod
     def _span(array: np.ndarray, slot: Slot) -> np.ndarray:
@@ -256,30 +320,39 @@ class WorkerEngine:
         source = ctx.get("reduced", ctx["inputs"][0])
         return self._span(source, item.partition)
 
-    def _push(self, item, done) -> None:
-        slot = item.partition
-        self.kv.push([slot.ps_key], self._send_buffer(item), [slot.nbytes],
-                     cmd=item.task.context["layout"].round_cmd, priority=item.priority,
-                     callback=lambda request: done(request.error))
+    def _push(self, items, done) -> None:
+        groups = self._requests(items)
+        countdown = Countdown(len(groups), done)
+        for group in groups:
+            buffers = [self._send_buffer(item) for item in group]
+            vals = buffers[0] if len(buffers) == 1 else np.concatenate(buffers)
+            self.kv.push([item.partition.ps_key for item in group], vals,
+                         [item.partition.nbytes for item in group],
+                         cmd=group[0].task.context["layout"].round_cmd,
+                         priority=group[0].priority,
+                         callback=lambda request: countdown.one(request.error))
 
-    def _pull(self, item, done) -> None:
-        ctx, slot = item.task.context, item.partition
-
-        def on_answer(request):
-            if request.error is None:
-                ctx["results"][item.index] = request.result
-            done(request.error)
-        self.kv.pull([slot.ps_key], cmd=ctx["layout"].round_cmd, priority=item.priority,
-                     callback=on_answer)
+    def _pull(self, items, done) -> None:
+        groups = self._requests(items)
+        countdown = Countdown(len(groups), done)
+        for group in groups:
+            def on_answer(request, group=group):
+                if request.error is None:
+                    for item, vals in zip(group, split_answer(request.result, len(group))):
+                        item.task.context["results"][item.index] = vals
+                countdown.one(request.error)
+            self.kv.pull([item.partition.ps_key for item in group],
+                         cmd=group[0].task.context["layout"].round_cmd,
+                         priority=group[0].priority, callback=on_answer)
 
     def _local_broadcast(self, item) -> None:
         ctx, slot = item.task.context, item.partition
         result = ctx["results"].pop(item.index, None)
-        if result is None or result.vals.nbytes != slot.nbytes:
+        if result is None or result.nbytes != slot.nbytes:
             raise PeerError("%s: the server answered ps key %d with %s bytes, expected %d"
                             % (ctx["layout"].describe(), slot.ps_key,
-                               None if result is None else result.vals.nbytes, slot.nbytes))
-        data = np.frombuffer(result.vals, np.uint8)
+                               None if result is None else result.nbytes, slot.nbytes))
+        data = np.frombuffer(result, np.uint8)
         for out in ctx["outputs"]:
             self._span(out, slot)[:] = data
 
