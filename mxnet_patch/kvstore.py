@@ -23,11 +23,22 @@ __all__ = ["KVStoreBytePS"]
 log = logging.getLogger(__name__)
 
 
+def _placement(key, arrays):
+    """True if every array is a dense GPU array, False if every one is a dense CPU array."""
+    kinds = {a.context.device_type for a in arrays}
+    if any(a.stype != "default" for a in arrays) or len(kinds) != 1 or \
+            kinds - {"cpu", "cpu_pinned", "cpu_shared", "gpu"}:
+        raise NotImplementedError(
+            "dist_byteps pushpull takes dense arrays all on CPUs or all on GPUs; key %d has %s"
+            % (key, ", ".join("%s on %s" % (a.stype, a.context) for a in arrays)))
+    return kinds == {"gpu"}
+
+
 class KVStoreBytePS(KVStoreBase):
     """BytePS-style distributed KVStore for unmodified MXNet (``mx.kv.create('dist_byteps')``).
 
-    Values may be one NDArray or a list of NDArrays on several CPU contexts (summed locally
-    first). Keys are ints or strs (not mixed), as in MXNet. Thread-safe like MXNet's stores:
+    Values may be one NDArray or a list of NDArrays on several CPU contexts, or on several
+    GPUs (summed locally first: a CPU sum, or NCCL through cupy, see :mod:`mxnet_patch.gpu`). Keys are ints or strs (not mixed), as in MXNet. Thread-safe like MXNet's stores:
     call it from one Python thread.
     """
 
@@ -39,6 +50,7 @@ class KVStoreBytePS(KVStoreBase):
         self._key_kind = None
         self._push_results = {}       # key -> NDArray holding the last push's sum (push/pull API)
         self._lock = threading.Lock()
+        self._gpu_path = None
         atexit.register(self.close)
 
     # ------------------------------------------------------------------ properties
@@ -145,17 +157,23 @@ class KVStoreBytePS(KVStoreBase):
         engine = self._engine
         same = [o for o in outs if any(o is v for v in values)]
         const = [v for v in values if not any(v is o for o in same)]
+        on_gpu = _placement(ikey, values + outs)
 
         def run(done):
+            if on_gpu:
+                self._gpu().run(ikey, values, outs, priority, done)
+                return
             engine.pushpull(ikey, [host_view(v) for v in values], [host_view(o) for o in outs],
                             priority, on_done=done)
-        for array in values + outs:
-            if array.context.device_type != "cpu" or array.stype != "default":
-                raise NotImplementedError(
-                    "dist_byteps supports dense CPU arrays on this build; key %d has a %s array "
-                    "on %s" % (ikey, array.stype, array.context))
         push_async(run, const_arrays=const, mutable_arrays=outs, priority=priority,
-                   name="byteps_pushpull_%d" % ikey)
+                   name="byteps_pushpull_%d" % ikey, ctx=values[0].context if on_gpu else None)
+
+    def _gpu(self):
+        with self._lock:
+            if self._gpu_path is None:
+                from mxnet_patch.gpu import GpuPushPull
+                self._gpu_path = GpuPushPull(self._engine)
+            return self._gpu_path
 
     # ------------------------------------------------------------------ the rest of the API
     def set_optimizer(self, optimizer):

@@ -55,8 +55,9 @@ def main():
     parser.add_argument("--contexts", type=int, default=1)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--kvstore", default="dist_byteps")
+    parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     args = parser.parse_args()
-    contexts = [mx.cpu(i) for i in range(args.contexts)]
+    contexts = [getattr(mx, args.device)(i) for i in range(args.contexts)]
     kv = mx.kv.create(args.kvstore)
     net = build_net(contexts)
     trainer = gluon.Trainer(net.collect_params(), "sgd",
