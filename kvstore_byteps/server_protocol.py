@@ -11,13 +11,12 @@ workers (cmd = cantor(3, dtype): 6 for float32, 11 for float64, 17 for float16).
 MXNet never sends it, so an upstream worker can never reach that path by accident.
 """
 import dataclasses
-import enum
-import math
 from typing import Optional, Union
 
 import numpy as np
 
 from .errors import ProtocolError
+from .van.cmd import MShadowType, RequestType, cantor_pair, cantor_unpair
 from .van.commands import Command
 
 __all__ = [
@@ -27,35 +26,8 @@ __all__ = [
 ]
 
 
-class RequestType(enum.IntEnum):
-    """First half of the cmd pairing (MXNet's ``RequestType``, plus our BytePS marker)."""
-
-    DEFAULT = 0       # kDefaultPushPull
-    ROW_SPARSE = 1    # kRowSparsePushPull
-    COMPRESSED = 2    # kCompressedPushPull (2-bit gradient compression)
-    BYTEPS = 3        # ours: the BytePS data path; never sent by upstream MXNet
-
-
 #: SimpleApp command ids (spec §5.3, plus our BYTEPS_PROBE), shared with the workers.
 ServerCommand = Command
-
-
-class MShadowType(enum.IntEnum):
-    """mshadow dtype codes, the second half of the cmd pairing."""
-
-    FLOAT32 = 0
-    FLOAT64 = 1
-    FLOAT16 = 2
-    UINT8 = 3
-    INT32 = 4
-    INT8 = 5
-    INT64 = 6
-    BOOL = 7
-    INT16 = 8
-    UINT16 = 9
-    UINT32 = 10
-    UINT64 = 11
-    BFLOAT16 = 12
 
 
 #: The dtypes MXNet's server accepts; anything else is refused (upstream aborts instead).
@@ -73,20 +45,6 @@ class Cmd:
 
     request_type: RequestType
     dtype: np.dtype
-
-
-def cantor_pair(a: int, b: int) -> int:
-    """Cantor pairing ``(a+b)(a+b+1)/2 + b`` as MXNet's ``GetCommandType`` computes it."""
-    return (a + b) * (a + b + 1) // 2 + b
-
-
-def cantor_unpair(c: int) -> tuple:
-    """Inverse of :func:`cantor_pair`, with an exact integer square root."""
-    if c < 0:
-        raise ValueError("a Cantor-paired value is non-negative, got %d" % c)
-    w = (math.isqrt(8 * c + 1) - 1) // 2
-    b = c - w * (w + 1) // 2
-    return w - b, b
 
 
 def mshadow_of(dtype) -> MShadowType:

@@ -12,10 +12,9 @@ paired ``cmd``. These functions reproduce that arithmetic, including its quirks:
   precision with C's ``round`` (half away from zero); parts may be empty.
 """
 import dataclasses
-import enum
-import math
 from typing import Tuple
 
+from ..van.cmd import MShadowType, RequestType, cantor_pair, cantor_unpair, mshadow_code
 from .partition import KeyLayoutError, server_key_range
 
 __all__ = ["RequestType", "MshadowDType", "PSKV", "dtype_code", "encode_cmd", "decode_cmd",
@@ -24,63 +23,27 @@ __all__ = ["RequestType", "MshadowDType", "PSKV", "dtype_code", "encode_cmd", "d
 _INT32_MAX = 2 ** 31 - 1
 
 
-class RequestType(enum.IntEnum):
-    """MXNet's ``RequestType`` (the first member of the ``cmd`` pair)."""
-
-    DEFAULT_PUSHPULL = 0
-    ROW_SPARSE_PUSHPULL = 1
-    COMPRESSED_PUSHPULL = 2
-
-
-class MshadowDType(enum.IntEnum):
-    """mshadow's dtype codes (the second member of the ``cmd`` pair)."""
-
-    FLOAT32 = 0
-    FLOAT64 = 1
-    FLOAT16 = 2
-    UINT8 = 3
-    INT32 = 4
-    INT8 = 5
-    INT64 = 6
-    BOOL = 7
-    INT16 = 8
-    UINT16 = 9
-    UINT32 = 10
-    UINT64 = 11
-    BFLOAT16 = 12
-
-
-_NUMPY_NAMES = {
-    "float32": MshadowDType.FLOAT32, "float64": MshadowDType.FLOAT64,
-    "float16": MshadowDType.FLOAT16, "uint8": MshadowDType.UINT8, "int32": MshadowDType.INT32,
-    "int8": MshadowDType.INT8, "int64": MshadowDType.INT64, "bool": MshadowDType.BOOL,
-    "int16": MshadowDType.INT16, "uint16": MshadowDType.UINT16, "uint32": MshadowDType.UINT32,
-    "uint64": MshadowDType.UINT64, "bfloat16": MshadowDType.BFLOAT16,
-}
+#: MXNet's spelling of the shared wire enums (see :mod:`kvstore_byteps.van.cmd`).
+MshadowDType = MShadowType
 
 
 def dtype_code(dtype) -> MshadowDType:
     """mshadow code of a numpy dtype (or its name)."""
-    name = getattr(dtype, "name", None) or getattr(dtype, "__name__", None) or str(dtype)
     try:
-        return _NUMPY_NAMES[name]
-    except KeyError:
+        return mshadow_code(dtype)
+    except ValueError:
         raise KeyLayoutError("dtype %r has no mshadow code" % (dtype,)) from None
 
 
 def encode_cmd(request_type: RequestType, dtype: MshadowDType) -> int:
     """Cantor pairing ``(m + d)(m + d + 1) / 2 + d`` as MXNet puts it in ``Meta.head``."""
-    total = int(request_type) + int(dtype)
-    return total * (total + 1) // 2 + int(dtype)
+    return cantor_pair(int(request_type), int(dtype))
 
 
 def decode_cmd(cmd: int) -> Tuple[RequestType, MshadowDType]:
     """Inverse of :func:`encode_cmd`; raise ValueError for codes outside both enums."""
-    if cmd < 0:
-        raise ValueError("cmd %d is negative" % cmd)
-    total = (math.isqrt(8 * cmd + 1) - 1) // 2
-    dtype = cmd - total * (total + 1) // 2
-    return RequestType(total - dtype), MshadowDType(dtype)
+    request_type, dtype = cantor_unpair(cmd)
+    return RequestType(request_type), MshadowDType(dtype)
 
 
 def _c_int32(value: int) -> int:

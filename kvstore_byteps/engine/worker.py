@@ -39,8 +39,6 @@ from .upstream import RequestType, dtype_code, encode_cmd, encode_default_key
 
 log = logging.getLogger(__name__)
 
-#: Request type of the BytePS data path (cmd = cantor(3, dtype)); upstream never sends it.
-BYTEPS_REQUEST_TYPE = 3
 
 
 #: Partitions up to this size are sent together, one request per server (BytePS servers).
@@ -189,7 +187,7 @@ class WorkerEngine:
             return KeyLayout(key, shape, dtype, slots, init_cmd, init_cmd)
         plan = self._partitioner.plan(key, nbytes, dtype.itemsize)
         slots = [Slot(p.ps_key, p.offset, p.nbytes) for p in plan.partitions]
-        return KeyLayout(key, shape, dtype, slots, encode_cmd(BYTEPS_REQUEST_TYPE, code),
+        return KeyLayout(key, shape, dtype, slots, encode_cmd(RequestType.BYTEPS, code),
                          init_cmd)
 
     # ------------------------------------------------------------------ init / broadcast
