@@ -1,0 +1,81 @@
+"""The import arrows of DESIGN.md, checked on the source (module-level and lazy imports alike)."""
+import ast
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PKG = os.path.join(ROOT, "kvstore_byteps")
+
+
+def modules(folder):
+    for dirpath, _, files in os.walk(folder):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(dirpath, name)
+                yield os.path.relpath(path, ROOT)[:-3].replace(os.sep, "."), path
+
+
+def imported(module, path):
+    """Absolute names of everything ``path`` imports."""
+    package = module.rsplit(".", 1)[0]
+    names = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            names.add(base)
+            names.update("%s.%s" % (base, alias.name) for alias in node.names)
+    return names
+
+
+def forbidden(module):
+    """Prefixes ``module`` must not import, per DESIGN.md's layers."""
+    ours_below = ["kvstore_byteps.van", "kvstore_byteps.engine", "kvstore_byteps.server",
+                  "kvstore_byteps.scheduler", "mxnet_patch"]
+    if module in ("kvstore_byteps.config", "kvstore_byteps.errors"):
+        return ours_below + ["mxnet", "zmq"]
+    if module.startswith("kvstore_byteps.van"):
+        return ["kvstore_byteps.engine", "kvstore_byteps.server", "mxnet_patch", "mxnet"]
+    if module.startswith("kvstore_byteps.engine"):
+        return ["kvstore_byteps.server", "mxnet_patch", "mxnet"]
+    if module.startswith("kvstore_byteps.server"):
+        return ["kvstore_byteps.engine", "mxnet_patch"]
+    return []
+
+
+def matches(name, prefix):
+    """``prefix`` itself, its submodules, and flat siblings such as ``server_rounds``."""
+    return name == prefix or name.startswith(prefix + ".") or name.startswith(prefix + "_")
+
+
+def test_matcher_catches_flat_server_modules():
+    assert matches("kvstore_byteps.server_rounds.KeyRounds", "kvstore_byteps.server")
+    assert not matches("kvstore_byteps.serverless", "kvstore_byteps.server")
+
+
+CASES = [(m, p) for m, p in modules(PKG)]
+
+
+@pytest.mark.parametrize("module,path", CASES, ids=[m for m, _ in CASES])
+def test_module_respects_layers(module, path):
+    bad = sorted(name for name in imported(module, path) for prefix in forbidden(module)
+                 if matches(name, prefix))
+    assert not bad, "%s imports %s, which its layer may not" % (module, bad)
+
+
+def test_launcher_uses_only_config():
+    ours = {n for n in imported("launch", os.path.join(ROOT, "launch.py"))
+            if n.startswith(("kvstore_byteps", "mxnet_patch"))}
+    assert ours <= {"kvstore_byteps.config", "kvstore_byteps.config.Config",
+                    "kvstore_byteps.config.Env", "kvstore_byteps.config.Role"}, ours
+
+
+def test_zmq_imported_in_one_module_only():
+    users = [m for m, p in CASES if any(n == "zmq" or n.startswith("zmq.")
+                                        for n in imported(m, p))]
+    assert users == ["kvstore_byteps.van.zmq_van"], users
