@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Push/pull throughput of ``dist_byteps`` against upstream MXNet ``dist_sync``, same machine.
 
-    python benchmarks/bench_pushpull.py                     # every case and topology (~15 min)
+    python benchmarks/bench_pushpull.py                     # every case and topology (~10 min)
     python benchmarks/bench_pushpull.py --quick             # small sizes, a smoke run
     python benchmarks/bench_pushpull.py --cases resnet50 --topologies 2x2 --iters 5
 
