@@ -291,12 +291,17 @@ def host_view(array: Any) -> np.ndarray:
         raise ValueError("host_view needs a dense array, got stype %r" % array.stype)
     dtype, shape = np.dtype(array.dtype), tuple(array.shape)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    pointer = ctypes.c_void_p()
-    _mxbase.check_call(_mxbase._LIB.MXNDArrayGetData(array.handle, ctypes.byref(pointer)))
     if nbytes == 0:
         return np.empty(shape, dtype=dtype)
-    raw = (ctypes.c_uint8 * nbytes).from_address(pointer.value)
+    raw = (ctypes.c_uint8 * nbytes).from_address(data_pointer(array))
     return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+
+def data_pointer(array: Any) -> int:
+    """Address of an NDArray's memory (one C call, no engine wait)."""
+    pointer = ctypes.c_void_p()
+    _mxbase.check_call(_mxbase._LIB.MXNDArrayGetData(array.handle, ctypes.byref(pointer)))
+    return pointer.value or 0
 
 
 def engine_errors_supported() -> bool:

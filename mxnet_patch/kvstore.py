@@ -34,6 +34,35 @@ def _placement(key, arrays):
     return kinds == {"gpu"}
 
 
+class _CachedViews:
+    __slots__ = ("handles", "pointers", "views", "on_gpu")
+
+    def __init__(self, handles, pointers, views, on_gpu):
+        self.handles, self.pointers, self.views, self.on_gpu = handles, pointers, views, on_gpu
+
+
+class _ViewCache(dict):
+    """Per key, the numpy views of the arrays of its last pushpull.
+
+    Gluon passes the same gradient arrays every step, and building a view costs several C
+    calls per array. A cached view is reused only for the same NDArray handles whose memory is
+    still at the same address with the same shape (a handle address freed and reused by another
+    array fails one of these checks). Entries are built and checked on the engine operation's
+    thread, while the operation holds the arrays.
+    """
+
+    def host_views(self, key, handles, arrays):
+        from mxnet_patch.engine_async import data_pointer, host_view
+        cached = self.get(key)
+        if cached is not None and cached.handles == handles and all(
+                data_pointer(a) == p and a.shape == v.shape
+                for a, p, v in zip(arrays, cached.pointers, cached.views)):
+            return cached.views
+        views = [host_view(a) for a in arrays]
+        self[key] = _CachedViews(handles, tuple(data_pointer(a) for a in arrays), views, False)
+        return views
+
+
 class KVStoreBytePS(KVStoreBase):
     """BytePS-style distributed KVStore for unmodified MXNet (``mx.kv.create('dist_byteps')``).
 
@@ -51,6 +80,7 @@ class KVStoreBytePS(KVStoreBase):
         self._push_results = {}       # key -> NDArray holding the last push's sum (push/pull API)
         self._lock = threading.Lock()
         self._gpu_path = None
+        self._views = _ViewCache()
         atexit.register(self.close)
 
     # ------------------------------------------------------------------ properties
@@ -153,18 +183,23 @@ class KVStoreBytePS(KVStoreBase):
                 self._push_results[ikey].copyto(target)
 
     def _submit(self, ikey, values, outs, priority):
-        from mxnet_patch.engine_async import host_view, push_async
+        from mxnet_patch.engine_async import push_async
         engine = self._engine
         same = [o for o in outs if any(o is v for v in values)]
         const = [v for v in values if not any(v is o for o in same)]
-        on_gpu = _placement(ikey, values + outs)
+        arrays = values + outs
+        handles = tuple(a.handle.value for a in arrays)
+        cached = self._views.get(ikey)
+        on_gpu = cached.on_gpu if cached and cached.handles == handles else \
+            _placement(ikey, arrays)
 
         def run(done):
             if on_gpu:
                 self._gpu().run(ikey, values, outs, priority, done)
                 return
-            engine.pushpull(ikey, [host_view(v) for v in values], [host_view(o) for o in outs],
-                            priority, on_done=done)
+            views = self._views.host_views(ikey, handles, arrays)
+            engine.pushpull(ikey, views[:len(values)], views[len(values):], priority,
+                            on_done=done)
         push_async(run, const_arrays=const, mutable_arrays=outs, priority=priority,
                    name="byteps_pushpull_%d" % ikey, ctx=values[0].context if on_gpu else None)
 

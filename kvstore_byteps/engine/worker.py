@@ -5,7 +5,11 @@ on the servers and runs a pushpull of host (numpy) buffers through the pipeline
 
     LOCAL_REDUCE -> PUSH -> PULL -> LOCAL_BROADCAST
 
-one work item per partition, priority-scheduled with a byte credit. ``mxnet_patch.kvstore``
+one work item per partition, priority-scheduled with a byte credit. PUSH and PULL each have a
+stage thread; the local reduce runs in ``pushpull`` itself (its inputs are ready when it is
+called) and the broadcast into the outputs in the pull's answer callback: a thread hand-off per
+partition and stage costs more than either on CPUs, and the per-key cost is what small tensors
+pay. ``mxnet_patch.kvstore``
 wraps it in MXNet's KVStore API and engine.
 
 Two kinds of servers are spoken to, found out at start by a probe command:
@@ -32,7 +36,7 @@ from ..van.kv import KVWorker
 from ..van.message import ALL_GROUP, WORKER_GROUP
 from ..van.postoffice import Postoffice
 from .partition import KeyLayoutError, Partitioner
-from .reduce import cpu_sum, flat_view
+from .reduce import cpu_sum
 from .stages import Pipeline, Stage, StageSpec, Task
 from .trace import Tracer
 from .upstream import RequestType, dtype_code, encode_cmd, encode_default_key
@@ -114,9 +118,13 @@ class KeyLayout:
     slots: List[Slot]
     round_cmd: int      # cmd of the per-round traffic
     init_cmd: int       # cmd of the initialising push and of plain pulls
+    name: str = ""      # "key K (shape dtype)", for messages
+
+    def __post_init__(self) -> None:
+        self.name = "key %d (%s %s)" % (self.key, self.shape, self.dtype)
 
     def describe(self) -> str:
-        return "key %d (%s %s)" % (self.key, self.shape, self.dtype)
+        return self.name
 
 
 class WorkerEngine:
@@ -242,14 +250,11 @@ class WorkerEngine:
         for array in list(inputs) + list(outputs):
             if array.shape != layout.shape or array.dtype != layout.dtype:
                 raise KeyLayoutError("%s: got an array of shape %s and dtype %s"
-                                     % (layout.describe(), array.shape, array.dtype))
-        context = {"inputs": [a.reshape(-1).view(np.uint8) for a in inputs],
+                                     % (layout.name, array.shape, array.dtype))
+        context = {"send": self._local_reduce(inputs),
                    "outputs": [a.reshape(-1).view(np.uint8) for a in outputs],
-                   "layout": layout, "results": {}}
-        if len(inputs) > 1:   # local reduce needs a buffer of its own
-            context["reduced"] = np.empty(layout.slots[-1].offset + layout.slots[-1].nbytes,
-                                          np.uint8)
-        task = Task(key, layout.slots, priority, name=layout.describe(), context=context)
+                   "layout": layout}
+        task = Task(key, layout.slots, priority, name=layout.name, context=context)
 
         def finished(future):
             error = future.exception()
@@ -282,10 +287,8 @@ class WorkerEngine:
         return self.config.scheduling_credit * self.config.partition_bytes
 
     def _stages(self) -> List[StageSpec]:
-        return [StageSpec(Stage.LOCAL_REDUCE, self._local_reduce),
-                StageSpec(Stage.PUSH, self._push, asynchronous=True, batch=True),
-                StageSpec(Stage.PULL, self._pull, asynchronous=True, batch=True),
-                StageSpec(Stage.LOCAL_BROADCAST, self._local_broadcast)]
+        return [StageSpec(Stage.PUSH, self._push, asynchronous=True, batch=True),
+                StageSpec(Stage.PULL, self._pull, asynchronous=True, batch=True)]
 
     def _requests(self, items) -> List[list]:
         """Items grouped into requests: small partitions of one server and cmd share one
@@ -304,19 +307,17 @@ class WorkerEngine:
     def _span(array: np.ndarray, slot: Slot) -> np.ndarray:
         return array[slot.offset:slot.offset + slot.nbytes]
 
-    def _local_reduce(self, item) -> None:
-        ctx, slot = item.task.context, item.partition
-        if "reduced" not in ctx:
-            return          # one device: its buffer is sent as it is
-        dtype = ctx["layout"].dtype
-        sources = [flat_view(self._span(a, slot).view(dtype), 0, slot.nbytes)
-                   for a in ctx["inputs"]]
-        cpu_sum(sources, self._span(ctx["reduced"], slot).view(dtype))
+    @staticmethod
+    def _local_reduce(inputs: Sequence[np.ndarray]) -> np.ndarray:
+        """The bytes to send: the one input itself, or the sum of several into a new buffer."""
+        if len(inputs) == 1:
+            return inputs[0].reshape(-1).view(np.uint8)
+        reduced = np.empty_like(inputs[0])
+        cpu_sum(list(inputs), reduced)
+        return reduced.reshape(-1).view(np.uint8)
 
     def _send_buffer(self, item) -> np.ndarray:
-        ctx = item.task.context
-        source = ctx.get("reduced", ctx["inputs"][0])
-        return self._span(source, item.partition)
+        return self._span(item.task.context["send"], item.partition)
 
     def _push(self, items, done) -> None:
         groups = self._requests(items)
@@ -335,21 +336,24 @@ class WorkerEngine:
         countdown = Countdown(len(groups), done)
         for group in groups:
             def on_answer(request, group=group):
-                if request.error is None:
-                    for item, vals in zip(group, split_answer(request.result, len(group))):
-                        item.task.context["results"][item.index] = vals
-                countdown.one(request.error)
+                error = request.error
+                if error is None:
+                    try:
+                        for item, vals in zip(group, split_answer(request.result, len(group))):
+                            self._local_broadcast(item, vals)
+                    except KVStoreBytePSError as exc:
+                        error = exc
+                countdown.one(error)
             self.kv.pull([item.partition.ps_key for item in group],
                          cmd=group[0].task.context["layout"].round_cmd,
                          priority=group[0].priority, callback=on_answer)
 
-    def _local_broadcast(self, item) -> None:
+    def _local_broadcast(self, item, result: memoryview) -> None:
+        """Copy one partition's sum into every output."""
         ctx, slot = item.task.context, item.partition
-        result = ctx["results"].pop(item.index, None)
-        if result is None or result.nbytes != slot.nbytes:
-            raise PeerError("%s: the server answered ps key %d with %s bytes, expected %d"
-                            % (ctx["layout"].describe(), slot.ps_key,
-                               None if result is None else result.nbytes, slot.nbytes))
+        if result.nbytes != slot.nbytes:
+            raise PeerError("%s: the server answered ps key %d with %d bytes, expected %d"
+                            % (ctx["layout"].name, slot.ps_key, result.nbytes, slot.nbytes))
         data = np.frombuffer(result, np.uint8)
         for out in ctx["outputs"]:
             self._span(out, slot)[:] = data
