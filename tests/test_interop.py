@@ -12,19 +12,24 @@ def _ok_rounds(results, name, rounds=3):
     assert sum(" ok sum " in line for line in out.splitlines()) >= rounds, out
 
 
-@pytest.mark.parametrize("env", [{}, {"PS_HEARTBEAT_INTERVAL": "1", "BYTEPS_LOG_LEVEL": "DEBUG"}], ids=["plain", "heartbeat"])
+@pytest.mark.parametrize("env", [{}, {"PS_HEARTBEAT_INTERVAL": "1", "BYTEPS_LOG_LEVEL": "DEBUG"},
+                                 {"PS_RESEND": "1", "BYTEPS_LOG_LEVEL": "DEBUG"}],
+                         ids=["plain", "heartbeat", "resend"])
 def test_a_our_scheduler_upstream_server_and_workers(env):
     with Cluster(num_workers=2, num_servers=1, env=env) as cluster:
         cluster.start("scheduler", SCHEDULER_OURS)
         cluster.start("server", UPSTREAM)
         for _ in range(2):
-            cluster.start("worker", app("upstream_worker.py", "3,4", 100, 1.0 if env else 0))
+            pause = 1.0 if "PS_HEARTBEAT_INTERVAL" in env else 0
+            cluster.start("worker", app("upstream_worker.py", "3,4", 100, pause))
         results = cluster.wait_all(120)
         assert_all_ok(results, cluster)
         _ok_rounds(results, "worker0")
         _ok_rounds(results, "worker1")
-        if env:   # upstream nodes heartbeat to our scheduler, which answers
+        if "PS_HEARTBEAT_INTERVAL" in env:   # upstream nodes heartbeat to our scheduler
             assert "control HEARTBEAT from node 9" in results["scheduler0"][1]
+        if "PS_RESEND" in env:               # upstream nodes acknowledge our messages
+            assert "control ACK from node 9" in results["scheduler0"][1]
 
 
 @pytest.mark.parametrize("ours_rank", [0, 1])
@@ -45,8 +50,9 @@ def test_b_our_kv_worker_beside_upstream_nodes(ours_rank):
         assert "rank %d round" % ours_rank in results["ours"][1]
 
 
-def test_c_our_scheduler_sum_servers_and_workers_two_ranges():
-    with Cluster(num_workers=2, num_servers=2) as cluster:
+@pytest.mark.parametrize("env", [{}, {"PS_RESEND": "1"}], ids=["plain", "resend"])
+def test_c_our_scheduler_sum_servers_and_workers_two_ranges(env):
+    with Cluster(num_workers=2, num_servers=2, env=env) as cluster:
         cluster.start("scheduler", SCHEDULER_OURS)
         for _ in range(2):
             cluster.start("server", app("sum_server.py"))

@@ -20,6 +20,7 @@ from .membership import (Connect, NodeMembership, Ready, ReleaseBarrier, Schedul
 from .message import (ALL_GROUP, K_EMPTY, SCHEDULER_ID, Message, Node, id_to_rank)
 from .kv_keys import KeyRange, server_key_ranges
 from .netif import choose_host, pick_free_port
+from .resend import Resender
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +86,8 @@ class Postoffice:
         self._error: Optional[BaseException] = None
         self._thread: Optional[threading.Thread] = None
         self._finalized = False
+        self._resender: Optional[Resender] = None     # PS_RESEND, once ready
+        self._resend_lock = threading.Lock()
 
     # ------------------------------------------------------------------ properties
     @property
@@ -130,9 +133,6 @@ class Postoffice:
         cluster does not form within ``BYTEPS_START_TIMEOUT`` seconds.
         """
         cfg = self.config
-        if cfg.resend:
-            log.warning("PS_RESEND=1 is not implemented by kvstore-byteps nodes yet: they "
-                        "neither resend nor acknowledge; unset it for mixed clusters")
         deadline = time.monotonic() + cfg.start_timeout
         scheduler = Node(Role.SCHEDULER, SCHEDULER_ID, cfg.root_uri, cfg.root_port)
         if cfg.is_scheduler:
@@ -176,11 +176,25 @@ class Postoffice:
             self.van.close()
 
     def _on_tick(self) -> None:
-        self._execute(self.membership.tick(time.monotonic()))
+        now = time.monotonic()
+        self._execute(self.membership.tick(now))
+        if self._resender is not None:
+            with self._resend_lock:
+                again = self._resender.due(now)
+            for message in again:
+                self.van.send(message)
 
     def _on_message(self, message: Message) -> bool:
         if message.meta.is_control:
             log.debug("control %s from node %s", message.meta.control.cmd.name, message.meta.sender)
+        if self._resender is not None:
+            with self._resend_lock:
+                ack, deliver = self._resender.on_receive(message)
+            if ack is not None:
+                self.van.send(ack)
+            if not deliver:
+                return True
+        if message.meta.is_control:
             return self._execute(self.membership.handle(message, time.monotonic()))
         self._dispatch_data(message)
         return True
@@ -191,9 +205,11 @@ class Postoffice:
             if isinstance(action, Connect):
                 self.van.connect(action.node, None if action.anonymous else self.membership.my_node.id)
             elif isinstance(action, Send):
-                self.van.send(action.message)
+                self._transmit(action.message)
             elif isinstance(action, Ready):
                 self.my_node, self.nodes = action.my_node, action.nodes
+                if self.config.resend:
+                    self._resender = Resender(self.my_node.id, self.config.resend_timeout_ms)
                 self._ready.set()
             elif isinstance(action, ReleaseBarrier):
                 with self._barrier_cond:
@@ -239,7 +255,14 @@ class Postoffice:
                             % (message.meta.recver,
                                " (%s)" % self._error if self._error else ""))
         message.meta.sender = self.my_id
-        return self.van.send(message)
+        return self._transmit(message)
+
+    def _transmit(self, message: Message) -> int:
+        sent = self.van.send(message)
+        if self._resender is not None:
+            with self._resend_lock:
+                self._resender.on_send(message, time.monotonic())
+        return sent
 
     # ------------------------------------------------------------------ barrier / stop
     def barrier(self, group: int, customer_id: int = 0, timeout: Optional[float] = None) -> None:
