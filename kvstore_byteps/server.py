@@ -26,7 +26,7 @@ import sys
 from typing import Optional
 
 from .config import Config, Role
-from .errors import ConfigError, KVStoreBytePSError
+from .errors import PeerError, ConfigError, KVStoreBytePSError
 from .logs import setup_logging
 from .server_byteps import BytePSServer
 from .server_dist import KVStoreDistServer
@@ -67,7 +67,9 @@ def run_server(config: Config) -> int:
         postoffice.barrier(ALL_GROUP)
         log.info("server rank %d serving %d worker(s)", postoffice.my_rank, config.num_workers)
         while not server.wait_stopped(_POLL_SECONDS):
-            pass
+            if postoffice.stopped:     # the van died (its error was logged): stop serving
+                raise PeerError("server rank %d: the van stopped before kStopServer: %s"
+                                % (postoffice.my_rank, postoffice.error))
     except BaseException:
         server.close()
         postoffice.stop()

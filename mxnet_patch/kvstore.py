@@ -236,9 +236,8 @@ class KVStoreBytePS(KVStoreBase):
 
     def close(self):
         """Finish pending work, then leave the cluster as MXNet's workers do. Idempotent."""
-        with self._lock:
-            engine, self._engine_closed = self._engine, True
-        if getattr(engine, "_closed", False):
+        engine = self._engine
+        if engine._closed:
             return
         try:
             nd.waitall()
