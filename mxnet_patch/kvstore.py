@@ -91,7 +91,11 @@ class KVStoreBytePS(KVStoreBase):
     # ------------------------------------------------------------------ properties
     @property
     def type(self):
-        return "dist_byteps"
+        """``dist_sync_byteps`` (``dist_async_byteps`` with BYTEPS_ENABLE_ASYNC): MXNet reads the
+        type string, e.g. Module scales gradients by the global batch only for ``_sync`` types,
+        so a job moved from dist_sync to dist_byteps keeps its learning-rate semantics."""
+        mode = "async" if self._engine.config.enable_async else "sync"
+        return "dist_%s_byteps" % mode
 
     @property
     def rank(self):
@@ -220,6 +224,11 @@ class KVStoreBytePS(KVStoreBase):
         raise NotImplementedError(
             "dist_byteps updates on the workers: use gluon.Trainer(..., kvstore=kv) (it then "
             "sets update_on_kvstore=False by itself) or Module.fit, not set_optimizer")
+
+    def set_gradient_compression(self, compression_params):
+        raise NotImplementedError(
+            "dist_byteps does not compress gradients yet (a later issue); drop "
+            "compression_params, or use MXNet's dist_sync store, which our server also serves")
 
     def save_optimizer_states(self, fname, dump_optimizer=False):
         raise NotImplementedError("dist_byteps keeps no optimizer: save the Trainer's states "

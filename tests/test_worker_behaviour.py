@@ -50,3 +50,20 @@ def test_workers_disagreeing_on_a_shape_get_an_error_naming_the_key():
     for name, (code, out) in results.items():
         assert code == 3, "%s exited %s:\n%s" % (name, code, out)
         assert "ERROR rank" in out and "key 5" in out, out
+
+
+def test_module_fit_over_dist_byteps_keeps_workers_identical():
+    with Cluster(num_workers=2, num_servers=1, env={"MXNET_KVSTORE_SERVER": "byteps"}) as cluster:
+        cluster.start("scheduler", SCHEDULER_OURS)
+        cluster.start("server", SERVER_KNOB)
+        for _ in range(2):
+            cluster.start("worker", app("module_fit.py"))
+        results = cluster.wait_all(90)
+        assert_all_ok(results, cluster)
+    lines = [line for w in ("worker0", "worker1") for line in results[w][1].splitlines()
+             if "CHECKSUM" in line or line.startswith("REFERENCE")]
+    sums = sorted(line.split("CHECKSUM ")[1] for line in lines if "CHECKSUM" in line)
+    assert len(sums) == 2 and sums[0] == sums[1], lines
+    assert all("type dist_sync_byteps" in line for line in lines if "CHECKSUM" in line), lines
+    reference = [line for line in lines if line.startswith("REFERENCE")]
+    assert len(reference) == 1 and float(reference[0].split("max-diff ")[1]) < 1e-5, lines
