@@ -108,6 +108,7 @@ class Slot:
     ps_key: int
     offset: int
     nbytes: int
+    server: int         # rank of the server holding ps_key
 
 
 @dataclasses.dataclass
@@ -122,9 +123,6 @@ class KeyLayout:
 
     def __post_init__(self) -> None:
         self.name = "key %d (%s %s)" % (self.key, self.shape, self.dtype)
-
-    def describe(self) -> str:
-        return self.name
 
 
 class WorkerEngine:
@@ -179,7 +177,7 @@ class WorkerEngine:
             if known is None:
                 known = self._layouts[key] = self._new_layout(key, shape, dtype)
         if (known.shape, known.dtype) != (shape, dtype):
-            raise KeyLayoutError("%s used with shape %s and dtype %s" % (known.describe(),
+            raise KeyLayoutError("%s used with shape %s and dtype %s" % (known.name,
                                                                         shape, dtype))
         return known
 
@@ -191,10 +189,12 @@ class WorkerEngine:
             pskv = encode_default_key(key, nbytes // dtype.itemsize, dtype.itemsize,
                                       self.po.num_servers, self.config.bigarray_bound)
             offsets = np.concatenate(([0], np.cumsum(pskv.lens)))[:-1]
-            slots = [Slot(k, int(o), n) for k, o, n in zip(pskv.keys, offsets, pskv.lens)]
+            step = self.po.server_key_ranges()[0].end
+            slots = [Slot(k, int(o), n, k // step)
+                     for k, o, n in zip(pskv.keys, offsets, pskv.lens)]
             return KeyLayout(key, shape, dtype, slots, init_cmd, init_cmd)
         plan = self._partitioner.plan(key, nbytes, dtype.itemsize)
-        slots = [Slot(p.ps_key, p.offset, p.nbytes) for p in plan.partitions]
+        slots = [Slot(p.ps_key, p.offset, p.nbytes, p.server) for p in plan.partitions]
         return KeyLayout(key, shape, dtype, slots, encode_cmd(RequestType.BYTEPS, code),
                          init_cmd)
 
@@ -215,7 +215,7 @@ class WorkerEngine:
             requests = [self.kv.push([s.ps_key], flat[s.offset:s.offset + s.nbytes], [s.nbytes],
                                      cmd=layout.init_cmd) for s in layout.slots]
             for request in requests:
-                self._wait(request, "initialising %s" % layout.describe())
+                self._wait(request, "initialising %s" % layout.name)
         self.po.barrier(WORKER_GROUP, timeout=self.config.request_timeout)
         stored = self._pull_all(layout)
         for target in out or ():
@@ -227,12 +227,12 @@ class WorkerEngine:
         stored = np.empty(total, np.uint8)
         requests = [(s, self.kv.pull([s.ps_key], cmd=layout.init_cmd)) for s in layout.slots]
         for slot, request in requests:
-            got = self._wait(request, "reading %s back" % layout.describe())
+            got = self._wait(request, "reading %s back" % layout.name)
             if got.vals.nbytes != slot.nbytes:
                 raise KeyLayoutError(
                     "%s disagrees with the cluster: the servers hold %d bytes for ps key %d "
                     "where this worker expects %d (do all workers use the same shape and "
-                    "dtype for this key?)" % (layout.describe(), got.vals.nbytes, slot.ps_key,
+                    "dtype for this key?)" % (layout.name, got.vals.nbytes, slot.ps_key,
                                               slot.nbytes))
             stored[slot.offset:slot.offset + slot.nbytes] = np.frombuffer(got.vals, np.uint8)
         return stored
@@ -298,10 +298,9 @@ class WorkerEngine:
         return group_small(items, self._server_of, SMALL_PARTITION_BYTES,
                            self.config.partition_bytes)
 
-    def _server_of(self, item) -> tuple:
-        ranges = self.po.server_key_ranges()
-        step = ranges[0].end
-        return (item.partition.ps_key // step, item.task.context["layout"].round_cmd)
+    @staticmethod
+    def _server_of(item) -> tuple:
+        return (item.partition.server, item.task.context["layout"].round_cmd)
 
     @staticmethod
     def _span(array: np.ndarray, slot: Slot) -> np.ndarray:

@@ -270,13 +270,6 @@ class KVWorker:
             with self._lock:
                 self._pending.pop(meta.timestamp, None)
 
-    def fail_pending(self, error: BaseException) -> None:
-        """Fail every pending request (e.g. when a server is lost)."""
-        with self._lock:
-            pending, self._pending = list(self._pending.values()), {}
-        for request in pending:
-            request._fail(error)
-
 
 # ============================================================================ server side
 class KVRequest:
