@@ -40,6 +40,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=42, help="parameter initialisation seed")
     parser.add_argument("--kvstore", default="dist_byteps",
                         help="the store's type (dist_sync: MXNet's own, for comparison)")
+    parser.add_argument("--save-params", metavar="FILE",
+                        help="rank 0 saves the trained parameters here (gluon's format), e.g. to "
+                             "compare runs on different clusters")
     args = parser.parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1 or args.contexts < 1:
         parser.error("--epochs, --batch-size and --contexts must be positive")
@@ -161,6 +164,8 @@ def main(argv=None) -> int:
 
     checksum = check_identical(kv, net, metrics_key + 1, metrics_key)
     say(kv, "parameters identical on all %d workers (sum |w| = %.4f)" % (kv.num_workers, checksum))
+    if args.save_params and kv.rank == 0:
+        net.save_parameters(args.save_params)
     say(kv, "final test accuracy %.4f after %d epochs in %.1f s"
         % (test_acc, args.epochs, time.perf_counter() - started))
     return 0

@@ -52,7 +52,7 @@ class Env:
     """Names of the environment variables (one spelling for launcher, library and tests)."""
 
     ROLE = "DMLC_ROLE"
-    WORKER_ID = "DMLC_WORKER_ID"  # set by launch.py; ranks still come from the scheduler
+    WORKER_ID = "DMLC_WORKER_ID"  # the rank a worker asks for; our scheduler honours it
     NUM_WORKER = "DMLC_NUM_WORKER"
     NUM_SERVER = "DMLC_NUM_SERVER"
     ROOT_URI = "DMLC_PS_ROOT_URI"
@@ -97,6 +97,7 @@ class Config:
     role: Role = Role.WORKER
     num_workers: int = 1
     num_servers: int = 1
+    worker_id: Optional[int] = None
     root_uri: str = "127.0.0.1"
     root_port: int = 0
     node_host: Optional[str] = None
@@ -135,6 +136,7 @@ class Config:
             role=env.get(Env.ROLE, Role.parse, Role.WORKER),
             num_workers=env.get(Env.NUM_WORKER, _positive_int, 1),
             num_servers=env.get(Env.NUM_SERVER, _positive_int, 1),
+            worker_id=env.get(Env.WORKER_ID, _nonnegative_int, None),
             root_uri=env.get(Env.ROOT_URI, _nonempty, "127.0.0.1"),
             root_port=env.get(Env.ROOT_PORT, _port, 0),
             node_host=env.get(Env.NODE_HOST, _nonempty, None),

@@ -1,5 +1,6 @@
 """Logging set-up for command-line entry points (the library itself only creates loggers)."""
 import logging
+import sys
 
 from .config import Config
 
@@ -13,3 +14,35 @@ def setup_logging(config: Config, who: str) -> None:
     if config.verbose:
         level = min(level, logging.INFO if config.verbose == 1 else logging.DEBUG)
     logging.basicConfig(level=level, format="%(asctime)s " + who + " %(levelname)s %(name)s: %(message)s")
+
+
+#: The loggers of the library proper (worker processes: the user's program owns the root logger).
+LIBRARY_LOGGERS = ("kvstore_byteps", "mxnet_patch")
+_QUIET_LEVELS = ("ERROR", "FATAL")
+
+
+def setup_library_logging(config: Config, who: str) -> None:
+    """In a user's process (a worker): our loggers at BYTEPS_LOG_LEVEL / PS_VERBOSE, to stderr.
+
+    Only our own loggers get a handler (once), and they stop propagating, so the user's logging
+    set-up is untouched and our lines are not printed twice.
+    """
+    level = _LEVELS[config.log_level]
+    if config.verbose:
+        level = min(level, logging.INFO if config.verbose == 1 else logging.DEBUG)
+    for name in LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.setLevel(level)
+        if not any(getattr(h, "_kvstore_byteps", False) for h in logger.handlers):
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter(
+                "%(asctime)s " + who + " %(levelname)s %(name)s: %(message)s"))
+            handler._kvstore_byteps = True
+            logger.addHandler(handler)
+        logger.propagate = False
+
+
+def announce(config: Config, text: str) -> None:
+    """One start-up line on stderr that users see by default (not with BYTEPS_LOG_LEVEL=ERROR)."""
+    if config.log_level not in _QUIET_LEVELS:
+        print("[kvstore_byteps] " + text, file=sys.stderr, flush=True)

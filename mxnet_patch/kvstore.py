@@ -74,7 +74,10 @@ class KVStoreBytePS(KVStoreBase):
     def __init__(self):
         from kvstore_byteps.config import Config
         from kvstore_byteps.engine.worker import WorkerEngine
-        self._engine = WorkerEngine(Config.from_env())
+        from kvstore_byteps.logs import setup_library_logging
+        config = Config.from_env()
+        setup_library_logging(config, "[worker]")  # PS_VERBOSE / BYTEPS_LOG_LEVEL reach workers too
+        self._engine = WorkerEngine(config)
         self._str_keys = {}
         self._key_kind = None
         self._push_results = {}       # key -> NDArray holding the last push's sum (push/pull API)

@@ -31,6 +31,7 @@ import numpy as np
 
 from ..config import Config
 from ..errors import KVStoreBytePSError, PeerError
+from ..logs import announce
 from ..van.commands import PROBE_ANSWER, Command
 from ..van.kv import KVWorker
 from ..van.message import ALL_GROUP, WORKER_GROUP
@@ -150,6 +151,20 @@ class WorkerEngine:
         self.failure: Optional[BaseException] = None   # set once a request failed for good
         log.info("worker rank %d of %d talks to %s servers", self.rank, self.num_workers,
                  self.flavor.value)
+        if self.rank == 0:
+            announce(config, self.describe())
+
+    def describe(self) -> str:
+        """What this worker talks to and how: the line rank 0 prints at start-up."""
+        cfg = self.config
+        kind = ("BytePS servers (the BytePS data path)" if self.flavor is ServerFlavor.BYTEPS
+                else "MXNet's own servers (MXNet's key layout, no BytePS data path)")
+        credit = self._credit()
+        return ("dist_byteps: %d workers, %d %s; van %s; partitions of %d bytes; credit %s"
+                % (self.num_workers, self.po.num_servers, kind, cfg.van_type.value,
+                   cfg.partition_bytes,
+                   "%d bytes (%d partitions)" % (credit, cfg.scheduling_credit) if credit
+                   else "unlimited"))
 
     # ------------------------------------------------------------------ set-up
     def _probe_servers(self) -> ServerFlavor:

@@ -91,6 +91,8 @@ def _pack_node(node: Node, pb_node) -> None:
     pb_node.port = node.port
     pb_node.is_recovery = node.is_recovery
     pb_node.customer_id = node.customer_id
+    if node.rank_hint is not None:
+        pb_node.rank_hint = node.rank_hint
 
 
 def _unpack_control(pb_control) -> Control:
@@ -118,4 +120,5 @@ def _unpack_node(pb_node) -> Node:
         port=pb_node.port,
         is_recovery=pb_node.is_recovery,
         customer_id=pb_node.customer_id,
+        rank_hint=pb_node.rank_hint if pb_node.HasField("rank_hint") else None,
     )

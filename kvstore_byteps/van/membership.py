@@ -98,17 +98,35 @@ def _sort_key(node: Node):
     return tuple(-b for b in node.hostname.encode()) + (256,), node.port
 
 
+def _hinted_ranks(nodes: List[Node], role: Role) -> Optional[dict]:
+    """{address: rank} when every node of ``role`` asks for a distinct rank in range, else None."""
+    members = [n for n in nodes if n.role == role]
+    hints = [n.rank_hint for n in members]
+    if not members or sorted(h for h in hints if h is not None) != list(range(len(members))):
+        return None
+    return {n.address: n.rank_hint for n in members}
+
+
 def assign_ids(nodes: List[Node]) -> List[Node]:
-    """Upstream's id assignment: sorted by (hostname desc, port asc); servers 8+2r, workers 9+2r."""
+    """Node ids: servers 8+2r, workers 9+2r.
+
+    Ranks are upstream's order, (hostname desc, port asc), unless every node of a role asked
+    for a distinct rank 0..n-1 (our workers send DMLC_WORKER_ID, as BytePS reads it for the rank):
+    then those, so the launcher's ``[worker R]`` is the rank. Upstream nodes ask for nothing.
+    """
     ordered = sorted(nodes, key=_sort_key)
+    hinted = {role: _hinted_ranks(nodes, role) for role in (Role.SERVER, Role.WORKER)}
     next_rank = {Role.SERVER: 0, Role.WORKER: 0}
     assigned, by_address = [], {}
     for node in ordered:
         if node.address in by_address:      # same host:port twice shares one id, as upstream
             node_id = by_address[node.address]
         else:
-            rank = next_rank[node.role]
-            next_rank[node.role] += 1
+            if hinted[node.role] is not None:
+                rank = hinted[node.role][node.address]
+            else:
+                rank = next_rank[node.role]
+                next_rank[node.role] += 1
             node_id = (server_rank_to_id if node.role == Role.SERVER else worker_rank_to_id)(rank)
             by_address[node.address] = node_id
         assigned.append(dataclasses.replace(node, id=node_id))

@@ -75,6 +75,8 @@ class Node:
     port: int = 0
     is_recovery: bool = False
     customer_id: int = 0
+    #: The rank this node asks for (a worker's DMLC_WORKER_ID; a BytePS extension field).
+    rank_hint: Optional[int] = None
 
     @property
     def address(self) -> str:

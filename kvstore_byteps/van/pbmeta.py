@@ -17,6 +17,8 @@ _NODE_FIELDS = [
     ("port", 4, _F.TYPE_INT32, _F.LABEL_OPTIONAL, {}),
     ("is_recovery", 5, _F.TYPE_BOOL, _F.LABEL_OPTIONAL, {}),
     ("customer_id", 10, _F.TYPE_INT32, _F.LABEL_OPTIONAL, {}),
+    # BytePS extension: the rank a worker asks for (DMLC_WORKER_ID); upstream ignores it.
+    ("rank_hint", 100, _F.TYPE_INT32, _F.LABEL_OPTIONAL, {}),
 ]
 _CONTROL_FIELDS = [
     ("cmd", 1, _F.TYPE_INT32, _F.LABEL_REQUIRED, {}),

@@ -146,7 +146,8 @@ class Postoffice:
             if not cfg.root_port:
                 raise ConfigError("DMLC_PS_ROOT_PORT must be set (the scheduler's port)")
             host = choose_host(cfg.node_host, cfg.interface)
-            me = Node(cfg.role, K_EMPTY, host, cfg.port or pick_free_port())
+            hint = cfg.worker_id if cfg.role is Role.WORKER else None
+            me = Node(cfg.role, K_EMPTY, host, cfg.port or pick_free_port(), rank_hint=hint)
             me.port = self.van.bind(me, max_retry=40)
             self.my_node = me
             self.membership = NodeMembership(me, scheduler, deadline, cfg.heartbeat_interval)

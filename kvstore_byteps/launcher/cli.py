@@ -1,0 +1,291 @@
+"""Start a parameter-server job: one scheduler, S servers and N workers running CMD.
+
+    kvstore-byteps-launch -n 2 -s 2 python train.py --kv-store dist_byteps
+    kvstore-byteps-launch --launcher ssh -H hosts.txt -n 4 -s 4 python train.py
+    kvstore-byteps-launch --launcher netns --link-rate 1gbit -n 4 -s 4 python train.py
+
+(``python launch.py ...`` from a checkout is the same program.) Every node gets the DMLC
+environment that ps-lite, MXNet and BytePS read; workers get their rank as ``DMLC_WORKER_ID``.
+Output lines are prefixed ``[scheduler]``, ``[server 1]``, ``[worker 0]`` (the rank). The first
+node that fails stops the whole job and its exit status becomes the launcher's; so do Ctrl-C,
+SIGTERM and ``--timeout``. Nodes never outlive the launcher, even one killed with SIGKILL.
+"""
+import argparse
+import os
+import shlex
+import signal
+import socket
+import sys
+from typing import List, Optional, Sequence
+
+import kvstore_byteps
+from kvstore_byteps.config import Env
+
+from . import netns, ssh
+from .job import EXIT_SPAWN_FAILED, STOP_SIGNALS, Job, NodeStarter
+from .plan import (JobShape, Launcher, LaunchError, ProcSpec, SchedulerProgram, ServerProgram,
+                   describe_placement, local_hosts, parse_env_options, parse_hostfile, plan_job,
+                   scheduler_argv, server_program, Host)
+
+PROG = "kvstore-byteps-launch"
+#: The scheduler's port inside an emulated network (fresh namespaces: nothing else is bound there).
+NETNS_ROOT_PORT = 9091
+DEFAULT_LINK_RATE = "1gbit"
+
+
+class _Stopped(Exception):
+    """A stop signal arrived while the network or the preflight was being set up."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free now (the scheduler binds it moments later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _positive(kind):
+    def parse(text):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError("expected a positive number, got %r" % text)
+        return value
+    parse.__name__ = kind.__name__  # argparse names the type in its "invalid int value" message
+    return parse
+
+
+def _nonnegative_float(text):
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("expected a non-negative number, got %r" % text)
+    return value
+
+
+def _port(text):
+    value = int(text)
+    if not 0 <= value < 65536:
+        raise argparse.ArgumentTypeError("expected a port in 0-65535, got %r" % text)
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (MXNet's tools/launch.py spellings where they exist)."""
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    p.add_argument("-n", "--num-workers", type=_positive(int), required=True)
+    p.add_argument("-s", "--num-servers", type=_positive(int),
+                   help="number of servers (default: as many as workers, as MXNet's launcher)")
+    p.add_argument("--launcher", choices=[x.value for x in Launcher], default=Launcher.LOCAL.value,
+                   help="local: this machine, 127.0.0.1 (default); ssh: the hosts of -H; netns: "
+                        "an emulated cluster of network namespaces with shaped links (root)")
+    p.add_argument("-H", "--hostfile", help="ssh: hosts, one per line: [user@]host[:ssh_port] "
+                                            "[slots=N]")
+    p.add_argument("--scheduler-host", metavar="HOST",
+                   help="ssh: the hostfile entry (name or 0-based index) that runs the scheduler "
+                        "(default: the first)")
+    p.add_argument("--port", type=_port, default=0,
+                   help="the scheduler's port (default: a free one)")
+    p.add_argument("--python", default=sys.executable,
+                   help="ssh: the Python that runs our nodes on the hosts (default: this one's "
+                        "path); its bin directory also goes first on the workers' PATH")
+    p.add_argument("--workdir", default=os.getcwd(),
+                   help="ssh: the directory the nodes run in (default: the current one)")
+    p.add_argument("--ssh-args", type=shlex.split, default=[], metavar="'ARGS'",
+                   help="ssh: extra (shell-quoted) ssh options, e.g. '-i key -F config'")
+    p.add_argument("--hosts", type=_positive(int), metavar="N",
+                   help="netns: number of hosts (default: one per node); nodes are placed as "
+                        "over ssh")
+    p.add_argument("--link-rate", default=DEFAULT_LINK_RATE, metavar="RATE",
+                   help="netns: every host's link rate in each direction, e.g. 1gbit, 100mbit; "
+                        "'none' leaves links unshaped (default %s)" % DEFAULT_LINK_RATE)
+    p.add_argument("--scheduler", choices=[x.value for x in SchedulerProgram],
+                   default=SchedulerProgram.BYTEPS.value, help="scheduler program (default byteps)")
+    p.add_argument("--server", choices=[x.value for x in ServerProgram],
+                   default=ServerProgram.BYTEPS.value,
+                   help="server program: byteps (ours, default; it also serves unmodified "
+                        "dist_sync workers), mxnet (MXNet's C++ server), byteps-knob (MXNet "
+                        "process running ours)")
+    p.add_argument("--scheduler-cmd", type=shlex.split, metavar="'CMD ARGS'",
+                   help="run this shell-quoted command as the scheduler instead")
+    p.add_argument("--server-cmd", type=shlex.split, metavar="'CMD ARGS'",
+                   help="run this shell-quoted command as each server instead "
+                        "(the --server choice's environment still applies)")
+    p.add_argument("--env", action="append", default=[], metavar="NAME[:=]VALUE|NAME",
+                   help="set a variable in every node; NAME alone passes this shell's value "
+                        "(repeatable)")
+    p.add_argument("--env-server", action="append", default=[], metavar="NAME[:=]VALUE|NAME",
+                   help="as --env, for servers only")
+    p.add_argument("--env-worker", action="append", default=[], metavar="NAME[:=]VALUE|NAME",
+                   help="as --env, for workers only")
+    p.add_argument("--log-dir", metavar="DIR",
+                   help="also write each node's output to DIR/<role>-<rank>.log")
+    p.add_argument("--timeout", type=_positive(float), metavar="SECONDS",
+                   help="stop everything and fail after this long")
+    p.add_argument("--grace", type=_nonnegative_float, default=30.0, metavar="SECONDS",
+                   help="how long scheduler and servers may take to exit after the workers")
+    p.add_argument("--dry-run", action="store_true", help="print the nodes, start none")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD",
+                   help="the worker program and its arguments")
+    return p
+
+
+def parse_args(argv: Optional[Sequence[str]] = None,
+               environ: Optional[dict] = None) -> argparse.Namespace:
+    """Parse and check the command line; exit with a usage error on bad input."""
+    p = build_parser()
+    args = p.parse_args(argv)
+    environ = os.environ if environ is None else environ
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    if not args.command:
+        p.error("missing CMD: the program each worker runs")
+    if args.num_servers is None:
+        args.num_servers = args.num_workers
+    args.launcher = Launcher(args.launcher)
+    try:
+        args.env_all = parse_env_options(args.env, environ, "--env")
+        args.env_server = parse_env_options(args.env_server, environ, "--env-server")
+        args.env_worker = parse_env_options(args.env_worker, environ, "--env-worker")
+        args.rate = None
+        if args.launcher is Launcher.NETNS and args.link_rate.lower() != "none":
+            args.rate = netns.parse_rate(args.link_rate)
+    except LaunchError as exc:
+        p.error(str(exc))
+    for option, needs in (("hostfile", Launcher.SSH), ("scheduler_host", Launcher.SSH),
+                          ("hosts", Launcher.NETNS)):
+        if getattr(args, option) is not None and args.launcher is not needs:
+            p.error("--%s is for --launcher %s" % (option.replace("_", "-"), needs.value))
+    if args.launcher is Launcher.SSH and not args.hostfile:
+        p.error("--launcher ssh needs -H HOSTFILE (one host per line: [user@]host[:port] [slots=N])")
+    return args
+
+
+def _read_hostfile(path: str) -> List[Host]:
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as exc:
+        raise LaunchError("cannot read hostfile %s: %s" % (path, exc.strerror)) from None
+    return parse_hostfile(text, path)
+
+
+def _scheduler_index(hosts: Sequence[Host], wanted: Optional[str]) -> int:
+    if wanted is None:
+        return 0
+    if wanted.isdigit() and int(wanted) < len(hosts):
+        return int(wanted)
+    names = [h.name for h in hosts] + [h.address for h in hosts]
+    if wanted in names:
+        return names.index(wanted) % len(hosts)
+    raise LaunchError("--scheduler-host %s is not in the hostfile (%s)"
+                      % (wanted, ", ".join(h.name for h in hosts)))
+
+
+def plan(args: argparse.Namespace, hosts: Sequence[Host], root_port: int,
+         scheduler_host: int = 0, first_host: int = 0) -> List[ProcSpec]:
+    """The nodes the parsed command line asks for, on ``hosts``."""
+    server_argv, server_env = server_program(ServerProgram(args.server), args.python)
+    shape = JobShape(args.num_workers, args.num_servers, tuple(hosts), root_port,
+                     scheduler_host, first_host)
+    return plan_job(shape, args.command,
+                    scheduler_cmd=args.scheduler_cmd or scheduler_argv(
+                        SchedulerProgram(args.scheduler), args.python),
+                    server_cmd=args.server_cmd or server_argv, server_env=server_env,
+                    env_all=args.env_all, env_server=args.env_server, env_worker=args.env_worker)
+
+
+def _print_dry_run(specs: Sequence[ProcSpec], hosts: Sequence[Host]) -> None:
+    for spec in specs:
+        assignments = " ".join("%s=%s" % (k, shlex.quote(v)) for k, v in sorted(spec.env.items()))
+        print("[%s] on %s: %s %s" % (spec.label, hosts[spec.host].name, assignments,
+                                     shlex.join(spec.argv)))
+
+
+def _say(text: str) -> None:
+    print("[launch] " + text, file=sys.stderr, flush=True)
+
+
+def _run_job(args, specs, starter: NodeStarter) -> int:
+    return Job(specs, starter=starter, timeout=args.timeout, grace=args.grace,
+               log_dir=args.log_dir).run()
+
+
+def run_local(args) -> int:
+    """All nodes on this machine, on 127.0.0.1."""
+    hosts = local_hosts()
+    specs = plan(args, hosts, args.port or free_port())
+    if args.dry_run:
+        _print_dry_run(specs, hosts)
+        return 0
+    return _run_job(args, specs, NodeStarter(args.python))
+
+
+def run_netns(args) -> int:
+    """Every host a network namespace on one bridge, links shaped to --link-rate."""
+    num_nodes = 1 + args.num_servers + args.num_workers
+    count = args.hosts or num_nodes
+    # With a host per node the scheduler gets host 0 to itself; otherwise place as over ssh.
+    first = 1 if count == num_nodes else 0
+    hosts = [Host(netns.EmulatedNetwork.address(i)) for i in range(count)]
+    specs = plan(args, hosts, args.port or NETNS_ROOT_PORT, 0, first)
+    if args.dry_run:
+        _print_dry_run(specs, hosts)
+        return 0
+    net = netns.EmulatedNetwork(count, args.rate)
+    try:
+        net.create()
+        _say("emulated network: %d hosts on %s links, 198.18.0.1-%d; %s"
+             % (count, netns.describe_rate(args.rate) if args.rate else "unshaped", count,
+                "; ".join(describe_placement(specs, hosts))))
+        return _run_job(args, specs, netns.NetnsStarter(net, args.python))
+    finally:
+        net.destroy()
+
+
+def run_ssh(args) -> int:
+    """Nodes on the hostfile's hosts over ssh, after a preflight of every host."""
+    hosts = _read_hostfile(args.hostfile)
+    sched = _scheduler_index(hosts, args.scheduler_host)
+    if args.dry_run:
+        _print_dry_run(plan(args, hosts, args.port or NETNS_ROOT_PORT, sched), hosts)
+        return 0
+    port = ssh.preflight(hosts, args.python, args.workdir, kvstore_byteps.__version__, sched,
+                         args.port, args.ssh_args)
+    specs = plan(args, hosts, port, sched)
+    _say("%d hosts passed the preflight; scheduler on %s:%d; %s"
+         % (len(hosts), hosts[sched].address, port, "; ".join(describe_placement(specs, hosts))))
+    return _run_job(args, specs, ssh.SshStarter(hosts, args.python, args.workdir, args.ssh_args))
+
+
+def _raise_stopped(signum, _frame):
+    raise _Stopped(signal.Signals(signum).name)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Command-line entry point; returns the exit status."""
+    args = parse_args(argv)
+    run = {Launcher.LOCAL: run_local, Launcher.NETNS: run_netns, Launcher.SSH: run_ssh}[args.launcher]
+    # Until the job supervises (it handles these itself), a stop signal unwinds set-up cleanly,
+    # so a network half made is still removed.
+    previous = {s: signal.signal(s, _raise_stopped) for s in STOP_SIGNALS}
+    try:
+        return run(args)
+    except LaunchError as exc:
+        _say(str(exc))
+        return EXIT_SPAWN_FAILED
+    except _Stopped as exc:
+        _say("received %s during set-up; stopped" % exc)
+        return 128 + signal.Signals[str(exc)].value
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def console_main() -> None:
+    """The ``kvstore-byteps-launch`` console script."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    console_main()

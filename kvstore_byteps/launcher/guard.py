@@ -1,0 +1,121 @@
+"""Runs one node's command and ties its life to the launcher's: ``python -m kvstore_byteps.launcher.guard``.
+
+The launcher starts every node through this guard with a pipe as the guard's standard input and
+never writes to it. When the launcher dies, however it dies (SIGKILL included), the kernel closes
+the pipe; over ssh the remote sshd closes the channel when the ssh client dies. Either way the
+guard reads end-of-file and stops the node's whole process group (SIGTERM, then SIGKILL after a
+grace), so no scheduler, server or worker outlives its launcher, locally or on a remote host.
+The guard also forwards SIGTERM/SIGINT/SIGHUP to the group and exits with the node's status
+(128 + N for a node killed by signal N).
+
+    python -m kvstore_byteps.launcher.guard [--cwd DIR] [--path-prepend DIR] -- CMD [ARGS...]
+"""
+import argparse
+import ctypes
+import os
+import selectors
+import signal
+import subprocess
+import sys
+from typing import List, Mapping, Optional, Sequence
+
+KILL_GRACE_S = 3.0
+EXIT_CANNOT_START = 127
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the node (between fork and exec): get SIGKILL should the guard itself be SIGKILLed."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the stdin watch still covers the launcher
+        pass
+
+
+class Guard:
+    """One node's process group, its exit status, and the watch on the launcher's pipe."""
+
+    def __init__(self, argv: Sequence[str], cwd: Optional[str] = None,
+                 env: Optional[Mapping[str, str]] = None):
+        self.proc = subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                     start_new_session=True, preexec_fn=_die_with_parent)
+        self._stopping = False
+
+    def signal_group(self, signum: int) -> None:
+        """Signal the node's process group (it may outlive the node's first process)."""
+        try:
+            os.killpg(self.proc.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def stop(self, signum: int = signal.SIGTERM) -> None:
+        """Signal the group, and SIGKILL it if the node is still running after the grace."""
+        self.signal_group(signum)
+        try:
+            self.proc.wait(timeout=KILL_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.signal_group(signal.SIGKILL)
+            self.proc.wait()
+
+    def run(self, watch_fd: Optional[int]) -> int:
+        """Wait for the node or for end-of-file on ``watch_fd``; return the shell exit status."""
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(signum, lambda s, _f: self.signal_group(s))
+        selector = selectors.DefaultSelector()
+        if watch_fd is not None:
+            try:
+                selector.register(watch_fd, selectors.EVENT_READ)
+            except (ValueError, OSError):  # not a pipe/socket (e.g. a file): nothing to watch
+                watch_fd = None
+        while self.proc.poll() is None:
+            if watch_fd is not None and selector.select(timeout=0.2):
+                try:
+                    data = os.read(watch_fd, 4096)
+                except OSError:
+                    data = b""
+                if not data:  # the launcher is gone
+                    print("[guard] the launcher went away; stopping %s" % self.proc.args[0],
+                          file=sys.stderr, flush=True)
+                    self.stop()
+                    break
+            elif watch_fd is None:
+                try:
+                    self.proc.wait(timeout=0.2)
+                except subprocess.TimeoutExpired:
+                    pass
+        code = self.proc.wait()
+        self.signal_group(signal.SIGKILL)  # whatever the node left behind in its group
+        return 128 - code if code < 0 else code
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point; see the module docstring."""
+    parser = argparse.ArgumentParser(prog="python -m kvstore_byteps.launcher.guard",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cwd", help="run the node in this directory")
+    parser.add_argument("--path-prepend", metavar="DIR",
+                        help="put DIR first on PATH (the launcher's Python's bin directory)")
+    parser.add_argument("--no-watch", action="store_true",
+                        help="do not watch standard input for the launcher going away")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("missing the node's command")
+    env = None
+    if args.path_prepend:  # what activating a virtualenv does, so `python train.py` is ours
+        env = dict(os.environ, PATH=args.path_prepend + os.pathsep + os.environ.get("PATH", ""))
+    if args.cwd and not os.path.isdir(args.cwd):
+        print("[guard] cannot run %s: directory %s does not exist on this host"
+              % (command[0], args.cwd), file=sys.stderr, flush=True)
+        return EXIT_CANNOT_START
+    try:
+        guard = Guard(command, cwd=args.cwd, env=env)
+    except OSError as exc:
+        print("[guard] cannot start %s: %s" % (command[0], exc), file=sys.stderr, flush=True)
+        return EXIT_CANNOT_START
+    return guard.run(None if args.no_watch else sys.stdin.fileno())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

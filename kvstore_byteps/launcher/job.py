@@ -1,0 +1,262 @@
+"""Start the planned nodes, copy their output with a ``[role rank]`` prefix, decide the exit status.
+
+Every node runs under ``kvstore_byteps.launcher.guard`` with a pipe from us as its standard input
+(see guard.py): if this launcher dies, even by SIGKILL, every node stops. A ``NodeStarter`` says
+how a node's command line becomes a local process: directly, inside a network namespace, or
+through ssh. The first node that fails stops the job and its exit status becomes ours; so do
+Ctrl-C, SIGTERM, SIGHUP and the timeout.
+"""
+import ctypes
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from kvstore_byteps.config import Role
+
+from .plan import LaunchError, ProcSpec
+
+EXIT_SERVERS_LINGER = 1
+EXIT_SPAWN_FAILED = 127
+EXIT_TIMEOUT = 124
+POLL_INTERVAL_S = 0.05
+#: How long nodes get to exit after we close their pipes and SIGTERM them (the guard itself waits
+#: 3 s before its SIGKILL), before we SIGKILL what is left.
+STOP_GRACE_S = 5.0
+READER_JOIN_S = 5.0
+GUARD_MODULE = "kvstore_byteps.launcher.guard"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_PR_SET_PDEATHSIG = 1
+
+
+def guard_argv(python: str, argv: Sequence[str], cwd: Optional[str] = None,
+               path_prepend: Optional[str] = None) -> List[str]:
+    """``argv`` run under the guard by ``python``."""
+    prefix = [python, "-m", GUARD_MODULE]
+    if cwd:
+        prefix += ["--cwd", cwd]
+    if path_prepend:
+        prefix += ["--path-prepend", path_prepend]
+    return prefix + ["--"] + list(argv)
+
+
+class NodeStarter:
+    """How a node's spec becomes a local process. The default: the guard on this machine."""
+
+    def __init__(self, python: str = sys.executable):
+        self.python = python
+
+    def command(self, spec: ProcSpec, base_env: Mapping[str, str]) -> Tuple[List[str], Dict[str, str]]:
+        """The local argv and environment that start ``spec``."""
+        return guard_argv(self.python, spec.argv), {**base_env, **spec.env}
+
+    def where(self, spec: ProcSpec) -> str:
+        """Where the node runs, for messages."""
+        return "this machine"
+
+
+def exit_status(returncode: int) -> int:
+    """A child's return code as a shell exit status (killed by signal N -> 128 + N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def describe_exit(returncode: int) -> str:
+    """``exited with code 3`` / ``was killed by SIGKILL``."""
+    code = exit_status(returncode)
+    if returncode < 0 or code > 128:
+        try:
+            return "was killed by %s" % signal.Signals(code - 128).name
+        except ValueError:
+            pass
+    return "exited with code %d" % code
+
+
+def log_file_name(spec: ProcSpec) -> str:
+    """``scheduler.log``, ``server-1.log``, ``worker-0.log``."""
+    return spec.label.replace(" ", "-") + ".log"
+
+
+def _die_with_launcher() -> None:
+    # The guard gets SIGTERM when we die (it then stops its node); the pipe covers the rest.
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+class _Output:
+    """Copies a child's stream to ours line by line with a prefix (and to a log file, if any)."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, stream: IO[bytes], prefix: str, sink: IO[bytes], log: Optional[IO[bytes]]):
+        self._stream, self._prefix, self._sink, self._log = stream, prefix.encode(), sink, log
+        self.thread = threading.Thread(target=self._pump, name="output " + prefix, daemon=True)
+        self.thread.start()
+
+    def _pump(self) -> None:
+        for line in iter(self._stream.readline, b""):
+            if not line.endswith(b"\n"):
+                line += b"\n"
+            with self._lock:
+                try:
+                    self._sink.write(self._prefix + line)
+                    self._sink.flush()
+                except (OSError, ValueError):
+                    pass  # our stdout is gone (e.g. a closed pipe); keep draining the child's
+                if self._log is not None:
+                    try:
+                        self._log.write(line)
+                        self._log.flush()
+                    except (OSError, ValueError):
+                        pass
+        self._stream.close()
+
+
+class _Child:
+    """A started node: its local process (the guard, or ssh), in its own process group."""
+
+    def __init__(self, spec: ProcSpec, starter: NodeStarter, base_env: Mapping[str, str],
+                 log_dir: Optional[str]):
+        self.spec = spec
+        argv, env = starter.command(spec, base_env)
+        try:
+            self.proc = subprocess.Popen(
+                argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_launcher)
+        except OSError as exc:
+            raise LaunchError("cannot start %s (%s): %s"
+                              % (spec.label, shlex.join(argv), exc)) from None
+        self.log = open(os.path.join(log_dir, log_file_name(spec)), "wb") if log_dir else None
+        prefix = "[%s] " % spec.label
+        self.outputs = [_Output(self.proc.stdout, prefix, sys.stdout.buffer, self.log),
+                        _Output(self.proc.stderr, prefix, sys.stderr.buffer, self.log)]
+
+    @property
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def close_pipe(self) -> None:
+        """End-of-file on the guard's watch: it stops its node."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+
+    def signal_group(self, signum: int) -> None:
+        try:
+            os.killpg(self.proc.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class Job:
+    """Runs the planned nodes to completion and decides the exit status."""
+
+    def __init__(self, specs: Sequence[ProcSpec], starter: Optional[NodeStarter] = None,
+                 timeout: Optional[float] = None, grace: float = 30.0,
+                 base_env: Optional[Mapping[str, str]] = None, log_dir: Optional[str] = None,
+                 log: IO[str] = sys.stderr):
+        self._specs, self._timeout, self._grace = list(specs), timeout, grace
+        self._starter = starter or NodeStarter()
+        self._base_env = dict(os.environ if base_env is None else base_env)
+        self._log_dir = log_dir
+        self._log_stream = log
+        self._children: List[_Child] = []
+        self._signal: Optional[int] = None
+
+    def run(self) -> int:
+        """Start everything, wait for the outcome, stop whatever is left; return the exit status."""
+        previous = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
+        try:
+            if self._log_dir:
+                os.makedirs(self._log_dir, exist_ok=True)
+            self._start_all()
+            return self._supervise()
+        except (LaunchError, OSError) as exc:
+            self._log(str(exc))
+            return EXIT_SPAWN_FAILED
+        finally:
+            self._stop_all()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, signum, _frame) -> None:
+        self._signal = signum  # acted on by the supervising loop, never mid-cleanup
+
+    def _log(self, text: str) -> None:
+        print("[launch] " + text, file=self._log_stream, flush=True)
+
+    def _start_all(self) -> None:
+        for spec in self._specs:
+            if self._signal is not None:
+                return
+            self._children.append(_Child(spec, self._starter, self._base_env, self._log_dir))
+
+    def _supervise(self) -> int:
+        started = time.monotonic()
+        workers_done_at = None
+        while True:
+            now = time.monotonic()
+            if self._signal is not None:
+                self._log("received %s; stopping all processes" % signal.Signals(self._signal).name)
+                return 128 + self._signal
+            failed = next((c for c in self._children if c.proc.poll() not in (None, 0)), None)
+            if failed is not None:
+                code = failed.proc.returncode
+                self._log("%s (on %s) %s; stopping all processes"
+                          % (failed.spec.label, self._starter.where(failed.spec), describe_exit(code)))
+                return exit_status(code)
+            running = [c for c in self._children if c.running]
+            if not running:
+                return 0
+            if not any(c.spec.role is Role.WORKER for c in running):
+                workers_done_at = workers_done_at or now
+                if now - workers_done_at > self._grace:
+                    self._log("%s did not exit within %g s after the workers finished; killing"
+                              % (_labels(running), self._grace))
+                    return EXIT_SERVERS_LINGER
+            if self._timeout is not None and now - started > self._timeout:
+                self._log("timed out after %g s; still running: %s; stopping all processes"
+                          % (self._timeout, _labels(running)))
+                return EXIT_TIMEOUT
+            time.sleep(POLL_INTERVAL_S)
+
+    def _stop_all(self) -> None:
+        """Pipes closed and SIGTERM to every group, SIGKILL what is left after a grace, reap."""
+        alive = [c for c in self._children if c.running]
+        for child in self._children:
+            child.close_pipe()
+            child.signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while any(c.running for c in alive) and time.monotonic() < deadline:
+            time.sleep(POLL_INTERVAL_S)
+        stubborn = [c for c in alive if c.running]
+        if stubborn:
+            self._log("%s still running %g s after SIGTERM; sending SIGKILL"
+                      % (_labels(stubborn), STOP_GRACE_S))
+        for child in self._children:
+            child.signal_group(signal.SIGKILL)
+        for child in self._children:
+            try:
+                child.proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                self._log("%s (pid %d) survived SIGKILL" % (child.spec.label, child.proc.pid))
+        self._join_outputs()
+
+    def _join_outputs(self) -> None:
+        # A grandchild that inherited a pipe could hold it open forever: join with a deadline.
+        deadline = time.monotonic() + READER_JOIN_S
+        for child in self._children:
+            for output in child.outputs:
+                output.thread.join(max(0.0, deadline - time.monotonic()))
+            if child.log is not None:
+                child.log.close()
+
+
+def _labels(children: Sequence[_Child]) -> str:
+    return ", ".join(c.spec.label for c in children)
