@@ -87,6 +87,15 @@ def test_garbage_negative_varints_survive():
     assert decode_meta(vectors.read("05_add_node_reply.meta.bin")).control.nodes[-1].customer_id < 0
 
 
+def test_rank_hint_rides_on_the_node_and_is_optional():
+    asked = Node(Role.WORKER, hostname="198.18.0.3", port=4000, rank_hint=3)
+    msg = control_message(Command.ADD_NODE, 1, nodes=[asked, Node(Role.SERVER, port=1)])
+    decoded = decode_meta(encode_meta(msg.meta)).control.nodes
+    assert decoded[0].rank_hint == 3 and decoded[1].rank_hint is None
+    plain = control_message(Command.ADD_NODE, 1, nodes=[Node(Role.SERVER, port=1)])
+    assert b"\xa0\x06" not in encode_meta(plain.meta)  # field 100 absent unless asked
+
+
 def test_extension_fields_round_trip_and_are_optional():
     meta = Meta(head=0, app_id=0, timestamp=2, extra={"error": "bad key", "round": 5})
     decoded = decode_meta(encode_meta(meta))

@@ -39,8 +39,10 @@ def test_b_our_kv_worker_beside_upstream_nodes(ours_rank):
     with Cluster(num_workers=2, num_servers=1) as cluster:
         cluster.start("scheduler", UPSTREAM)
         cluster.start("server", UPSTREAM)
+        # Our worker also asks for the other rank (DMLC_WORKER_ID, a BytePS extension field of
+        # the ADD_NODE): upstream's scheduler must skip the field and keep its own order.
         cluster.start("worker", app("kv_worker.py", "--keys", "3"), name="ours",
-                      env={"PORT": str(ours_port)})
+                      env={"PORT": str(ours_port), "DMLC_WORKER_ID": str(1 - ours_rank)})
         cluster.start("worker", app("upstream_worker.py", "3"), name="upstream",
                       env={"PORT": str(theirs_port)})
         results = cluster.wait_all(120)

@@ -45,6 +45,8 @@ def forbidden(module):
         return ["kvstore_byteps.server", "mxnet_patch", "mxnet"]
     if module.startswith("kvstore_byteps.server"):
         return ["kvstore_byteps.engine", "mxnet_patch"]
+    if module.startswith("kvstore_byteps.launcher"):
+        return ours_below + ["mxnet", "zmq"]
     return []
 
 
@@ -69,10 +71,15 @@ def test_module_respects_layers(module, path):
 
 
 def test_launcher_uses_only_config():
-    ours = {n for n in imported("launch", os.path.join(ROOT, "launch.py"))
-            if n.startswith(("kvstore_byteps", "mxnet_patch"))}
-    assert ours <= {"kvstore_byteps.config", "kvstore_byteps.config.Config",
-                    "kvstore_byteps.config.Env", "kvstore_byteps.config.Role"}, ours
+    """launch.py is the installed launcher; the launcher knows config and nothing else of ours."""
+    script = {n for n in imported("launch", os.path.join(ROOT, "launch.py"))
+              if n.startswith(("kvstore_byteps", "mxnet_patch"))}
+    assert script == {"kvstore_byteps.launcher.cli", "kvstore_byteps.launcher.cli.main"}, script
+    allowed = ("kvstore_byteps.config", "kvstore_byteps.launcher")
+    for module, path in CASES:
+        if module.startswith("kvstore_byteps.launcher"):
+            ours = {n for n in imported(module, path) if n.startswith("kvstore_byteps.")}
+            assert all(n.startswith(allowed) for n in ours), (module, ours)
 
 
 def test_zmq_imported_in_one_module_only():

@@ -45,6 +45,25 @@ def test_ids_match_upstream_capture():
     assert [(n.port, n.id) for n in assign_ids(nodes)] == [(39431, 9), (43905, 8), (58517, 11)]
 
 
+def test_workers_asking_for_ranks_get_them():
+    # our workers send DMLC_WORKER_ID; the sort order would give 10.0.0.9 rank 0
+    nodes = [Node(Role.WORKER, hostname="10.0.0.1", port=5, rank_hint=0),
+             Node(Role.WORKER, hostname="10.0.0.9", port=5, rank_hint=1),
+             node(Role.SERVER, "10.0.0.1", 6), node(Role.SERVER, "10.0.0.9", 6)]
+    ids = {(n.role, n.hostname): n.id for n in assign_ids(nodes)}
+    assert ids[(Role.WORKER, "10.0.0.1")] == 9 and ids[(Role.WORKER, "10.0.0.9")] == 11
+    assert ids[(Role.SERVER, "10.0.0.9")] == 8  # servers ask nothing: upstream's order
+
+
+@pytest.mark.parametrize("hints", [(0, None), (0, 0), (1, 2)])
+def test_partial_duplicate_or_out_of_range_rank_requests_fall_back_to_upstream_order(hints):
+    # e.g. an upstream worker (no hint) beside ours, or two workers launched with the same id
+    nodes = [Node(Role.WORKER, hostname="10.0.0.1", port=5, rank_hint=hints[0]),
+             Node(Role.WORKER, hostname="10.0.0.9", port=5, rank_hint=hints[1])]
+    ids = {n.hostname: n.id for n in assign_ids(nodes)}
+    assert ids == {"10.0.0.9": 9, "10.0.0.1": 11}
+
+
 def test_group_members_order():
     assert group_members(7, 2, 2) == [9, 11, 8, 10, 1]
     assert group_members(4, 3, 1) == [9, 11, 13]

@@ -54,6 +54,9 @@ class Guard:
         try:
             self.proc.wait(timeout=KILL_GRACE_S)
         except subprocess.TimeoutExpired:
+            print("[guard] %s still running %g s after %s; sending SIGKILL"
+                  % (self.proc.args[0], KILL_GRACE_S, signal.Signals(signum).name),
+                  file=sys.stderr, flush=True)
             self.signal_group(signal.SIGKILL)
             self.proc.wait()
 
@@ -74,7 +77,8 @@ class Guard:
                 except OSError:
                     data = b""
                 if not data:  # the launcher is gone
-                    print("[guard] the launcher went away; stopping %s" % self.proc.args[0],
+                    print("[guard] the launcher stopped or went away; stopping %s"
+                          % self.proc.args[0],
                           file=sys.stderr, flush=True)
                     self.stop()
                     break
