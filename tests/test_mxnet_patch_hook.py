@@ -110,3 +110,26 @@ def test_route_of_a_byteps_server_validates_the_whole_environment(monkeypatch):
     monkeypatch.setenv("BYTEPS_PARTITION_BYTES", "lots")
     with pytest.raises(ConfigError, match="BYTEPS_PARTITION_BYTES='lots'"):
         _startup_hook._route()
+
+
+@pytest.mark.timeout(420)
+def test_editable_install_registers_dist_byteps_too(tmp_path):
+    """A contributor's ``pip install -e .`` gets the start-up hook and the launcher, as a user's."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    python, launcher = str(venv / "bin" / "python"), str(venv / "bin" / "kvstore-byteps-launch")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ROUTING_VARS + ("PYTHONPATH", "VIRTUAL_ENV")}
+    install = subprocess.run([python, "-m", "pip", "install", "--quiet", "-e", ROOT, "numpy<1.24"],
+                             capture_output=True, text=True, timeout=360, env=env)
+    assert install.returncode == 0, install.stdout + install.stderr
+    probe = ("import mxnet as mx\n"
+             "kv = mx.kv.create('dist_byteps')\n"
+             "import mxnet_patch\n"
+             "print(type(kv).__module__, type(kv).__name__, kv.type, mxnet_patch.__file__)\n")
+    # A one-worker job started by the editable install's own launcher, outside the checkout.
+    job = subprocess.run([launcher, "-n", "1", "--timeout", "120", python, "-c", probe],
+                         cwd=str(tmp_path), capture_output=True, text=True, timeout=150, env=env)
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert "[worker 0] mxnet_patch.kvstore KVStoreBytePS dist_sync_byteps %s" % os.path.join(
+        ROOT, "mxnet_patch", "__init__.py") in job.stdout, job.stdout + job.stderr
