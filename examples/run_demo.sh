@@ -14,8 +14,8 @@ fi
 # numpy<1.24 in the same command: MXNet 1.9.1 breaks on newer numpy, so pip must never upgrade it.
 .venv/bin/python -m pip install --quiet ".[examples]" "numpy<1.24"
 export PATH="$PWD/.venv/bin:$PATH"
-# Our scheduler and our BytePS servers; "$@" comes after --server, so `--server mxnet` (upstream
-# MXNet's C++ servers) overrides it.
+# Our scheduler and our BytePS servers (the launcher's defaults); "$@" may change that, e.g.
+# `--server mxnet` (upstream MXNet's C++ servers) or `--launcher netns` (an emulated network).
 # shellcheck disable=SC2086  # DEMO_ARGS is a list of options
-exec python launch.py -n 2 -s 2 --server byteps --timeout 600 "$@" \
+exec python launch.py -n 2 -s 2 --timeout 600 "$@" \
     python examples/train_digits.py ${DEMO_ARGS:-}

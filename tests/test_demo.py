@@ -12,7 +12,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ACCURACY = re.compile(r"^\[worker \d\] \[digits\] final test accuracy ([0-9.]+) after 2 epochs",
+ACCURACY = re.compile(r"^\[worker 0\] \[digits\] final test accuracy ([0-9.]+) after 2 epochs",
                       re.MULTILINE)
 # After 2 epochs the demo reaches ~0.95 (deterministic seeds); 0.9 leaves room, while a broken
 # gradient sum (zeros, or garbage) stays far below it. One worker's gradients only would still

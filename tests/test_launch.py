@@ -346,3 +346,26 @@ def test_console_script_is_the_same_launcher():
     assert done.returncode == 0, done.stderr
     assert [line.split("]")[0] + "]" for line in done.stdout.splitlines()] == [
         "[scheduler]", "[server 0]", "[server 1]", "[worker 0]", "[worker 1]"]
+
+
+STORE_PROBE = "import mxnet as mx; kv = mx.kv.create('dist_byteps'); print('rank', kv.rank)"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("server, says", [
+    ("byteps", "2 BytePS servers (the BytePS data path)"),
+    ("mxnet", "2 MXNet's own servers (MXNet's key layout, no BytePS data path)"),
+])
+def test_rank_0_says_what_it_talks_to_and_workers_honour_ps_verbose(spawn, server, says):
+    argv = [sys.executable, os.path.join(ROOT, "launch.py"), "-n", "2", "--server", server,
+            "--timeout", "90", "--env", "PS_VERBOSE=1", sys.executable, "-c", STORE_PROBE]
+    proc = spawn(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, _ = proc.communicate(timeout=100)
+    assert proc.returncode == 0, out
+    assert "[worker 0] [kvstore_byteps] dist_byteps: 2 workers, %s; van zmq; partitions of " \
+           "4096000 bytes; credit " % says in out
+    assert out.count("[kvstore_byteps] dist_byteps:") == 1  # rank 0 only
+    # the prefix is the rank the scheduler gave (DMLC_WORKER_ID is honoured by our scheduler)
+    assert "[worker 0] rank 0" in out and "[worker 1] rank 1" in out
+    assert re.search(r"\[worker 1\] .* \[worker\] INFO kvstore_byteps\.engine\.worker: worker "
+                     r"rank 1 of 2 talks to %s servers" % server, out), out
