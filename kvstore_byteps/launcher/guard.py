@@ -24,6 +24,15 @@ EXIT_CANNOT_START = 127
 _PR_SET_PDEATHSIG = 1
 
 
+def _say(text: str) -> None:
+    """A guard message on stderr, best effort: when the launcher is gone, so is the pipe our
+    stderr goes to, and the guard must still stop its node (a BrokenPipeError must not win)."""
+    try:
+        print("[guard] " + text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
 def _die_with_parent() -> None:
     """In the node (between fork and exec): get SIGKILL should the guard itself be SIGKILLed."""
     try:
@@ -54,9 +63,8 @@ class Guard:
         try:
             self.proc.wait(timeout=KILL_GRACE_S)
         except subprocess.TimeoutExpired:
-            print("[guard] %s still running %g s after %s; sending SIGKILL"
-                  % (self.proc.args[0], KILL_GRACE_S, signal.Signals(signum).name),
-                  file=sys.stderr, flush=True)
+            _say("%s still running %g s after %s; sending SIGKILL"
+                 % (self.proc.args[0], KILL_GRACE_S, signal.Signals(signum).name))
             self.signal_group(signal.SIGKILL)
             self.proc.wait()
 
@@ -70,6 +78,16 @@ class Guard:
                 selector.register(watch_fd, selectors.EVENT_READ)
             except (ValueError, OSError):  # not a pipe/socket (e.g. a file): nothing to watch
                 watch_fd = None
+        try:
+            self._watch(selector, watch_fd)
+        finally:
+            if self.proc.poll() is None:  # the guard itself failed: never leave the node behind
+                self.signal_group(signal.SIGKILL)
+        code = self.proc.wait()
+        self.signal_group(signal.SIGKILL)  # whatever the node left behind in its group
+        return 128 - code if code < 0 else code
+
+    def _watch(self, selector, watch_fd: Optional[int]) -> None:
         while self.proc.poll() is None:
             if watch_fd is not None and selector.select(timeout=0.2):
                 try:
@@ -77,19 +95,14 @@ class Guard:
                 except OSError:
                     data = b""
                 if not data:  # the launcher is gone
-                    print("[guard] the launcher stopped or went away; stopping %s"
-                          % self.proc.args[0],
-                          file=sys.stderr, flush=True)
+                    _say("the launcher stopped or went away; stopping %s" % self.proc.args[0])
                     self.stop()
-                    break
+                    return
             elif watch_fd is None:
                 try:
                     self.proc.wait(timeout=0.2)
                 except subprocess.TimeoutExpired:
                     pass
-        code = self.proc.wait()
-        self.signal_group(signal.SIGKILL)  # whatever the node left behind in its group
-        return 128 - code if code < 0 else code
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -110,13 +123,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.path_prepend:  # what activating a virtualenv does, so `python train.py` is ours
         env = dict(os.environ, PATH=args.path_prepend + os.pathsep + os.environ.get("PATH", ""))
     if args.cwd and not os.path.isdir(args.cwd):
-        print("[guard] cannot run %s: directory %s does not exist on this host"
-              % (command[0], args.cwd), file=sys.stderr, flush=True)
+        _say("cannot run %s: directory %s does not exist on this host" % (command[0], args.cwd))
         return EXIT_CANNOT_START
     try:
         guard = Guard(command, cwd=args.cwd, env=env)
     except OSError as exc:
-        print("[guard] cannot start %s: %s" % (command[0], exc), file=sys.stderr, flush=True)
+        _say("cannot start %s: %s" % (command[0], exc))
         return EXIT_CANNOT_START
     return guard.run(None if args.no_watch else sys.stdin.fileno())
 
