@@ -86,7 +86,7 @@ class Env:
     TRACE_DIR = "BYTEPS_TRACE_DIR"
 
 
-KEY_HASH_FNS = ("djb2", "sdbm", "built_in", "mixed")
+KEY_HASH_FNS = ("balanced", "djb2", "sdbm", "built_in", "mixed")
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
 
 
@@ -120,7 +120,7 @@ class Config:
     scheduling_credit: int = 4
     server_engine_threads: int = 4
     enable_async: bool = False
-    key_hash_fn: str = "djb2"
+    key_hash_fn: str = "balanced"
     log_level: str = "WARNING"
     trace_on: bool = False
     trace_start_step: int = 10
@@ -159,7 +159,7 @@ class Config:
             scheduling_credit=env.get(Env.SCHEDULING_CREDIT, _positive_int, 4),
             server_engine_threads=env.get(Env.SERVER_ENGINE_THREAD, _positive_int, 4),
             enable_async=env.flag(Env.ENABLE_ASYNC, False),
-            key_hash_fn=env.get(Env.KEY_HASH_FN, _choice(KEY_HASH_FNS), "djb2"),
+            key_hash_fn=env.get(Env.KEY_HASH_FN, _choice(KEY_HASH_FNS), "balanced"),
             log_level=env.get(Env.LOG_LEVEL, _choice(LOG_LEVELS), "WARNING"),
             trace_on=env.flag(Env.TRACE_ON, False),
             trace_start_step=env.get(Env.TRACE_START_STEP, _nonnegative_int, 10),

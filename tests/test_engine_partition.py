@@ -56,6 +56,51 @@ def test_placement_balances_partitions(key_hash):
     assert max(counts.values()) < 1.5 * min(counts.values())
 
 
+RESNET50_SHAPES = Path(__file__).parent / "data" / "resnet50_v1_shapes.json"
+
+
+def _busiest_share(key_hash, servers):
+    """Bytes on the busiest server / the mean, over ResNet-50's 193 gradient tensors."""
+    import json
+    import numpy as np
+    load = [0] * servers
+    partitioner = partition.Partitioner(Config(key_hash_fn=key_hash.value, num_servers=servers,
+                                               num_workers=4))
+    for key, shape in enumerate(json.loads(RESNET50_SHAPES.read_text())):
+        for part in partitioner.plan(key, int(np.prod(shape)) * 4, 4).partitions:
+            load[part.server] += part.nbytes
+    return max(load) / (sum(load) / servers)
+
+
+def test_balanced_placement_evens_out_resnet50_where_hashes_do_not():
+    # the busiest server's link bounds a step: djb2 leaves it 26% over its fair share
+    assert _busiest_share(KeyHash.DJB2, 4) == pytest.approx(1.26, abs=0.005)
+    assert _busiest_share(KeyHash.SDBM, 4) == pytest.approx(1.10, abs=0.005)
+    assert _busiest_share(KeyHash.BALANCED, 4) < 1.05
+    assert _busiest_share(KeyHash.BALANCED, 2) < 1.04
+
+
+def test_balanced_placement_follows_the_running_totals_across_keys():
+    partitioner = partition.Partitioner(Config(key_hash_fn="balanced", num_servers=3,
+                                               partition_bytes=100))
+    servers = lambda key, nbytes: [p.server for p in partitioner.plan(key, nbytes, 4).partitions]
+    assert servers(0, 240) == [0, 1, 2]      # 100, 100, 40: ties go to the lowest rank
+    assert servers(1, 40) == [2]             # server 2 holds the fewest bytes (40)
+    assert servers(2, 0) == [2]              # an empty tensor still gets a partition (80)
+    assert servers(3, 100) == [2]            # 80 < 100
+    assert servers(0, 240) == [0, 1, 2]      # a known key keeps its plan; totals unchanged
+    assert servers(5, 8) == [0]              # 100, 100, 180
+    plan = partitioner.plan(4, 20, 4)
+    assert partition.decode_ps_key(plan.partitions[0].ps_key, 3) == (plan.partitions[0].server,
+                                                                     4, 0)
+
+
+def test_balanced_is_the_default_and_not_a_hash():
+    assert Config().key_hash_fn == "balanced"
+    with pytest.raises(ValueError, match="balanced placement"):
+        keyhash.server_for_key(1, 2, KeyHash.BALANCED)
+
+
 def test_mixed_mode_gives_dedicated_servers_the_larger_share():
     counts = collections.Counter(
         keyhash.server_for_key((key << 16) | index, 6, KeyHash.MIXED, num_workers=4)

@@ -9,11 +9,12 @@ pytestmark = pytest.mark.timeout(120)
 SERVER_KNOB = [sys.executable, "-c", "import mxnet"]
 
 
-def run_checks(mode, *args, env=None, timeout=90, expect_ok=True):
+def run_checks(mode, *args, env=None, timeout=90, expect_ok=True, servers=1):
     env = dict({"MXNET_KVSTORE_SERVER": "byteps"}, **(env or {}))
-    with Cluster(num_workers=2, num_servers=1, env=env) as cluster:
+    with Cluster(num_workers=2, num_servers=servers, env=env) as cluster:
         cluster.start("scheduler", SCHEDULER_OURS)
-        cluster.start("server", SERVER_KNOB)
+        for _ in range(servers):
+            cluster.start("server", SERVER_KNOB)
         workers = [cluster.start("worker", app("byteps_checks.py", mode, *args))
                    for _ in range(2)]
         if expect_ok:
@@ -50,6 +51,17 @@ def test_workers_disagreeing_on_a_shape_get_an_error_naming_the_key():
     for name, (code, out) in results.items():
         assert code == 3, "%s exited %s:\n%s" % (name, code, out)
         assert "ERROR rank" in out and "key 5" in out, out
+
+
+def test_workers_initialising_keys_in_different_orders_are_told_why():
+    # balanced placement follows the initialisation order; rank 1 reverses it, so it looks for
+    # the partitions on the wrong servers: a clear error at init, never a hang or a wrong sum
+    results = run_checks("init-order", env={"BYTEPS_REQUEST_TIMEOUT": "10"}, servers=2,
+                         timeout=60, expect_ok=False)
+    code, out = results["worker1"] if "ERROR rank 1" in results["worker1"][1] else \
+        results["worker0"]
+    assert code == 3 and "ERROR rank 1" in out, results
+    assert "same order" in out and "BYTEPS_KEY_HASH_FN" in out, out
 
 
 def test_module_fit_over_dist_byteps_keeps_workers_identical():

@@ -30,8 +30,10 @@ MIXED_MODE_BOUND = 101
 
 
 class KeyHash(enum.Enum):
-    """The choices of ``BYTEPS_KEY_HASH_FN``."""
+    """The choices of ``BYTEPS_KEY_HASH_FN``. ``balanced`` is not a hash: it places by bytes
+    (see :class:`kvstore_byteps.engine.partition.Partitioner`); the others are BytePS's."""
 
+    BALANCED = "balanced"
     DJB2 = "djb2"
     SDBM = "sdbm"
     BUILT_IN = "built_in"
@@ -128,5 +130,8 @@ def server_for_key(key: int, num_servers: int, key_hash: KeyHash = KeyHash.DJB2,
         raise ValueError("num_servers must be positive, got %d" % num_servers)
     if key_hash is KeyHash.MIXED:
         return mixed_mode_server(key, num_servers, num_workers)
+    if key_hash is KeyHash.BALANCED:
+        raise ValueError("balanced placement depends on the bytes placed before; use a "
+                         "Partitioner, not a hash of the key")
     function = {KeyHash.DJB2: djb2, KeyHash.SDBM: sdbm, KeyHash.BUILT_IN: builtin_hash}[key_hash]
     return function(key) % num_servers

@@ -232,7 +232,16 @@ class WorkerEngine:
             for request in requests:
                 self._wait(request, "initialising %s" % layout.name)
         self.po.barrier(WORKER_GROUP, timeout=self.config.request_timeout)
-        stored = self._pull_all(layout)
+        try:
+            stored = self._pull_all(layout)
+        except PeerError as exc:
+            if self.flavor is not ServerFlavor.BYTEPS or self.config.key_hash_fn != "balanced":
+                raise
+            raise PeerError("%s. The servers do not hold this worker's partitions of %s where "
+                            "it placed them: with BYTEPS_KEY_HASH_FN=balanced (the default) "
+                            "every worker must initialise its keys in the same order, as "
+                            "gluon's Trainer and Module do; or choose a hash placement (djb2)"
+                            % (exc, layout.name)) from exc
         for target in out or ():
             np.copyto(target.reshape(-1).view(np.uint8), stored)
         return stored.view(layout.dtype).reshape(layout.shape)

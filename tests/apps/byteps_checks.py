@@ -88,6 +88,19 @@ def check_mismatch(kv):
     return 0
 
 
+def check_init_order(kv):
+    """Workers initialising keys in different orders: balanced placement differs; say so."""
+    keys = [(1, (1024,)), (2, (100,))]
+    try:
+        for key, shape in (keys if kv.rank == 0 else keys[::-1]):
+            kv.init(key, mx.nd.zeros(shape))
+    except Exception as exc:
+        print("ERROR rank %d: %s: %s" % (kv.rank, type(exc).__name__, exc), flush=True)
+        return 3
+    print("no error on rank %d" % kv.rank)
+    return 0
+
+
 def main():
     mode = sys.argv[1]
     kv = mx.kv.create("dist_byteps")
@@ -97,6 +110,8 @@ def main():
         check_priority(kv, sys.argv[2])
     elif mode == "uninitialised":
         check_uninitialised(kv)
+    elif mode == "init-order":
+        return check_init_order(kv)
     else:
         return check_mismatch(kv)
     return 0
