@@ -4,6 +4,7 @@
     python benchmarks/bench_pushpull.py                     # every case and topology (~10 min)
     python benchmarks/bench_pushpull.py --quick             # small sizes, a smoke run
     python benchmarks/bench_pushpull.py --cases resnet50 --topologies 2x2 --iters 5
+    python benchmarks/bench_pushpull.py --network netns     # emulated 1 Gbit/s links (root)
 
 For each case and topology (workers x servers) the same worker script
 (``benchmarks/_pushpull_worker.py``) runs twice through ``launch.py`` on 127.0.0.1 over TCP
@@ -12,6 +13,14 @@ For each case and topology (workers x servers) the same worker script
 * ``kvstore=dist_sync`` with MXNet's scheduler and C++ servers (``--scheduler mxnet --server mxnet``);
 * ``kvstore=dist_byteps`` with our scheduler and our servers (``--server byteps-knob``), or with
   MXNet's servers if ours do not answer the BytePS probe (said in the output).
+
+With ``--network netns`` every node runs on a host of its own in the launcher's emulated network
+(``launch.py --launcher netns``: network namespaces, links shaped to ``--link-rate`` in both
+directions), default topologies 4x4 and 4x2. The link's real TCP rate is measured in the same
+run, and each row also gives the link bound of a parameter server and each side's fraction of
+it: a worker sends and receives the model size S per step (full duplex), so the bound is
+S / rate with at least as many servers as workers, and W x S / (servers x rate), a server's
+link, otherwise.
 
 Cases: ``resnet50`` (the gradient set of gluon's resnet50_v1, 193 arrays, 102.3 MB fp32),
 ``big`` (one 100 MB tensor), ``small`` (1000 tensors of 4 KB). The time of one iteration is the
@@ -47,12 +56,19 @@ class Case:
     warmup: int
     iters: int
     target: float       # the issue's target ratio on a 2-core machine
+    quick_label: str = ""
+
+    def title(self, quick: bool) -> str:
+        """The row label: with --quick, what was really sent."""
+        return self.quick_label if quick else self.label
 
 
 CASES = {c.name: c for c in (
-    Case("resnet50", "(a) ResNet-50 grads", warmup=3, iters=20, target=2.0),
-    Case("big", "(b) 1 x 100 MB", warmup=3, iters=20, target=2.5),
-    Case("small", "(c) 1000 x 4 KB", warmup=5, iters=30, target=3.0),
+    Case("resnet50", "(a) ResNet-50 grads", warmup=3, iters=20, target=2.0,
+         quick_label="(a) ResNet-50's first 40 grads"),
+    Case("big", "(b) 1 x 100 MB", warmup=3, iters=20, target=2.5, quick_label="(b) 1 x 4 MB"),
+    Case("small", "(c) 1000 x 4 KB", warmup=5, iters=30, target=3.0,
+         quick_label="(c) 100 x 4 KB"),
 )}
 
 
@@ -96,11 +112,15 @@ def child_env() -> Dict[str, str]:
     return env
 
 
+#: launch.py options of the network the jobs run on (set by main from --network).
+NETWORK_OPTIONS: List[str] = []
+
+
 def launch(workers: int, servers: int, kvstore: str, server: str, shapes_file: str,
            warmup: int, iters: int, mode: str, timeout: float) -> Tuple[int, str]:
     """Run one job through launch.py; returns (exit status, combined output)."""
     scheduler = "mxnet" if kvstore == "dist_sync" else "byteps"
-    argv = [sys.executable, LAUNCH, "-n", str(workers), "-s", str(servers),
+    argv = [sys.executable, LAUNCH, "-n", str(workers), "-s", str(servers), *NETWORK_OPTIONS,
             "--scheduler", scheduler, "--server", server, "--timeout", str(timeout),
             "--grace", "20", sys.executable, WORKER, "--kvstore", kvstore,
             "--shapes", shapes_file, "--warmup", str(warmup), "--iters", str(iters),
@@ -193,8 +213,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", type=parse_cases, default=list(CASES.values()),
                    help="comma list of %s (default all)" % ",".join(CASES))
-    p.add_argument("--topologies", type=parse_topologies, default=parse_topologies(
-        "1x1,1x2,2x1,2x2"), help="comma list of WORKERSxSERVERS (default 1x1,1x2,2x1,2x2)")
+    p.add_argument("--topologies", type=parse_topologies,
+                   help="comma list of WORKERSxSERVERS (default 1x1,1x2,2x1,2x2 on loopback, "
+                        "4x4,4x2 on netns)")
+    p.add_argument("--network", choices=["loopback", "netns"], default="loopback",
+                   help="loopback: 127.0.0.1 (default); netns: the launcher's emulated network "
+                        "(root), every node on its own host")
+    p.add_argument("--link-rate", default="1gbit",
+                   help="netns: link rate in each direction (default 1gbit)")
     p.add_argument("--iters", type=int, help="timed iterations (default: per case, 20-30)")
     p.add_argument("--warmup", type=int, help="warm-up iterations (default: per case, 3-5)")
     p.add_argument("--repeats", type=int,
@@ -211,6 +237,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--byteps-server", choices=["auto", "byteps-knob", "mxnet"], default="auto",
                    help="servers for dist_byteps (auto: ours if they answer the probe)")
     args = p.parse_args(argv)
+    if args.topologies is None:
+        args.topologies = parse_topologies("4x4,4x2" if args.network == "netns"
+                                           else "1x1,1x2,2x1,2x2")
     if args.repeats is None:
         args.repeats = 1 if args.quick else 2
     if args.repeats < 1:
@@ -245,20 +274,34 @@ def ratio(upstream: Run, ours: Run) -> Optional[float]:
     return upstream.median_s / ours.median_s
 
 
-def table(rows) -> str:
-    """Markdown table of (case, workers, servers, bytes, upstream Run, byteps Run) rows."""
-    lines = ["| case | MB | workers | servers | upstream ms/iter | byteps ms/iter | ratio "
-             "| upstream GB/s | byteps GB/s |", "|---|---|---|---|---|---|---|---|---|"]
+def link_bound_s(nbytes: int, workers: int, servers: int, rate: float) -> float:
+    """Seconds per step a parameter server needs at least, links of ``rate`` bytes/s (full
+    duplex): each worker sends and receives ``nbytes``; the servers' links share W x nbytes."""
+    return nbytes * max(1.0, workers / servers) / rate
+
+
+def table(rows, quick: bool = False, rate: Optional[float] = None) -> str:
+    """Markdown table of (case, workers, servers, bytes, upstream Run, byteps Run) rows; with
+    a measured link ``rate`` (bytes/s) also the link bound and each side's fraction of it."""
+    head = ["case", "MB", "workers", "servers", "upstream ms/iter", "byteps ms/iter", "ratio",
+            "upstream GB/s", "byteps GB/s"]
+    if rate:
+        head += ["link bound ms", "upstream % of bound", "byteps % of bound"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for case, w, s, nbytes, up, ours in rows:
         r = ratio(up, ours)
-        rate = ["%.2f" % (nbytes / x.median_s / 1e9) if x.median_s else "-" for x in (up, ours)]
-        lines.append("| %s | %.1f | %d | %d | %s | %s | %s | %s | %s |" % (
-            case.label, nbytes / 1e6, w, s, fmt_ms(up), fmt_ms(ours), "-" if r is None else "%.2fx" % r,
-            rate[0], rate[1]))
+        speed = ["%.2f" % (nbytes / x.median_s / 1e9) if x.median_s else "-" for x in (up, ours)]
+        cells = [case.title(quick), "%.1f" % (nbytes / 1e6), str(w), str(s), fmt_ms(up),
+                 fmt_ms(ours), "-" if r is None else "%.2fx" % r] + speed
+        if rate:
+            bound = link_bound_s(nbytes, w, s, rate)
+            cells += ["%.1f" % (bound * 1e3)] + [
+                "%.0f%%" % (100 * bound / x.median_s) if x.median_s else "-" for x in (up, ours)]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def plot(rows, path: str) -> None:
+def plot(rows, path: str, quick: bool = False, network: str = "loopback TCP") -> None:
     """Bar plot of the ratios, one group per case, one bar per topology."""
     import matplotlib
     matplotlib.use("Agg")
@@ -280,9 +323,9 @@ def plot(rows, path: str) -> None:
                   linestyles="dashed", linewidth=1)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([i + width * (len(topos) - 1) / 2 for i in range(len(cases))])
-    ax.set_xticklabels(["%s\n(target %gx)" % (c.label, c.target) for c in cases])
+    ax.set_xticklabels(["%s\n(target %gx)" % (c.title(quick), c.target) for c in cases])
     ax.set_ylabel("upstream dist_sync time / dist_byteps time")
-    ax.set_title("push/pull, loopback TCP (> 1: dist_byteps faster)")
+    ax.set_title("push/pull, %s (> 1: dist_byteps faster)" % network)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -294,9 +337,12 @@ def write_json(rows, path: str, byteps_server: str, args) -> None:
     data = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(),
             "load_before_after": args.loads,
             "command": " ".join(sys.argv), "byteps_server": byteps_server, "quick": args.quick,
-            "repeats": args.repeats,
+            "repeats": args.repeats, "network": args.network,
+            "link_rate_bytes_per_s": args.measured_rate, "gloo_allreduce": args.gloo_note,
             "runs": [{"case": c.name, "workers": w, "servers": s, "bytes": b,
-                      "upstream": dataclasses.asdict(u), "byteps": dataclasses.asdict(o)}
+                      "upstream": dataclasses.asdict(u), "byteps": dataclasses.asdict(o),
+                      "link_bound_s": (link_bound_s(b, w, s, args.measured_rate)
+                                       if args.measured_rate else None)}
                      for c, w, s, b, u, o in rows]}
     with open(path, "w") as f:
         json.dump(data, f, indent=1)
@@ -308,6 +354,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args.loads = [os.getloadavg()[0]]
     print("machine: %d cpus, load average %.2f (other processes skew the times)"
           % (os.cpu_count(), args.loads[0]), flush=True)
+    args.measured_rate, network = None, "loopback TCP"
+    if args.network == "netns":
+        args.measured_rate = measure_links(args.link_rate)
+        NETWORK_OPTIONS[:] = ["--launcher", "netns", "--link-rate", args.link_rate]
+        network = "emulated %s links (%.1f MB/s measured)" % (args.link_rate,
+                                                              args.measured_rate / 1e6)
+    args.gloo_note = gloo_note()
     byteps_server = probe_byteps_server(args)
     jobs = [(c, w, s) for c in args.cases for w, s in args.topologies]
     rows, notes = [], []
@@ -335,7 +388,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          best(runs["dist_byteps"])))
     args.loads.append(os.getloadavg()[0])
     print()
-    print(table(rows))
+    print(table(rows, args.quick, args.measured_rate))
+    print("network: %s; gloo all-reduce anchor: %s" % (network, args.gloo_note))
     flavors = sorted({r[5].flavor for r in rows if r[5].flavor})
     print("\ndist_byteps servers: launch.py --server %s (store talked to: %s servers); "
           "upstream: %s" % (byteps_server, ", ".join(flavors) or "?",
@@ -343,12 +397,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("load average (1 min) before %.2f, after %.2f" % tuple(args.loads))
     for note in notes:
         print("note:", note.replace("\n", "\n    "))
-    plot(rows, args.out)
+    plot(rows, args.out, args.quick, network)
     json_path = os.path.splitext(args.out)[0] + ".json"
     write_json(rows, json_path, byteps_server, args)
     print("plot: %s, results: %s" % (args.out, json_path))
     failed = [r for r in rows if r[4].status != "ok" or r[5].status != "ok"]
     return 1 if failed else 0
+
+
+def measure_links(rate_text: str) -> float:
+    """TCP bytes/s of an emulated link of ``rate_text``, both directions, measured now."""
+    sys.path.insert(0, ROOT)
+    from kvstore_byteps.launcher import netns
+    with netns.EmulatedNetwork(2, netns.parse_rate(rate_text)) as net:
+        rates = [netns.measure_link_rate(net, a, b, 60 * 10 ** 6) for a, b in ((0, 1), (1, 0))]
+    print("emulated %s link: %s MB/s of TCP payload" % (
+        rate_text, " and ".join("%.1f" % (r / 1e6) for r in rates)), flush=True)
+    return min(rates)
+
+
+def gloo_note() -> str:
+    """The all-reduce anchor's status. Not implemented in this script yet: say so plainly."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return "skipped (torch is not installed)"
+    return "skipped (not implemented yet)"
 
 
 def _prod(shape) -> int:
