@@ -14,6 +14,7 @@ launcher that was SIGKILLed are removed by the next one. Needs root (CAP_NET_ADM
 import dataclasses
 import os
 import re
+import select
 import shutil
 import subprocess
 import sys
@@ -252,9 +253,11 @@ def measure_link_rate(net: EmulatedNetwork, sender: int, receiver: int, nbytes: 
                                                         str(port), str(timeout)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        if recv.stdout.readline().strip() != "ready":
-            raise LaunchError("link measurement: the receiver on %s did not start: %s"
-                              % (target, recv.stderr.read()))
+        ready, _, _ = select.select([recv.stdout], [], [], timeout)
+        if not ready or recv.stdout.readline().strip() != "ready":
+            recv.kill()
+            raise LaunchError("link measurement: the receiver on %s did not start within %g s: "
+                              "%s" % (target, timeout, recv.communicate()[1].strip()))
         subprocess.run(net.exec_argv(sender) + [sys.executable, "-c", _SENDER, target, str(port),
                                                  str(nbytes), str(timeout)],
                        check=True, timeout=timeout, stdin=subprocess.DEVNULL)
