@@ -147,6 +147,34 @@ def test_batch_stage_gets_all_ready_items():
     assert batches == [[(1, 0)], [(2, 0), (2, 1), (3, 0), (3, 1)]]
 
 
+def test_async_batch_items_finished_one_by_one_return_their_credit_at_once():
+    # credit 2: a batch of two pushes goes out; finishing only the first lets the next
+    # partition in while the second is still outstanding (no waiting for the whole batch)
+    batches, held, lock = [], [], threading.Lock()
+    second_batch = threading.Event()
+
+    def push(items, done):
+        with lock:
+            batches.append([item.index for item in items])
+            if len(batches) == 2:
+                second_batch.set()
+        if len(batches) == 1:
+            done(None, items[:1])          # the first answer; items[1] stays in flight
+            held.append((items[1:], done))
+        else:
+            done()
+
+    stages = [StageSpec(Stage.PUSH, push, asynchronous=True, batch=True),
+              StageSpec(Stage.PULL, lambda item: None)]
+    with Pipeline(stages, credit=2) as pipeline:
+        future = pipeline.submit(Task(1, [0, 1, 2]))
+        assert second_batch.wait(WAIT_S), "the freed credit did not let partition 2 in"
+        assert batches == [[0, 1], [2]] and not future.done()
+        rest, done = held[0]
+        assert done(None, rest) and not done(None, rest)   # each item finishes once
+        future.result(WAIT_S)
+
+
 def test_close_fails_unfinished_tasks_and_refuses_new_ones():
     stages = [StageSpec(Stage.PUSH, lambda item, done: None, asynchronous=True)]
     pipeline = Pipeline(stages)

@@ -14,7 +14,12 @@ KVWorker-backed PUSH/PULL:
 * asynchronous (``asynchronous=True``): ``fn(item, done)`` starts the work and returns at once;
   whoever finishes it calls ``done()`` or ``done(error)``, from any thread, exactly once;
 * ``batch=True``: ``fn`` receives a list of all the items that may leave the queue now (still
-  bounded by credit), e.g. to send one request per server for many small partitions.
+  bounded by credit), e.g. to send one request per server for many small partitions. An
+  asynchronous batch stage may finish its items piecemeal, ``done(error, items)`` for each part
+  as it completes (``done()`` alone finishes whatever is left): each item then moves on, and
+  returns its credit, as soon as its own request is answered, not when the whole batch is.
+  (Finishing a batch at once made the pushes go in waves: no new push until the slowest of
+  the wave was acknowledged, which left the link idle; measured on 1 Gbit/s links.)
 
 An exception raised by ``fn`` (or passed to ``done``) fails the task: the task's queued items are
 dropped, its future gets the exception with a note naming the stage, key and partition, and
@@ -208,7 +213,7 @@ class Pipeline:
         start = now_ns()
         argument = live if spec.batch else live[0]
         if spec.asynchronous:
-            done = _Once(lambda error=None: self._finish(spec, live, start, error))
+            done = _Done(live, lambda items, error: self._finish(spec, items, start, error))
             try:
                 spec.fn(argument, done)
             except Exception as exc:  # the stage function's failure belongs to the task
@@ -332,21 +337,28 @@ class Pipeline:
                 if thread.is_alive() and thread is not current]
 
 
-class _Once:
-    """A ``done(error=None)`` callback that acts on its first call only."""
+class _Done:
+    """The ``done(error=None, items=None)`` callback of an asynchronous stage call.
 
-    def __init__(self, action: Callable[..., None]):
+    Finishes ``items`` (default: every item not finished yet); each item is finished once, so
+    later calls for the same items do nothing. Thread-safe.
+    """
+
+    def __init__(self, items: Sequence["WorkItem"],
+                 action: Callable[[List["WorkItem"], Optional[BaseException]], None]):
+        self._left = {id(item): item for item in items}
         self._action = action
         self._lock = threading.Lock()
-        self._called = False
 
-    def __call__(self, error: Optional[BaseException] = None) -> bool:
-        """Act on the first call; return whether this call was the one that acted."""
+    def __call__(self, error: Optional[BaseException] = None,
+                 items: Optional[Sequence["WorkItem"]] = None) -> bool:
+        """Finish ``items`` (or all left); return whether any item was finished by this call."""
         with self._lock:
-            if self._called:
-                return False
-            self._called = True
-        self._action(error)
+            wanted = list(self._left.values()) if items is None else items
+            chosen = [self._left.pop(id(item)) for item in wanted if id(item) in self._left]
+        if not chosen:
+            return False
+        self._action(chosen, error)
         return True
 
 

@@ -81,22 +81,6 @@ def split_answer(result, count: int) -> List[memoryview]:
     return [vals[int(offsets[i]):int(offsets[i + 1])] for i in range(count)]
 
 
-class Countdown:
-    """Calls ``done(first error or None)`` after ``count`` calls of :meth:`one` (any thread)."""
-
-    def __init__(self, count: int, done):
-        self._count, self._done, self._error = count, done, None
-        self._lock = threading.Lock()
-
-    def one(self, error=None) -> None:
-        with self._lock:
-            self._error = self._error or error
-            self._count -= 1
-            finished = self._count == 0
-        if finished:
-            self._done(self._error)
-
-
 class ServerFlavor(enum.Enum):
     BYTEPS = "byteps"
     MXNET = "mxnet"
@@ -343,21 +327,18 @@ class WorkerEngine:
         return self._span(item.task.context["send"], item.partition)
 
     def _push(self, items, done) -> None:
-        groups = self._requests(items)
-        countdown = Countdown(len(groups), done)
-        for group in groups:
+        # Each request's partitions move on (and return their credit) when it is answered.
+        for group in self._requests(items):
             buffers = [self._send_buffer(item) for item in group]
             vals = buffers[0] if len(buffers) == 1 else np.concatenate(buffers)
             self.kv.push([item.partition.ps_key for item in group], vals,
                          [item.partition.nbytes for item in group],
                          cmd=group[0].task.context["layout"].round_cmd,
                          priority=group[0].priority,
-                         callback=lambda request: countdown.one(request.error))
+                         callback=lambda request, group=group: done(request.error, group))
 
     def _pull(self, items, done) -> None:
-        groups = self._requests(items)
-        countdown = Countdown(len(groups), done)
-        for group in groups:
+        for group in self._requests(items):
             def on_answer(request, group=group):
                 error = request.error
                 if error is None:
@@ -366,7 +347,7 @@ class WorkerEngine:
                             self._local_broadcast(item, vals)
                     except KVStoreBytePSError as exc:
                         error = exc
-                countdown.one(error)
+                done(error, group)
             self.kv.pull([item.partition.ps_key for item in group],
                          cmd=group[0].task.context["layout"].round_cmd,
                          priority=group[0].priority, callback=on_answer)
