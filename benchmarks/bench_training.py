@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""End-to-end training speed: gluon resnet18_v1 with dist_byteps, dist_sync and one process.
+
+    python benchmarks/bench_training.py                    # emulated 1 Gbit/s links (root)
+    python benchmarks/bench_training.py --network loopback --workers 2 --servers 2
+
+Each job runs ``benchmarks/_train_worker.py`` (synthetic 32x32 images, a small batch per
+worker, so communication and not the 2 cores' compute dominates) through ``launch.py``:
+
+* ``dist_byteps`` with our scheduler and servers, with priority scheduling on and off
+  (``--no-priority``: every gradient at priority 0);
+* ``dist_sync`` with MXNet's scheduler and C++ servers;
+* one process without a store (the compute-only anchor; on the emulated network it runs in a
+  namespace of its own like any node).
+
+Steps/s are the slowest worker's (``--steps`` timed steps after ``--warmup``). Each side runs
+``--repeats`` times, alternating; the table keeps each side's best. A benchmark, not a test:
+it reports what it measured, with the date, the load and the link rate.
+"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+WORKER = os.path.join(HERE, "_train_worker.py")
+LAUNCH = os.path.join(ROOT, "launch.py")
+RESULT_RE = re.compile(r"^\[worker \d+\] TRAIN_RESULT (\{.*\})$")
+
+#: (label, kvstore, launch.py options, worker options)
+SIDES = [
+    ("dist_byteps, priority on", "dist_byteps", [], []),
+    ("dist_byteps, priority off", "dist_byteps", [], ["--no-priority"]),
+    ("dist_sync (MXNet)", "dist_sync", ["--scheduler", "mxnet", "--server", "mxnet"], []),
+]
+
+
+def child_env() -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("DMLC_", "PS_", "BYTEPS_", "MXNET_KVSTORE"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    return env
+
+
+def run_job(args, kvstore: str, launch_opts: List[str], worker_opts: List[str],
+            workers: int, servers: int) -> Optional[float]:
+    """Steps/s of the slowest worker, or None (the output's tail is printed)."""
+    network = ["--launcher", "netns", "--link-rate", args.link_rate] \
+        if args.network == "netns" else []
+    argv = [sys.executable, LAUNCH, "-n", str(workers), "-s", str(servers), *network,
+            *launch_opts, "--timeout", str(args.job_timeout), sys.executable, WORKER,
+            "--kvstore", kvstore, "--steps", str(args.steps), "--warmup", str(args.warmup),
+            "--batch-size", str(args.batch_size), *worker_opts]
+    done = subprocess.run(argv, env=child_env(), cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, timeout=args.job_timeout + 30)
+    out = done.stdout.decode(errors="replace")
+    results = [json.loads(m.group(1)) for m in map(RESULT_RE.match, out.splitlines()) if m]
+    if done.returncode != 0 or len(results) != workers:
+        print("job failed (exit %d):\n%s" % (done.returncode, "\n".join(out.splitlines()[-10:])))
+        return None
+    return args.steps / max(r["seconds"] for r in results)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--network", choices=["netns", "loopback"], default="netns")
+    p.add_argument("--link-rate", default="1gbit")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--servers", type=int, default=4)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--job-timeout", type=float, default=400.0)
+    p.add_argument("--out", default=os.path.join("bench_out", "training.json"))
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    load_before = os.getloadavg()[0]
+    best: Dict[str, Optional[float]] = {}
+    single = None
+    for _ in range(args.repeats):
+        for label, kvstore, launch_opts, worker_opts in SIDES:
+            rate = run_job(args, kvstore, launch_opts, worker_opts, args.workers, args.servers)
+            print("%-28s %s steps/s" % (label, "failed" if rate is None else "%.2f" % rate),
+                  flush=True)
+            if rate is not None:
+                best[label] = max(rate, best.get(label) or 0.0)
+            else:
+                best.setdefault(label, None)
+        # the compute-only anchor: one worker, no store (a 1x1 launch so it runs where nodes do)
+        rate = run_job(args, "none", [], [], 1, 1)
+        print("%-28s %s steps/s" % ("one process, no store", "failed" if rate is None
+                                     else "%.2f" % rate), flush=True)
+        single = max(single or 0.0, rate or 0.0) or None
+    print("\n| run | steps/s | vs dist_sync |\n|---|---|---|")
+    sync = best.get("dist_sync (MXNet)")
+    for label, rate in list(best.items()) + [("one process, no store", single)]:
+        print("| %s | %s | %s |" % (label, "failed" if rate is None else "%.2f" % rate,
+                                    "%.2fx" % (rate / sync) if rate and sync else "-"))
+    print("\n%d workers x %d servers, %s, resnet18_v1 batch %d per worker, %d timed steps; "
+          "load %.2f -> %.2f; %s" % (args.workers, args.servers,
+                                     "emulated %s links" % args.link_rate
+                                     if args.network == "netns" else "loopback",
+                                     args.batch_size, args.steps, load_before,
+                                     os.getloadavg()[0], time.strftime("%Y-%m-%d %H:%M")))
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"args": vars(args), "steps_per_s": best, "single_process": single,
+                   "load_before_after": [load_before, os.getloadavg()[0]]}, f, indent=1)
+    return 0 if all(best.values()) and single else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
