@@ -19,7 +19,6 @@ import sys
 from typing import List, Optional, Sequence
 
 import kvstore_byteps
-from kvstore_byteps.config import Env
 
 from . import netns, ssh
 from .job import EXIT_SPAWN_FAILED, STOP_SIGNALS, Job, NodeStarter

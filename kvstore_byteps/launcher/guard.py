@@ -20,6 +20,7 @@ import sys
 from typing import List, Mapping, Optional, Sequence
 
 KILL_GRACE_S = 3.0
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 EXIT_CANNOT_START = 127
 _PR_SET_PDEATHSIG = 1
 
@@ -33,12 +34,21 @@ def _say(text: str) -> None:
         pass
 
 
-def _die_with_parent() -> None:
-    """In the node (between fork and exec): get SIGKILL should the guard itself be SIGKILLed."""
+_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded before any fork
+
+
+def die_with_parent(signum: int, parent_pid: int) -> None:
+    """In a child between fork and exec: get ``signum`` when the parent dies.
+
+    The parent may already have died between the fork and this call, which the kernel does not
+    report: then exit at once instead of running on as an orphan.
+    """
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the stdin watch still covers the launcher
-        pass
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signum)
+    except AttributeError:  # not Linux: the stdin watch still covers the launcher
+        return
+    if os.getppid() != parent_pid:
+        os._exit(EXIT_CANNOT_START)
 
 
 class Guard:
@@ -46,9 +56,10 @@ class Guard:
 
     def __init__(self, argv: Sequence[str], cwd: Optional[str] = None,
                  env: Optional[Mapping[str, str]] = None):
-        self.proc = subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, preexec_fn=_die_with_parent)
-        self._stopping = False
+        guard_pid = os.getpid()
+        self.proc = subprocess.Popen(
+            list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=lambda: die_with_parent(signal.SIGKILL, guard_pid))
 
     def signal_group(self, signum: int) -> None:
         """Signal the node's process group (it may outlive the node's first process)."""
@@ -68,10 +79,13 @@ class Guard:
             self.signal_group(signal.SIGKILL)
             self.proc.wait()
 
-    def run(self, watch_fd: Optional[int]) -> int:
-        """Wait for the node or for end-of-file on ``watch_fd``; return the shell exit status."""
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    def run(self, watch_fd: Optional[int], early_signal: Optional[int] = None) -> int:
+        """Wait for the node or for end-of-file on ``watch_fd``; return the shell exit status.
+        ``early_signal``: a stop signal that arrived while the node was being started."""
+        for signum in STOP_SIGNALS:
             signal.signal(signum, lambda s, _f: self.signal_group(s))
+        if early_signal is not None:
+            self.signal_group(early_signal)
         selector = selectors.DefaultSelector()
         if watch_fd is not None:
             try:
@@ -125,12 +139,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.cwd and not os.path.isdir(args.cwd):
         _say("cannot run %s: directory %s does not exist on this host" % (command[0], args.cwd))
         return EXIT_CANNOT_START
+    # A stop signal (e.g. the launcher's death signal) may come while the node is starting:
+    # note it, start the node, then pass it on, so the node never runs on unguarded.
+    early: List[int] = []
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, lambda s, _f: early.append(s))
     try:
         guard = Guard(command, cwd=args.cwd, env=env)
     except OSError as exc:
         _say("cannot start %s: %s" % (command[0], exc))
         return EXIT_CANNOT_START
-    return guard.run(None if args.no_watch else sys.stdin.fileno())
+    return guard.run(None if args.no_watch else sys.stdin.fileno(),
+                     early[0] if early else None)
 
 
 if __name__ == "__main__":

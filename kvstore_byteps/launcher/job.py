@@ -6,7 +6,6 @@ how a node's command line becomes a local process: directly, inside a network na
 through ssh. The first node that fails stops the job and its exit status becomes ours; so do
 Ctrl-C, SIGTERM, SIGHUP and the timeout.
 """
-import ctypes
 import os
 import shlex
 import signal
@@ -18,6 +17,7 @@ from typing import IO, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from kvstore_byteps.config import Role
 
+from .guard import die_with_parent
 from .plan import LaunchError, ProcSpec
 
 EXIT_SERVERS_LINGER = 1
@@ -30,7 +30,6 @@ STOP_GRACE_S = 5.0
 READER_JOIN_S = 5.0
 GUARD_MODULE = "kvstore_byteps.launcher.guard"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-_PR_SET_PDEATHSIG = 1
 
 
 def guard_argv(python: str, argv: Sequence[str], cwd: Optional[str] = None,
@@ -80,12 +79,6 @@ def log_file_name(spec: ProcSpec) -> str:
     return spec.label.replace(" ", "-") + ".log"
 
 
-def _die_with_launcher() -> None:
-    # The guard gets SIGTERM when we die (it then stops its node); the pipe covers the rest.
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
 
 
 class _Output:
@@ -125,9 +118,13 @@ class _Child:
         self.spec = spec
         argv, env = starter.command(spec, base_env)
         try:
+            # The guard gets SIGTERM when we die (it then stops its node); the pipe covers the
+            # rest (over ssh, the ssh client gets the signal and the channel closes).
+            launcher_pid = os.getpid()
             self.proc = subprocess.Popen(
                 argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_launcher)
+                stderr=subprocess.PIPE, start_new_session=True,
+                preexec_fn=lambda: die_with_parent(signal.SIGTERM, launcher_pid))
         except OSError as exc:
             raise LaunchError("cannot start %s (%s): %s"
                               % (spec.label, shlex.join(argv), exc)) from None
