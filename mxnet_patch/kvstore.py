@@ -124,7 +124,10 @@ class KVStoreBytePS(KVStoreBase):
             raise TypeError("Mixed key types are not allowed (got %r after %s keys)"
                             % (key, self._key_kind))
         if kind == "str":
-            return self._str_keys.setdefault(key, len(self._str_keys))
+            if key not in self._str_keys:
+                self._str_keys[key] = len(self._str_keys)
+                self._engine.name_key(self._str_keys[key], key)  # the trace shows the name
+            return self._str_keys[key]
         if not 0 <= int(key) < 2 ** 31:
             raise ValueError("key %r is outside [0, 2**31)" % (key,))
         return int(key)

@@ -53,6 +53,24 @@ def test_workers_disagreeing_on_a_shape_get_an_error_naming_the_key():
         assert "ERROR rank" in out and "key 5" in out, out
 
 
+def test_trace_shows_every_stage_with_the_parameter_names(tmp_path):
+    import json
+    env = {"BYTEPS_TRACE_ON": "1", "BYTEPS_TRACE_START_STEP": "1",
+           "BYTEPS_TRACE_END_STEP": "1", "BYTEPS_TRACE_DIR": str(tmp_path)}
+    results = run_checks("trace", env=env)
+    assert all("TRACE OK" in results[w][1] for w in ("worker0", "worker1")), results
+    for rank in (0, 1):
+        events = json.loads((tmp_path / str(rank) / "comm.json").read_text())["traceEvents"]
+        assert {e["args"]["step"] for e in events} == {1}
+        stages = {(e["pid"], e["tid"], e["name"]) for e in events}
+        for name in ("conv0_weight", "dense0_bias"):   # one partition each
+            assert {(name, "tensor", "LOCAL_REDUCE"), (name, "part 0", "PUSH"),
+                    (name, "part 0", "PULL"), (name, "part 0", "LOCAL_BROADCAST")} <= stages
+        first = {e["name"]: e for e in events if e["pid"] == "conv0_weight"}
+        assert first["LOCAL_REDUCE"]["ts"] <= first["PUSH"]["ts"] <= first["PULL"]["ts"] \
+            <= first["LOCAL_BROADCAST"]["ts"]
+
+
 def test_workers_initialising_keys_in_different_orders_are_told_why():
     # balanced placement follows the initialisation order; rank 1 reverses it, so it looks for
     # the partitions on the wrong servers: a clear error at init, never a hang or a wrong sum

@@ -3,7 +3,10 @@
 The names are BytePS's: ``BYTEPS_TRACE_ON`` enables it, ``BYTEPS_TRACE_START_STEP`` and
 ``BYTEPS_TRACE_END_STEP`` bound the steps recorded (a key's step counts its pushpulls, from 0,
 both bounds inclusive), and :meth:`Tracer.dump` writes ``<BYTEPS_TRACE_DIR>/<rank>/comm.json``,
-which ``chrome://tracing`` or Perfetto open.
+which ``chrome://tracing`` or Perfetto open. Each key is a process row, named by MXNet's
+parameter name where the store was given one (str keys) and ``key N`` otherwise; its partitions
+are thread rows with one event per stage (LOCAL_REDUCE of the whole tensor on the ``tensor``
+row, then PUSH, PULL and LOCAL_BROADCAST per partition).
 
 Recording is cheap so it can stay on in tests: a disabled tracer's :attr:`Tracer.enabled` is
 False and callers skip it; an enabled one appends a small frozen record to a list (atomic under
@@ -62,6 +65,7 @@ class Tracer:
         self.rank = rank
         self._events: List[TraceEvent] = []
         self._steps: Dict[int, int] = {}
+        self._names: Dict[int, str] = {}
         self._lock = threading.Lock()
         self._origin_ns = now_ns()
 
@@ -70,6 +74,10 @@ class Tracer:
         """A tracer with the ``BYTEPS_TRACE_*`` settings of ``config``."""
         return cls(config.trace_on, config.trace_start_step, config.trace_end_step,
                    config.trace_dir, rank)
+
+    def name_key(self, key: int, name: str) -> None:
+        """Show ``key`` as ``name`` (MXNet's parameter name, where the key was one)."""
+        self._names[key] = name
 
     def next_step(self, key: int) -> int:
         """Count one more pushpull of ``key``; return its step number (0 for the first)."""
@@ -106,7 +114,8 @@ class Tracer:
         return {
             "name": event.stage_name, "ph": "X", "cat": "Comm",
             "ts": start_us, "dur": max(event.end_ns - event.start_ns, 0) / 1000.0,
-            "pid": "key %d" % event.key, "tid": "part %d" % event.part,
+            "pid": self._names.get(event.key, "key %d" % event.key),
+            "tid": "part %d" % event.part if event.part >= 0 else "tensor",
             "args": {"key": event.key, "part": event.part, "step": event.step,
                      "priority": event.priority},
         }

@@ -39,7 +39,7 @@ from ..van.postoffice import Postoffice
 from .partition import KeyLayoutError, Partitioner
 from .reduce import cpu_sum
 from .stages import Pipeline, Stage, StageSpec, Task
-from .trace import Tracer
+from .trace import Tracer, now_ns
 from .upstream import RequestType, dtype_code, encode_cmd, encode_default_key
 
 log = logging.getLogger(__name__)
@@ -259,9 +259,12 @@ class WorkerEngine:
             if array.shape != layout.shape or array.dtype != layout.dtype:
                 raise KeyLayoutError("%s: got an array of shape %s and dtype %s"
                                      % (layout.name, array.shape, array.dtype))
+        reduce_start = now_ns()
         context = {"send": self._local_reduce(inputs),
                    "outputs": [a.reshape(-1).view(np.uint8) for a in outputs],
                    "layout": layout}
+        # the reduce ran here, before the task has a step number: recorded at submission
+        context["reduced_ns"] = (reduce_start, now_ns()) if len(inputs) > 1 else None
         task = Task(key, layout.slots, priority, name=layout.name, context=context)
 
         def finished(future):
@@ -274,15 +277,26 @@ class WorkerEngine:
         self._submit_in_order(task)
         return task
 
+    def name_key(self, key: int, name: str) -> None:
+        """Show ``key`` as ``name`` in the trace (MXNet's str keys are parameter names)."""
+        self.tracer.name_key(key, name)
+
     def _submit_in_order(self, task: Task) -> None:
         """Submit ``task`` once the previous round of its key is complete: the server keeps
         two round buffers per key, so a worker's round r+1 must not overtake its round r."""
         with self._layout_lock:
             previous, self._last_task[task.key] = self._last_task.get(task.key), task
         if previous is None or previous.future.done():
-            self.pipeline.submit(task)
+            self._submit(task)
         else:
-            previous.future.add_done_callback(lambda _: self.pipeline.submit(task))
+            previous.future.add_done_callback(lambda _: self._submit(task))
+
+    def _submit(self, task: Task) -> None:
+        self.pipeline.submit(task)   # numbers the task's step (for the trace)
+        reduced = task.context["reduced_ns"]
+        if self.tracer.enabled and reduced is not None:  # one input is sent as is: no reduce
+            self.tracer.record(Stage.LOCAL_REDUCE, task.key, -1, task.step, reduced[0],
+                               reduced[1], task.priority)
 
     def _credit(self) -> Optional[int]:
         """Bytes of pushes in flight. The credit covers only the push, which our server
@@ -359,8 +373,12 @@ class WorkerEngine:
             raise PeerError("%s: the server answered ps key %d with %d bytes, expected %d"
                             % (ctx["layout"].name, slot.ps_key, result.nbytes, slot.nbytes))
         data = np.frombuffer(result, np.uint8)
+        start = now_ns()
         for out in ctx["outputs"]:
             self._span(out, slot)[:] = data
+        if self.tracer.enabled:
+            self.tracer.record(Stage.LOCAL_BROADCAST, item.key, item.index, item.task.step,
+                               start, now_ns(), item.priority)
 
     # ------------------------------------------------------------------ shutdown
     def close(self) -> None:

@@ -8,6 +8,9 @@ priority  with a credit of one 4 KB partition, a low-priority key of many partit
 uninitialised  pushpull of a key never initialised raises KeyError naming it (no hang).
 mismatch  rank 0 and rank 1 declare key 5 with different shapes: both get a clear error
           naming key 5, within the request deadline.
+init-order  the ranks initialise two keys in opposite orders (balanced placement differs).
+trace     str keys (parameter names) pushpulled from 2 CPU contexts for 3 steps; the
+          Chrome trace of every stage is written when the store closes.
 """
 import json
 import sys
@@ -101,6 +104,19 @@ def check_init_order(kv):
     return 0
 
 
+def check_trace(kv):
+    values = {"conv0_weight": (3000,), "dense0_bias": (10,)}
+    for name, shape in values.items():
+        kv.init(name, mx.nd.zeros(shape))
+    for _ in range(3):
+        for index, (name, shape) in enumerate(values.items()):
+            grads = [mx.nd.ones(shape, ctx=mx.cpu(i)) for i in range(2)]
+            kv.pushpull(name, grads, priority=-index)
+        mx.nd.waitall()
+    assert float(grads[0][0].asscalar()) == 4.0  # 2 contexts x 2 workers
+    print("TRACE OK")
+
+
 def main():
     mode = sys.argv[1]
     kv = mx.kv.create("dist_byteps")
@@ -112,6 +128,8 @@ def main():
         check_uninitialised(kv)
     elif mode == "init-order":
         return check_init_order(kv)
+    elif mode == "trace":
+        check_trace(kv)
     else:
         return check_mismatch(kv)
     return 0
