@@ -77,31 +77,37 @@ def check_uninitialised(kv):
     raise AssertionError("pushpull of a key never initialised did not raise")
 
 
-def check_mismatch(kv):
-    shape = (10,) if kv.rank == 0 else (20,)
+def expect_error(kv, action) -> int:
+    """Run ``action``; print its error as ``ERROR rank R: Type: message`` and return 3, or
+    say there was none and return 0."""
     try:
-        kv.init(5, mx.nd.zeros(shape))
-        grad = mx.nd.ones(shape)
-        kv.pushpull(5, grad)
-        grad.asnumpy()
+        action()
     except Exception as exc:
         print("ERROR rank %d: %s: %s" % (kv.rank, type(exc).__name__, exc), flush=True)
         return 3
     print("no error on rank %d" % kv.rank)
     return 0
+
+
+def check_mismatch(kv):
+    shape = (10,) if kv.rank == 0 else (20,)
+
+    def action():
+        kv.init(5, mx.nd.zeros(shape))
+        grad = mx.nd.ones(shape)
+        kv.pushpull(5, grad)
+        grad.asnumpy()
+    return expect_error(kv, action)
 
 
 def check_init_order(kv):
     """Workers initialising keys in different orders: balanced placement differs; say so."""
     keys = [(1, (1024,)), (2, (100,))]
-    try:
+
+    def action():
         for key, shape in (keys if kv.rank == 0 else keys[::-1]):
             kv.init(key, mx.nd.zeros(shape))
-    except Exception as exc:
-        print("ERROR rank %d: %s: %s" % (kv.rank, type(exc).__name__, exc), flush=True)
-        return 3
-    print("no error on rank %d" % kv.rank)
-    return 0
+    return expect_error(kv, action)
 
 
 def check_trace(kv):
