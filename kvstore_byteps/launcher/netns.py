@@ -16,6 +16,7 @@ import os
 import re
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -37,6 +38,7 @@ COMMAND_TIMEOUT_S = 20.0
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgt]?)bit$", re.IGNORECASE)
 _SCALE = {"": 1, "k": 10 ** 3, "m": 10 ** 6, "g": 10 ** 9, "t": 10 ** 12}
 _OWNED = re.compile(r"^%s(\d+)-" % NAME_PREFIX)
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def parse_rate(text: str) -> int:
@@ -155,10 +157,18 @@ class EmulatedNetwork:
                  + tbf_args(self.rate))
 
     def destroy(self) -> None:
-        """Kill every process in our namespaces, then delete them (links go with them)."""
-        for name in reversed(self.created):
-            _delete_namespace(name)
-        self.created.clear()
+        """Kill every process in our namespaces, then delete them (links go with them).
+
+        Stop signals wait until it is done (a second Ctrl-C must not leave half a network);
+        they are delivered right after.
+        """
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        try:
+            for name in reversed(self.created):
+                _delete_namespace(name)
+            self.created.clear()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def check_privileges() -> None:
