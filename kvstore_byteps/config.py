@@ -75,6 +75,7 @@ class Env:
     BIGARRAY_BOUND = "MXNET_KVSTORE_BIGARRAY_BOUND"
     KVSTORE_SERVER = "MXNET_KVSTORE_SERVER"
     PARTITION_BYTES = "BYTEPS_PARTITION_BYTES"
+    PARTITION_SPREAD_BYTES = "BYTEPS_PARTITION_SPREAD_BYTES"
     SCHEDULING_CREDIT = "BYTEPS_SCHEDULING_CREDIT"
     SERVER_ENGINE_THREAD = "BYTEPS_SERVER_ENGINE_THREAD"
     ENABLE_ASYNC = "BYTEPS_ENABLE_ASYNC"
@@ -117,6 +118,7 @@ class Config:
     bigarray_bound: int = 1000000
     kvstore_server: ServerKind = ServerKind.MXNET
     partition_bytes: int = 4096000
+    partition_spread_bytes: int = 262144
     scheduling_credit: int = 4
     server_engine_threads: int = 4
     enable_async: bool = False
@@ -156,6 +158,8 @@ class Config:
             bigarray_bound=env.get(Env.BIGARRAY_BOUND, _positive_int, 1000000),
             kvstore_server=env.get(Env.KVSTORE_SERVER, _server_kind, ServerKind.MXNET),
             partition_bytes=env.get(Env.PARTITION_BYTES, _positive_int, 4096000),
+            partition_spread_bytes=env.get(Env.PARTITION_SPREAD_BYTES, _nonnegative_int,
+                                           262144),
             scheduling_credit=env.get(Env.SCHEDULING_CREDIT, _positive_int, 4),
             server_engine_threads=env.get(Env.SERVER_ENGINE_THREAD, _positive_int, 4),
             enable_async=env.flag(Env.ENABLE_ASYNC, False),

@@ -95,6 +95,33 @@ def test_balanced_placement_follows_the_running_totals_across_keys():
                                                                      4, 0)
 
 
+def test_balanced_placement_spreads_a_large_tensor_over_every_server():
+    sizes = lambda plan: [p.nbytes for p in plan.partitions]
+    servers = lambda plan: sorted(p.server for p in plan.partitions)
+    big = partition.plan_partitions(0, 4 * 300_000, 4, 4, key_hash=KeyHash.BALANCED,
+                                    spread_bytes=262144)
+    assert sizes(big) == [300_000] * 4 and servers(big) == [0, 1, 2, 3]
+    assert [p.offset for p in big.partitions] == [0, 300_000, 600_000, 900_000]
+    small = partition.plan_partitions(0, 4 * 200_000, 4, 4, key_hash=KeyHash.BALANCED,
+                                      spread_bytes=262144)
+    assert sizes(small) == [800_000]                      # under 4 x 256 KB: one partition
+    off = partition.plan_partitions(0, 4 * 300_000, 4, 4, key_hash=KeyHash.BALANCED)
+    assert sizes(off) == [1_200_000]                      # spread_bytes=0 turns it off
+    hashed = partition.plan_partitions(0, 4 * 300_000, 4, 4, spread_bytes=262144)
+    assert sizes(hashed) == [1_200_000]                   # BytePS's hashes keep BytePS's cut
+    odd = partition.plan_partitions(0, 5 * 8, 8, 4, key_hash=KeyHash.BALANCED, spread_bytes=8)
+    assert sizes(odd) == [16, 16, 8] and len(set(servers(odd))) == 3   # no empty part
+
+
+def test_partitions_of_one_tensor_go_to_different_servers_while_there_are_some():
+    server_bytes = [0, 0, 0]
+    partition.plan_partitions(0, 400, 4, 3, partition_bytes=400, key_hash=KeyHash.BALANCED,
+                              server_bytes=server_bytes)          # server 0 now holds 400
+    plan = partition.plan_partitions(1, 1600, 4, 3, partition_bytes=400,
+                                     key_hash=KeyHash.BALANCED, server_bytes=server_bytes)
+    assert [p.server for p in plan.partitions] == [1, 2, 0, 1]
+
+
 def test_balanced_is_the_default_and_not_a_hash():
     assert Config().key_hash_fn == "balanced"
     with pytest.raises(ValueError, match="balanced placement"):
