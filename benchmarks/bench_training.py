@@ -26,6 +26,8 @@ import sys
 import time
 from typing import Dict, List, Optional
 
+from bench_pushpull import child_env  # the same clean environment (the checkout first)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "_train_worker.py")
@@ -38,13 +40,6 @@ SIDES = [
     ("dist_byteps, priority off", "dist_byteps", [], ["--no-priority"]),
     ("dist_sync (MXNet)", "dist_sync", ["--scheduler", "mxnet", "--server", "mxnet"], []),
 ]
-
-
-def child_env() -> Dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("DMLC_", "PS_", "BYTEPS_", "MXNET_KVSTORE"))}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
-    return env
 
 
 def run_job(args, kvstore: str, launch_opts: List[str], worker_opts: List[str],

@@ -8,12 +8,21 @@ _LEVELS = {"TRACE": logging.DEBUG, "DEBUG": logging.DEBUG, "INFO": logging.INFO,
            "WARNING": logging.WARNING, "ERROR": logging.ERROR, "FATAL": logging.CRITICAL}
 
 
-def setup_logging(config: Config, who: str) -> None:
-    """Log to stderr at BYTEPS_LOG_LEVEL (PS_VERBOSE >= 1 lowers it to INFO, 2 to DEBUG)."""
+def _level(config: Config) -> int:
+    """BYTEPS_LOG_LEVEL, lowered to INFO by PS_VERBOSE=1 and to DEBUG by PS_VERBOSE>=2."""
     level = _LEVELS[config.log_level]
     if config.verbose:
         level = min(level, logging.INFO if config.verbose == 1 else logging.DEBUG)
-    logging.basicConfig(level=level, format="%(asctime)s " + who + " %(levelname)s %(name)s: %(message)s")
+    return level
+
+
+def _format(who: str) -> str:
+    return "%(asctime)s " + who + " %(levelname)s %(name)s: %(message)s"
+
+
+def setup_logging(config: Config, who: str) -> None:
+    """Log to stderr at BYTEPS_LOG_LEVEL (PS_VERBOSE >= 1 lowers it to INFO, 2 to DEBUG)."""
+    logging.basicConfig(level=_level(config), format=_format(who))
 
 
 #: The loggers of the library proper (worker processes: the user's program owns the root logger).
@@ -27,16 +36,12 @@ def setup_library_logging(config: Config, who: str) -> None:
     Only our own loggers get a handler (once), and they stop propagating, so the user's logging
     set-up is untouched and our lines are not printed twice.
     """
-    level = _LEVELS[config.log_level]
-    if config.verbose:
-        level = min(level, logging.INFO if config.verbose == 1 else logging.DEBUG)
     for name in LIBRARY_LOGGERS:
         logger = logging.getLogger(name)
-        logger.setLevel(level)
+        logger.setLevel(_level(config))
         if not any(getattr(h, "_kvstore_byteps", False) for h in logger.handlers):
             handler = logging.StreamHandler()
-            handler.setFormatter(logging.Formatter(
-                "%(asctime)s " + who + " %(levelname)s %(name)s: %(message)s"))
+            handler.setFormatter(logging.Formatter(_format(who)))
             handler._kvstore_byteps = True
             logger.addHandler(handler)
         logger.propagate = False

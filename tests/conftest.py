@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from kvstore_byteps.launcher.procs import pid_alive  # noqa: F401  (tests import it from here)
+
 KILL_GRACE_S = 3.0
 
 
@@ -28,21 +30,6 @@ def wait_until(predicate, timeout, what):
         if time.monotonic() > deadline:
             pytest.fail("timed out after %g s waiting for %s" % (timeout, what))
         time.sleep(0.02)
-
-
-def pid_alive(pid):
-    """True while ``pid`` is a live process (a zombie counts as dead)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open("/proc/%d/stat" % pid) as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def descendants(pid):

@@ -259,12 +259,13 @@ class WorkerEngine:
             if array.shape != layout.shape or array.dtype != layout.dtype:
                 raise KeyLayoutError("%s: got an array of shape %s and dtype %s"
                                      % (layout.name, array.shape, array.dtype))
-        reduce_start = now_ns()
+        traced = self.tracer.enabled and len(inputs) > 1   # one input is sent as is: no reduce
+        reduce_start = now_ns() if traced else 0
         context = {"send": self._local_reduce(inputs),
                    "outputs": [a.reshape(-1).view(np.uint8) for a in outputs],
-                   "layout": layout}
-        # the reduce ran here, before the task has a step number: recorded at submission
-        context["reduced_ns"] = (reduce_start, now_ns()) if len(inputs) > 1 else None
+                   "layout": layout,
+                   # the reduce ran here, before the task has a step: recorded at submission
+                   "reduced_ns": (reduce_start, now_ns()) if traced else None}
         task = Task(key, layout.slots, priority, name=layout.name, context=context)
 
         def finished(future):
@@ -294,7 +295,7 @@ class WorkerEngine:
     def _submit(self, task: Task) -> None:
         self.pipeline.submit(task)   # numbers the task's step (for the trace)
         reduced = task.context["reduced_ns"]
-        if self.tracer.enabled and reduced is not None:  # one input is sent as is: no reduce
+        if reduced is not None:
             self.tracer.record(Stage.LOCAL_REDUCE, task.key, -1, task.step, reduced[0],
                                reduced[1], task.priority)
 
@@ -373,10 +374,10 @@ class WorkerEngine:
             raise PeerError("%s: the server answered ps key %d with %d bytes, expected %d"
                             % (ctx["layout"].name, slot.ps_key, result.nbytes, slot.nbytes))
         data = np.frombuffer(result, np.uint8)
-        start = now_ns()
+        start = now_ns() if self.tracer.enabled else 0
         for out in ctx["outputs"]:
             self._span(out, slot)[:] = data
-        if self.tracer.enabled:
+        if start:
             self.tracer.record(Stage.LOCAL_BROADCAST, item.key, item.index, item.task.step,
                                start, now_ns(), item.priority)
 

@@ -3,7 +3,8 @@ emulated network of Linux network namespaces.
 
 Modules: ``plan`` (pure: options, hostfiles, placement, each node's environment), ``guard`` (runs
 on the node: ties the node's process group to the launcher's lifetime), ``job`` (starts and
-supervises the nodes, prefixes their output), ``netns`` (the emulated network), ``ssh`` (remote
+supervises the nodes, prefixes their output), ``procs`` (exit statuses, death signals,
+liveness), ``netns`` (the emulated network), ``ssh`` (remote
 command lines and the preflight), ``cli`` (the command line: ``kvstore-byteps-launch`` and
 ``python launch.py``). Only ``kvstore_byteps.config`` is imported from the rest of the package.
 """

@@ -11,7 +11,6 @@ The guard also forwards SIGTERM/SIGINT/SIGHUP to the group and exits with the no
     python -m kvstore_byteps.launcher.guard [--cwd DIR] [--path-prepend DIR] -- CMD [ARGS...]
 """
 import argparse
-import ctypes
 import os
 import selectors
 import signal
@@ -19,10 +18,10 @@ import subprocess
 import sys
 from typing import List, Mapping, Optional, Sequence
 
+from .procs import EXIT_CANNOT_START, die_with_parent, exit_status
+
 KILL_GRACE_S = 3.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-EXIT_CANNOT_START = 127
-_PR_SET_PDEATHSIG = 1
 
 
 def _say(text: str) -> None:
@@ -32,23 +31,6 @@ def _say(text: str) -> None:
         print("[guard] " + text, file=sys.stderr, flush=True)
     except (OSError, ValueError):
         pass
-
-
-_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded before any fork
-
-
-def die_with_parent(signum: int, parent_pid: int) -> None:
-    """In a child between fork and exec: get ``signum`` when the parent dies.
-
-    The parent may already have died between the fork and this call, which the kernel does not
-    report: then exit at once instead of running on as an orphan.
-    """
-    try:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signum)
-    except AttributeError:  # not Linux: the stdin watch still covers the launcher
-        return
-    if os.getppid() != parent_pid:
-        os._exit(EXIT_CANNOT_START)
 
 
 class Guard:
@@ -77,7 +59,11 @@ class Guard:
             _say("%s still running %g s after %s; sending SIGKILL"
                  % (self.proc.args[0], KILL_GRACE_S, signal.Signals(signum).name))
             self.signal_group(signal.SIGKILL)
-            self.proc.wait()
+            try:
+                self.proc.wait(timeout=KILL_GRACE_S)
+            except subprocess.TimeoutExpired:  # e.g. stuck in the kernel (D state)
+                _say("%s (pid %d) survived SIGKILL for %g s; leaving it"
+                     % (self.proc.args[0], self.proc.pid, KILL_GRACE_S))
 
     def run(self, watch_fd: Optional[int], early_signal: Optional[int] = None) -> int:
         """Wait for the node or for end-of-file on ``watch_fd``; return the shell exit status.
@@ -97,9 +83,9 @@ class Guard:
         finally:
             if self.proc.poll() is None:  # the guard itself failed: never leave the node behind
                 self.signal_group(signal.SIGKILL)
-        code = self.proc.wait()
+        code = self.proc.poll()   # finished, or stop() gave up on it after SIGKILL
         self.signal_group(signal.SIGKILL)  # whatever the node left behind in its group
-        return 128 - code if code < 0 else code
+        return exit_status(code) if code is not None else 128 + signal.SIGKILL
 
     def _watch(self, selector, watch_fd: Optional[int]) -> None:
         while self.proc.poll() is None:

@@ -17,7 +17,7 @@ from typing import IO, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from kvstore_byteps.config import Role
 
-from .guard import die_with_parent
+from .procs import die_with_parent, exit_status
 from .plan import LaunchError, ProcSpec
 
 EXIT_SERVERS_LINGER = 1
@@ -56,11 +56,6 @@ class NodeStarter:
     def where(self, spec: ProcSpec) -> str:
         """Where the node runs, for messages."""
         return "this machine"
-
-
-def exit_status(returncode: int) -> int:
-    """A child's return code as a shell exit status (killed by signal N -> 128 + N)."""
-    return 128 - returncode if returncode < 0 else returncode
 
 
 def describe_exit(returncode: int) -> str:

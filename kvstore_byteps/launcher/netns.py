@@ -24,6 +24,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .job import NodeStarter, guard_argv
 from .plan import LaunchError, ProcSpec
+from .procs import pid_alive
 
 NAME_PREFIX = "kvbps"
 SUBNET = "198.18.0"
@@ -68,16 +69,6 @@ def tbf_args(bits_per_s: int) -> List[str]:
     """The ``tbf`` parameters of one shaped direction."""
     burst = max(TBF_MIN_BURST, int(bits_per_s / 8 * TBF_BURST_S))
     return ["tbf", "rate", "%dbit" % bits_per_s, "burst", str(burst), "latency", TBF_LATENCY]
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclasses.dataclass
@@ -191,7 +182,7 @@ def namespaces() -> List[str]:
 def remove_stale_namespaces() -> List[str]:
     """Delete namespaces of ours whose launcher is gone (it was SIGKILLed); return their names."""
     stale = [name for name in namespaces()
-             if _OWNED.match(name) and not _pid_alive(int(_OWNED.match(name).group(1)))]
+             if _OWNED.match(name) and not pid_alive(int(_OWNED.match(name).group(1)))]
     for name in stale:
         _delete_namespace(name)
     return stale
