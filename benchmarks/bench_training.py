@@ -26,7 +26,7 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-from bench_pushpull import child_env  # the same clean environment (the checkout first)
+from bench_pushpull import child_env, measure_links  # the same environment and link check
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -61,6 +61,7 @@ def run_job(args, kvstore: str, launch_opts: List[str], worker_opts: List[str],
     if done.returncode != 0 or len(results) != workers:
         print("job failed (exit %d):\n%s" % (done.returncode, "\n".join(out.splitlines()[-10:])))
         return None
+    args.grad_bytes = results[0]["grad_bytes"]   # what the workers report they send per step
     return args.steps / max(r["seconds"] for r in results)
 
 
@@ -82,6 +83,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     load_before = os.getloadavg()[0]
+    rate = measure_links(args.link_rate) if args.network == "netns" else None
     best: Dict[str, Optional[float]] = {}
     single = None
     for _ in range(args.repeats):
@@ -98,11 +100,21 @@ def main(argv=None) -> int:
         print("%-28s %s steps/s" % ("one process, no store", "failed" if rate is None
                                      else "%.2f" % rate), flush=True)
         single = max(single or 0.0, rate or 0.0) or None
-    print("\n| run | steps/s | vs dist_sync |\n|---|---|---|")
+    # the link bound of a parameter server: each worker sends and receives the gradients
+    grad_bytes = getattr(args, "grad_bytes", None)
+    bound = (rate / (grad_bytes * max(1.0, args.workers / args.servers))
+             if rate and grad_bytes else None)
+    print("\n| run | steps/s | vs dist_sync | of the link bound |\n|---|---|---|---|")
     sync = best.get("dist_sync (MXNet)")
-    for label, rate in list(best.items()) + [("one process, no store", single)]:
-        print("| %s | %s | %s |" % (label, "failed" if rate is None else "%.2f" % rate,
-                                    "%.2fx" % (rate / sync) if rate and sync else "-"))
+    for label, speed in list(best.items()) + [("one process, no store", single)]:
+        print("| %s | %s | %s | %s |" % (
+            label, "failed" if speed is None else "%.2f" % speed,
+            "%.2fx" % (speed / sync) if speed and sync else "-",
+            "%.0f%%" % (100 * speed / bound) if speed and bound and "store" not in label
+            else "-"))
+    if bound:
+        print("link bound: %.2f steps/s (%.1f MB of gradients at %.1f MB/s measured)"
+              % (bound, grad_bytes / 1e6, rate / 1e6))
     print("\n%d workers x %d servers, %s, resnet18_v1 batch %d per worker, %d timed steps; "
           "load %.2f -> %.2f; %s" % (args.workers, args.servers,
                                      "emulated %s links" % args.link_rate
@@ -112,6 +124,7 @@ def main(argv=None) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"args": vars(args), "steps_per_s": best, "single_process": single,
+                   "link_rate_bytes_per_s": rate, "link_bound_steps_per_s": bound,
                    "load_before_after": [load_before, os.getloadavg()[0]]}, f, indent=1)
     return 0 if all(best.values()) and single else 1
 
