@@ -83,7 +83,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     load_before = os.getloadavg()[0]
-    rate = measure_links(args.link_rate) if args.network == "netns" else None
+    link_rate = measure_links(args.link_rate) if args.network == "netns" else None
     best: Dict[str, Optional[float]] = {}
     single = None
     for _ in range(args.repeats):
@@ -102,8 +102,8 @@ def main(argv=None) -> int:
         single = max(single or 0.0, rate or 0.0) or None
     # the link bound of a parameter server: each worker sends and receives the gradients
     grad_bytes = getattr(args, "grad_bytes", None)
-    bound = (rate / (grad_bytes * max(1.0, args.workers / args.servers))
-             if rate and grad_bytes else None)
+    bound = (link_rate / (grad_bytes * max(1.0, args.workers / args.servers))
+             if link_rate and grad_bytes else None)
     print("\n| run | steps/s | vs dist_sync | of the link bound |\n|---|---|---|---|")
     sync = best.get("dist_sync (MXNet)")
     for label, speed in list(best.items()) + [("one process, no store", single)]:
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
             else "-"))
     if bound:
         print("link bound: %.2f steps/s (%.1f MB of gradients at %.1f MB/s measured)"
-              % (bound, grad_bytes / 1e6, rate / 1e6))
+              % (bound, grad_bytes / 1e6, link_rate / 1e6))
     print("\n%d workers x %d servers, %s, resnet18_v1 batch %d per worker, %d timed steps; "
           "load %.2f -> %.2f; %s" % (args.workers, args.servers,
                                      "emulated %s links" % args.link_rate
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"args": vars(args), "steps_per_s": best, "single_process": single,
-                   "link_rate_bytes_per_s": rate, "link_bound_steps_per_s": bound,
+                   "link_rate_bytes_per_s": link_rate, "link_bound_steps_per_s": bound,
                    "load_before_after": [load_before, os.getloadavg()[0]]}, f, indent=1)
     return 0 if all(best.values()) and single else 1
 
