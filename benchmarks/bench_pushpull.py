@@ -121,13 +121,17 @@ def child_env() -> Dict[str, str]:
 
 #: launch.py options of the network the jobs run on (set by main from --network).
 NETWORK_OPTIONS: List[str] = []
+#: launch.py options of the dist_byteps jobs only (set by main from --van).
+BYTEPS_OPTIONS: List[str] = []
 
 
 def launch(workers: int, servers: int, kvstore: str, server: str, shapes_file: str,
            warmup: int, iters: int, mode: str, timeout: float) -> Tuple[int, str]:
     """Run one job through launch.py; returns (exit status, combined output)."""
     scheduler = "mxnet" if kvstore == "dist_sync" else "byteps"
+    ours = BYTEPS_OPTIONS if kvstore != "dist_sync" else []
     argv = [sys.executable, LAUNCH, "-n", str(workers), "-s", str(servers), *NETWORK_OPTIONS,
+            *ours,
             "--scheduler", scheduler, "--server", server, "--timeout", str(timeout),
             "--grace", "20", sys.executable, WORKER, "--kvstore", kvstore,
             "--shapes", shapes_file, "--warmup", str(warmup), "--iters", str(iters),
@@ -243,7 +247,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "with push+pull)")
     p.add_argument("--byteps-server", choices=["auto", "byteps-knob", "mxnet"], default="auto",
                    help="servers for dist_byteps (auto: ours if they answer the probe)")
+    p.add_argument("--van", choices=["zmq", "byteps_tcp"], default="zmq",
+                   help="DMLC_PS_VAN_TYPE of the dist_byteps jobs (default zmq; byteps_tcp "
+                        "needs our servers: upstream MXNet only speaks zmq)")
     args = p.parse_args(argv)
+    if args.van == "byteps_tcp" and args.byteps_server == "mxnet":
+        p.error("--van byteps_tcp needs our servers (upstream MXNet servers only speak zmq)")
     if args.topologies is None:
         args.topologies = parse_topologies("4x4,4x2" if args.network == "netns"
                                            else "1x1,1x2,2x1,2x2")
@@ -347,7 +356,7 @@ def write_json(rows, path: str, byteps_server: str, args) -> None:
     data = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(),
             "load_before_after": args.loads,
             "command": " ".join(sys.argv), "byteps_server": byteps_server, "quick": args.quick,
-            "repeats": args.repeats, "network": args.network,
+            "repeats": args.repeats, "network": args.network, "van": args.van,
             "link_rate_bytes_per_s": args.measured_rate, "gloo_allreduce": args.gloo_note,
             "runs": [{"case": c.name, "workers": w, "servers": s, "bytes": b,
                       "upstream": dataclasses.asdict(u), "byteps": dataclasses.asdict(o),
@@ -370,6 +379,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         NETWORK_OPTIONS[:] = ["--launcher", "netns", "--link-rate", args.link_rate]
         network = "emulated %s links (%.1f MB/s measured)" % (args.link_rate,
                                                               args.measured_rate / 1e6)
+    BYTEPS_OPTIONS[:] = ["--env", "DMLC_PS_VAN_TYPE=%s" % args.van]
+    network += "; dist_byteps van %s" % args.van
     args.gloo_note = gloo_note()
     byteps_server = probe_byteps_server(args)
     jobs = [(c, w, s) for c in args.cases for w, s in args.topologies]

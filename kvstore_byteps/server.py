@@ -57,6 +57,7 @@ def run_server(config: Config) -> int:
     from .van.postoffice import Postoffice
     postoffice = Postoffice(config)
     server = build_server(config, config.num_workers, key_begin=0)
+    server.expect_pushes = postoffice.van.register_recv_buffer
     try:
         # registered before start, as upstream does, so no early request finds no handler
         KVServer(postoffice, app_id=0, request_handler=server.handle_request,

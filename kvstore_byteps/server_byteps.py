@@ -66,6 +66,9 @@ class BytePSServer(KVStoreDistServer):
         self._engine = SumEngine(engine_threads)
         self._keys: Dict[int, _BytePSKey] = {}
         self._keys_lock = threading.Lock()
+        #: Called with (ps key, bytes per push) when a key is initialised, so a
+        #: receive-into-place van can set up the buffers its pushes will land in.
+        self.expect_pushes: Callable[[int, int], None] = lambda ps_key, nbytes: None
 
     def close(self, timeout: float = 10.0) -> None:
         """Finish queued summations and stop the engine threads."""
@@ -152,6 +155,7 @@ class BytePSServer(KVStoreDistServer):
         rounds = None if self.enable_async else KeyRounds(ps_key, self.num_workers, values.size,
                                                           values.dtype)
         thread = self._engine.bind(values.nbytes)
+        self.expect_pushes(ps_key, values.nbytes)
         log.debug("BytePS key %d: %d bytes of %s on engine thread %d", ps_key, values.nbytes,
                   values.dtype, thread)
         return _BytePSKey(ps_key, values.dtype, publish(values.copy()), thread, rounds)

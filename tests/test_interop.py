@@ -64,3 +64,26 @@ def test_c_our_scheduler_sum_servers_and_workers_two_ranges(env):
         assert_all_ok(results, cluster)
         _ok_rounds(results, "worker0")
         _ok_rounds(results, "worker1")
+
+
+def test_d_an_upstream_node_joining_a_byteps_tcp_cluster_stops_it_with_a_clear_error():
+    """Upstream MXNet speaks only zmq: our byteps_tcp scheduler recognises its greeting and
+    stops at once with an error saying so (instead of waiting for it until the deadline)."""
+    with Cluster(num_workers=1, num_servers=1, env={"BYTEPS_START_TIMEOUT": "60"}) as cluster:
+        cluster.start("scheduler", SCHEDULER_OURS, env={"DMLC_PS_VAN_TYPE": "byteps_tcp"})
+        cluster.start("worker", app("upstream_worker.py", "3"))
+        proc = cluster.procs["scheduler0"][0]
+        proc.wait(30)
+        out = cluster.output("scheduler0")
+        assert proc.returncode != 0, out
+        assert "speaks ZeroMQ" in out and "DMLC_PS_VAN_TYPE=byteps_tcp" in out, out
+
+
+def test_e_an_upstream_node_told_to_use_byteps_tcp_fails_at_once():
+    """The other way round: upstream ps-lite refuses a van it does not know, by name."""
+    with Cluster(num_workers=1, num_servers=1) as cluster:
+        cluster.start("scheduler", UPSTREAM, env={"DMLC_PS_VAN_TYPE": "byteps_tcp"})
+        proc = cluster.procs["scheduler0"][0]
+        proc.wait(30)
+        out = cluster.output("scheduler0")
+        assert proc.returncode != 0 and "byteps_tcp" in out, out

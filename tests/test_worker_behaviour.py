@@ -27,8 +27,9 @@ def run_checks(mode, *args, env=None, timeout=90, expect_ok=True, servers=1):
                 for name in workers}
 
 
-def test_pushpull_returns_before_communication_and_result_is_correct():
-    results = run_checks("async")
+@pytest.mark.parametrize("van", ["zmq", "byteps_tcp"])
+def test_pushpull_returns_before_communication_and_result_is_correct(van):
+    results = run_checks("async", env={"DMLC_PS_VAN_TYPE": van}, servers=2)
     assert all("ASYNC OK" in results[w][1] for w in ("worker0", "worker1")), results
 
 

@@ -30,10 +30,13 @@ SERVERS = {
 }
 
 
-@pytest.mark.parametrize("server,contexts", [("byteps", 1), ("byteps", 2), ("upstream", 1)])
-def test_two_workers_two_servers_match_single_process(tmp_path, server, contexts):
+@pytest.mark.parametrize("server,contexts,van", [("byteps", 1, "zmq"), ("byteps", 2, "zmq"),
+                                                ("upstream", 1, "zmq"),
+                                                ("byteps", 2, "byteps_tcp")])
+def test_two_workers_two_servers_match_single_process(tmp_path, server, contexts, van):
     steps = 5
-    env = {"MXNET_KVSTORE_SERVER": "byteps" if server == "byteps" else "mxnet"}
+    env = {"MXNET_KVSTORE_SERVER": "byteps" if server == "byteps" else "mxnet",
+           "DMLC_PS_VAN_TYPE": van}
     with Cluster(num_workers=2, num_servers=2, env=env) as cluster:
         cluster.start("scheduler", SCHEDULER_OURS)
         for _ in range(2):

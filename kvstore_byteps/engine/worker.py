@@ -209,6 +209,8 @@ class WorkerEngine:
 
     def _init(self, key, value, out):
         layout = self.layout(key, value.shape, value.dtype)
+        for slot in layout.slots:    # where this key's answers will land, every round
+            self.po.van.register_recv_buffer(slot.ps_key, slot.nbytes)
         if self.rank == 0:
             flat = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
             requests = [self.kv.push([s.ps_key], flat[s.offset:s.offset + s.nbytes], [s.nbytes],

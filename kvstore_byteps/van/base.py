@@ -11,9 +11,9 @@ ps-lite's four hooks plus a receive loop:
   returns after delivering a TERMINATE;
 * ``close()``: release everything, called after ``run`` returned.
 
-Receive-into-place transports (RDMA: the sender writes straight into a buffer the receiver
-registered) use ``register_recv_buffer``; a van that cannot do that (ZeroMQ) ignores it and
-delivers data in its own buffers, which the KV layer then copies once.
+Receive-into-place transports (byteps_tcp: ``recv_into`` a reused buffer; RDMA: the sender
+writes straight into a buffer the receiver registered) use ``register_recv_buffer``; a van that
+cannot do that (ZeroMQ) ignores it and delivers data in its own buffers.
 """
 import abc
 from typing import Callable, Optional
@@ -45,5 +45,9 @@ class Van(abc.ABC):
     def close(self) -> None:
         """Close every socket; call once ``run`` has returned."""
 
-    def register_recv_buffer(self, key: int, buffer) -> None:
-        """Offer ``buffer`` as the landing place for data of ``key`` (RDMA). Optional."""
+    def register_recv_buffer(self, key: int, nbytes: int) -> None:
+        """Announce that data frames of ``nbytes`` bytes for ps key ``key`` will arrive every
+        round, so a receive-into-place van can allocate their landing buffer now. Optional."""
+
+    def on_ready(self) -> None:
+        """The cluster has formed (this node got its id and the node list). Optional."""

@@ -34,7 +34,10 @@ def make_van(config: Config):
     if config.van_type is VanType.ZMQ:
         from .zmq_van import ZMQVan
         return ZMQVan(config)
-    raise ConfigError("DMLC_PS_VAN_TYPE=%s is not available yet (only zmq is implemented)"
+    if config.van_type is VanType.BYTEPS_TCP:
+        from .tcp_van import TcpVan
+        return TcpVan(config)
+    raise ConfigError("DMLC_PS_VAN_TYPE=%s is not available yet (zmq and byteps_tcp are)"
                       % config.van_type.value)
 
 
@@ -211,6 +214,7 @@ class Postoffice:
                 self.my_node, self.nodes = action.my_node, action.nodes
                 if self.config.resend:
                     self._resender = Resender(self.my_node.id, self.config.resend_timeout_ms)
+                self.van.on_ready()
                 self._ready.set()
             elif isinstance(action, ReleaseBarrier):
                 with self._barrier_cond:

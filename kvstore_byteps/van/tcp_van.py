@@ -1,0 +1,309 @@
+"""The BytePS TCP van (``DMLC_PS_VAN_TYPE=byteps_tcp``): raw sockets, no ZeroMQ.
+
+Wire format: tcp_frame.py. Each node listens on one socket; to send to a peer it opens one
+connection (as ps-lite's DEALER per peer) and introduces itself with a hello carrying its node
+id, which is how the receiver learns the sender of every message on that connection.
+
+Sending: header, meta and data frames go out in one non-blocking ``sendmsg`` (scatter/gather,
+the data straight from the caller's buffers, no copy in Python); what the socket does not take
+at once waits in the peer's queue for the writer thread (tcp_outbound.py), so ``send`` never
+blocks on a busy link.
+
+Receiving: one thread multiplexes every incoming connection and never waits on one of them
+(tcp_reader.py). The header comes first, so each frame's length is known before the frame
+arrives: small frames come out of a per-connection read-ahead buffer, large ones are read with
+``recv_into`` straight into a landing buffer from a
+:class:`~kvstore_byteps.van.recv_buffers.RecvBufferPool`, registered at key initialisation and
+reused every round. A separate accept thread does the handshake, so a node connecting to a
+busy peer never waits on that peer's receive loop.
+
+Every blocking step has a deadline and names the peer it waited for. A ZeroMQ peer (an upstream
+MXNet node, or one of ours on ``zmq``) is recognised by its greeting: a node connecting to it
+gets a ConfigError saying to use one van everywhere; a listener it connects to logs that error
+and, while the cluster is still forming, stops with it (otherwise the cluster would wait for
+that node until the start deadline).
+"""
+import logging
+import queue
+import selectors
+import socket
+import threading
+import time
+from typing import Callable, Dict, Optional
+
+from ..config import Config
+from ..errors import ClusterStartError, ConfigError, PeerError, ProtocolError
+from . import tcp_frame
+from .base import Van
+from .codec import decode_meta, encode_meta
+from .message import K_EMPTY, Message, Node
+from .recv_buffers import RecvBufferPool
+from .tcp_outbound import Outbound, Writer
+from .tcp_reader import MessageReader
+
+log = logging.getLogger(__name__)
+
+_HANDSHAKE_SECONDS = 10.0
+_CONNECT_RETRY_SECONDS = 0.1
+_ACCEPT_POLL_SECONDS = 0.2
+# Frames below this size are copied out of the read-ahead buffer; larger ones land in place.
+_LAND_IN_PLACE_BYTES = 65536
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def _recv_exactly(sock: socket.socket, size: int, what: str) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise PeerError("%s closed the connection after %d of %d bytes"
+                            % (what, len(data), size))
+        data += chunk
+    return bytes(data)
+
+
+def read_hello(sock: socket.socket, what: str) -> int:
+    """Read and check a peer's hello; its node id. ConfigError for a ZeroMQ peer."""
+    first = _recv_exactly(sock, tcp_frame.ZMTP_SIGNATURE_BYTES, what)
+    if tcp_frame.is_zmtp_signature(first):
+        try:
+            tcp_frame.decode_hello(first)
+        except ProtocolError as exc:
+            raise ConfigError("%s %s" % (what, exc)) from None
+    rest = _recv_exactly(sock, tcp_frame.HELLO_BYTES - len(first), what)
+    try:
+        return tcp_frame.decode_hello(first + rest)
+    except ProtocolError as exc:
+        raise ProtocolError("%s %s" % (what, exc)) from None
+
+
+class _Inbound:
+    """One accepted connection: its peer and the reader of its stream."""
+
+    def __init__(self, sock: socket.socket, peer_id: int, address: str, pool: RecvBufferPool):
+        sock.setblocking(False)
+        self.sock, self.peer_id, self.address = sock, peer_id, address
+        self.reader = MessageReader(pool, _LAND_IN_PLACE_BYTES)
+
+    def describe(self) -> str:
+        who = "node ?" if self.peer_id == K_EMPTY else "node %d" % self.peer_id
+        return "%s (%s)" % (who, self.address)
+
+
+class TcpVan(Van):
+    """BytePS TCP transport; talks to byteps_tcp nodes only."""
+
+    def __init__(self, config: Config, pool: Optional[RecvBufferPool] = None):
+        self.config = config
+        self.pool = pool if pool is not None else RecvBufferPool(_LAND_IN_PLACE_BYTES)
+        self.my_id = K_EMPTY
+        self.io_timeout = config.request_timeout
+        self._listener: Optional[socket.socket] = None
+        self._out: Dict[int, Outbound] = {}
+        self._out_lock = threading.Lock()
+        self._writer = Writer(self.io_timeout)
+        self._accepted: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._closed = threading.Event()
+        self._forming = True
+        self._accept_thread: Optional[threading.Thread] = None
+
+    # ------------------------------------------------------------------ binding
+    def bind(self, node: Node, max_retry: int) -> int:
+        import random
+        port, error = node.port, None
+        for _ in range(max_retry + 1):
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                listener.bind((node.hostname or "", port))
+                listener.listen(1024)
+            except OSError as exc:
+                listener.close()
+                error = exc
+                port = random.randrange(10000, 50000)
+                continue
+            listener.settimeout(_ACCEPT_POLL_SECONDS)
+            self._listener = listener
+            self._accept_thread = threading.Thread(target=self._accept_loop, daemon=True,
+                                                   name="tcp-van-accept")
+            self._accept_thread.start()
+            return listener.getsockname()[1]
+        raise ConfigError("cannot bind %s:%d (%s) after %d attempt(s): %s"
+                          % (node.hostname, node.port, node.role.name.lower(), max_retry + 1,
+                             error))
+
+    def on_ready(self) -> None:
+        self._forming = False
+
+    def _accept_loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                sock, address = self._listener.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._handshake, args=(sock, "%s:%d" % address[:2]),
+                             daemon=True, name="tcp-van-handshake").start()
+
+    def _handshake(self, sock: socket.socket, address: str) -> None:
+        what = "the peer at %s" % address
+        try:
+            sock.settimeout(_HANDSHAKE_SECONDS)
+            _tune(sock)
+            sock.sendall(tcp_frame.encode_hello(self.my_id))
+            peer_id = read_hello(sock, what)
+        except ConfigError as exc:
+            log.error("%s", exc)
+            sock.close()
+            if self._forming:
+                self._accepted.put(exc)
+                self._wake()
+            return
+        except (OSError, PeerError, ProtocolError) as exc:
+            log.warning("dropped a connection from %s: %s", address, exc)
+            sock.close()
+            return
+        self._accepted.put(_Inbound(sock, peer_id, address, self.pool))
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+
+    # ------------------------------------------------------------------ sending
+    def connect(self, node: Node, my_id: Optional[int]) -> None:
+        if my_id is not None:
+            self.my_id = my_id
+        what = "%s %s at %s" % (node.role.name.lower(),
+                                "?" if node.id == K_EMPTY else node.id, node.address)
+        deadline = time.monotonic() + self.config.start_timeout
+        while True:
+            try:
+                sock = socket.create_connection((node.hostname, node.port),
+                                                timeout=_HANDSHAKE_SECONDS)
+                break
+            except OSError as exc:
+                if time.monotonic() >= deadline:
+                    error = ClusterStartError if my_id is None else PeerError
+                    raise error("cannot connect to %s within %.0f s (BYTEPS_START_TIMEOUT): %s"
+                                % (what, self.config.start_timeout, exc)) from None
+                time.sleep(_CONNECT_RETRY_SECONDS)
+        try:
+            _tune(sock)
+            sock.sendall(tcp_frame.encode_hello(self.my_id if my_id is not None else K_EMPTY))
+            read_hello(sock, what)
+        except BaseException:
+            sock.close()
+            raise
+        with self._out_lock:
+            old = self._out.get(node.id)
+            self._out[node.id] = Outbound(sock, what)
+        if old is not None:
+            old.close()
+
+    def send(self, message: Message) -> int:
+        recver = message.meta.recver
+        out = self._out.get(recver)
+        if out is None or self._closed.is_set():
+            raise ProtocolError("no connection to node %s" % recver)
+        meta = encode_meta(message.meta)
+        frames = [memoryview(d).cast("B") for d in message.data]
+        header = tcp_frame.encode_header(meta, [f.nbytes for f in frames])
+        buffers = [memoryview(header + meta)] + frames
+        total = sum(b.nbytes for b in buffers)
+        if out.send(buffers):
+            self._writer.watch(out)
+        return total
+
+    # ------------------------------------------------------------------ receiving
+    def run(self, on_message: Callable[[Message], bool], on_tick: Callable[[], None],
+            tick_seconds: float) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(self._wake_r, selectors.EVENT_READ, None)
+        try:
+            while True:
+                for key, _ in selector.select(tick_seconds):
+                    inbound = key.data
+                    if inbound is None:
+                        self._register_accepted(selector)
+                    elif not self._drain(inbound, selector, on_message):
+                        return
+                on_tick()
+        finally:
+            for key in list(selector.get_map().values()):
+                if key.data is not None:
+                    key.data.sock.close()
+            selector.close()
+
+    def _register_accepted(self, selector) -> None:
+        try:
+            self._wake_r.recv(4096)
+        except OSError:
+            pass
+        while True:
+            try:
+                item = self._accepted.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            selector.register(item.sock, selectors.EVENT_READ, item)
+
+    def _drain(self, inbound: _Inbound, selector, on_message) -> bool:
+        """Deliver every message the connection has completed; False once ``on_message``
+        says stop. Never waits: the rest of a message comes with the next readiness event."""
+        reader = inbound.reader
+        try:
+            messages = reader.read(inbound.sock.recv_into)
+        except OSError as exc:
+            messages, reader.failure = [], exc
+        for meta_raw, data in messages:
+            try:
+                meta = decode_meta(meta_raw, sender=inbound.peer_id, recver=self.my_id)
+            except ProtocolError as exc:
+                log.warning("dropped a malformed message from %s: %s", inbound.describe(), exc)
+                continue
+            if not on_message(Message(meta, data)):
+                return False
+        if reader.failure is not None:
+            if isinstance(reader.failure, EOFError):
+                if reader.in_message:
+                    log.warning("%s closed the connection in the middle of a message",
+                                inbound.describe())
+            else:
+                log.warning("connection from %s closed: %s", inbound.describe(), reader.failure)
+            selector.unregister(inbound.sock)
+            inbound.sock.close()
+        return True
+
+    def register_recv_buffer(self, key: int, nbytes: int) -> None:
+        self.pool.register(key, nbytes)
+
+    # ------------------------------------------------------------------ shutdown
+    def close(self) -> None:
+        self._closed.set()
+        if self._listener is not None:
+            self._listener.close()
+        if self._accept_thread is not None:
+            self._accept_thread.join(_ACCEPT_POLL_SECONDS * 5)
+        self._writer.close()
+        with self._out_lock:
+            outs, self._out = list(self._out.values()), {}
+        for out in outs:
+            out.close()
+        while True:
+            try:
+                item = self._accepted.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, _Inbound):
+                item.sock.close()
+        self._wake_r.close()
+        self._wake_w.close()

@@ -1,0 +1,321 @@
+"""The BytePS TCP van: its wire format, landing buffers, and in-process nodes on 127.0.0.1."""
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from kvstore_byteps.config import Config, Role, VanType
+from kvstore_byteps.errors import ClusterStartError, ConfigError, ProtocolError
+from kvstore_byteps.van import tcp_frame
+from kvstore_byteps.van.codec import encode_meta
+from kvstore_byteps.van.kv import KVServer, KVWorker
+from kvstore_byteps.van.message import K_EMPTY, Meta
+from kvstore_byteps.van.postoffice import Postoffice
+from kvstore_byteps.van.recv_buffers import RecvBufferPool
+from tests.conftest import free_port, wait_until
+
+ZMTP_GREETING = b"\xff" + b"\x00" * 8 + b"\x7f" + b"\x03\x00NULL" + b"\x00" * 48
+
+
+# ============================================================================ wire format
+def test_hello_carries_the_node_id_or_none():
+    assert tcp_frame.decode_hello(tcp_frame.encode_hello(9)) == 9
+    assert tcp_frame.decode_hello(tcp_frame.encode_hello(K_EMPTY)) == K_EMPTY
+    assert len(tcp_frame.encode_hello(9)) == tcp_frame.HELLO_BYTES
+    assert tcp_frame.encode_hello(9)[0] != 0xFF      # never mistaken for a ZMTP greeting
+
+
+def test_a_zeromq_greeting_is_named_as_such():
+    assert tcp_frame.is_zmtp_signature(ZMTP_GREETING[:10])
+    assert not tcp_frame.is_zmtp_signature(tcp_frame.encode_hello(1)[:10])
+    with pytest.raises(ProtocolError, match="speaks ZeroMQ.*same van"):
+        tcp_frame.decode_hello(ZMTP_GREETING[:16])
+
+
+def test_a_foreign_or_newer_hello_is_refused():
+    with pytest.raises(ProtocolError, match="not a byteps_tcp node"):
+        tcp_frame.decode_hello(b"GET / HTTP/1.1\r\n")
+    newer = bytearray(tcp_frame.encode_hello(3))
+    newer[5] = tcp_frame.VERSION + 1
+    with pytest.raises(ProtocolError, match="version %d" % (tcp_frame.VERSION + 1)):
+        tcp_frame.decode_hello(bytes(newer))
+
+
+def test_header_round_trip_and_limits():
+    header = tcp_frame.encode_header(b"m" * 7, [8, 1 << 20, 4])
+    assert len(header) == tcp_frame.header_size(3)
+    assert tcp_frame.decode_header_start(header[:tcp_frame.HEAD_BYTES]) == (7, 3)
+    assert tcp_frame.decode_frame_lengths(header[tcp_frame.HEAD_BYTES:], 3) == [8, 1 << 20, 4]
+    with pytest.raises(ProtocolError, match="meta length 0"):
+        tcp_frame.decode_header_start(struct.pack("<IHH", 0, 0, 0))
+    with pytest.raises(ProtocolError, match="data frames exceed"):
+        tcp_frame.decode_header_start(struct.pack("<IHH", 5, tcp_frame.MAX_FRAMES + 1, 0))
+    with pytest.raises(ProtocolError, match="exceeds"):
+        tcp_frame.decode_frame_lengths(struct.pack("<Q", tcp_frame.MAX_FRAME_BYTES + 1), 1)
+    with pytest.raises(ProtocolError, match="1 of 2"):
+        tcp_frame.decode_frame_lengths(struct.pack("<Q", 5), 2)
+
+
+# ============================================================================ landing buffers
+def test_a_released_buffer_is_reused_and_a_held_one_never():
+    pool = RecvBufferPool(min_bytes=16)
+    first = pool.take(5, 64)
+    address = first.ctypes.data
+    view = memoryview(first)[8:16]         # the consumer still looks at it
+    del first
+    second = pool.take(5, 64)
+    assert second.ctypes.data != address   # a new buffer, the held one untouched
+    del view, second
+    again = pool.take(5, 64)
+    assert again.ctypes.data == address
+    assert pool.reused == 1 and pool.allocated == 2
+
+
+def test_register_allocates_before_the_first_message_and_small_frames_are_not_pooled():
+    pool = RecvBufferPool(min_bytes=1024)
+    pool.register(7, 4096)
+    pool.register(7, 4096)          # idempotent
+    pool.register(8, 100)           # below min_bytes: nothing to keep
+    assert pool.allocated == 1 and pool.total_bytes() == 4096
+    pool.take(7, 4096)
+    assert pool.reused == 1 and pool.allocated == 1
+    pool.take(8, 100)
+    assert pool.total_bytes() == 4096
+
+
+def test_the_pool_keeps_at_most_buffers_per_key():
+    pool = RecvBufferPool(min_bytes=1, buffers_per_key=2)
+    held = [pool.take(1, 32) for _ in range(4)]
+    assert pool.allocated == 4 and pool.total_bytes() == 64
+    del held
+
+
+# ============================================================================ nodes on 127.0.0.1
+def config(role, port, van=VanType.BYTEPS_TCP, timeout=20.0, request_timeout=10.0):
+    return Config(role=role, num_workers=1, num_servers=1, root_uri="127.0.0.1",
+                  root_port=port, node_host="127.0.0.1", start_timeout=timeout,
+                  request_timeout=request_timeout, van_type=van)
+
+
+def start_all(nodes, join=15):
+    results = {}
+
+    def run(po):
+        try:
+            po.start()
+            results[id(po)] = None
+        except Exception as exc:
+            results[id(po)] = exc
+    threads = [threading.Thread(target=run, args=(po,), daemon=True) for po in nodes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(join)
+    return [results.get(id(po), "still starting") for po in nodes]
+
+
+@pytest.fixture
+def tcp_cluster():
+    port = free_port()
+    nodes = [Postoffice(config(role, port)) for role in (Role.SCHEDULER, Role.SERVER, Role.WORKER)]
+    store = {}
+
+    def on_request(req, server):
+        keys = tuple(int(k) for k in req.keys)
+        if req.meta.push:   # consumes the frame now, as our servers do
+            store[keys] = (np.frombuffer(req.vals, np.float32) * 2, req.lens.copy())
+            server.respond(req)
+        else:
+            server.respond(req, req.keys, *store[keys])
+    KVServer(nodes[1], request_handler=on_request)
+    worker = KVWorker(nodes[2])
+    assert start_all(nodes) == [None, None, None]
+    yield nodes, worker
+    for po in reversed(nodes):
+        po.stop()
+
+
+@pytest.mark.timeout(60)
+def test_large_and_small_values_round_trip_and_land_in_reused_buffers(tcp_cluster):
+    nodes, worker = tcp_cluster
+    server_pool, worker_pool = nodes[1].van.pool, nodes[2].van.pool
+    worker_pool.register(3, (1 << 20) + 8)     # the frame of both keys
+    for step in range(5):
+        big = np.full(1 << 18, step, np.float32)          # 1 MiB
+        small = np.array([step, step + 0.5], np.float32)
+        worker.wait(worker.push([3, 4], np.concatenate([big, small]), [big.nbytes, 8]))
+        got = worker.wait(worker.pull([3, 4]))
+        values = np.frombuffer(got.vals, np.float32)
+        assert np.array_equal(values[:big.size], big * 2)
+        assert np.array_equal(values[big.size:], small * 2)
+        del got, values
+    # after the first round every 1 MiB frame landed in a buffer that was already there
+    assert server_pool.allocated <= 2 and server_pool.reused >= 4
+    assert worker_pool.allocated == 1 and worker_pool.reused >= 4
+
+
+def send_raw(node, node_id, data):
+    """Connect to ``node`` as ``node_id``, send ``data``, wait until the node hangs up."""
+    with socket.create_connection(("127.0.0.1", node.my_node.port), timeout=20) as rogue:
+        rogue.sendall(tcp_frame.encode_hello(node_id))
+        assert tcp_frame.decode_hello(rogue.recv(tcp_frame.HELLO_BYTES, socket.MSG_WAITALL))
+        rogue.sendall(data)
+        rogue.shutdown(socket.SHUT_WR)
+        assert rogue.recv(1) == b""
+
+
+@pytest.mark.timeout(60)
+def test_a_broken_stream_is_dropped_and_the_node_keeps_serving(tcp_cluster, caplog):
+    nodes, worker = tcp_cluster
+    meta = b"\xff\xfe not a protobuf"
+    send_raw(nodes[1], 99, struct.pack("<IHH", 0, 1, 0))                 # meta length 0
+    send_raw(nodes[1], 98, tcp_frame.encode_header(meta, [3]) + meta + b"abc"   # undecodable
+             + tcp_frame.encode_header(meta, [100]) + meta + b"ab")             # cut short
+    wait_until(lambda: "meta length 0" in caplog.text and "malformed" in caplog.text
+               and "middle of a message" in caplog.text, 30, "three warnings")
+    worker.wait(worker.push([1], np.ones(2, np.float32), [8]))
+    got = worker.wait(worker.pull([1]))
+    assert np.array_equal(np.frombuffer(got.vals, np.float32), [2, 2])
+
+
+@pytest.mark.timeout(60)
+def test_a_node_on_byteps_tcp_told_that_the_scheduler_speaks_zeromq():
+    port = free_port()
+    scheduler = Postoffice(config(Role.SCHEDULER, port, van=VanType.ZMQ, timeout=3.0))
+    threading.Thread(target=start_all, args=([scheduler],), daemon=True).start()
+    worker = Postoffice(config(Role.WORKER, port, timeout=8.0))
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="scheduler 1 at 127.0.0.1:%d speaks ZeroMQ" % port):
+        worker.start()
+    assert time.monotonic() - started < 5
+    wait_until(lambda: scheduler.error is not None, 20, "the scheduler's start deadline")
+    scheduler.stop()
+
+
+@pytest.mark.timeout(60)
+def test_a_byteps_tcp_scheduler_stops_at_once_when_a_zeromq_node_joins(caplog):
+    port = free_port()
+    scheduler = Postoffice(config(Role.SCHEDULER, port, timeout=30.0))
+    worker = Postoffice(config(Role.WORKER, port, van=VanType.ZMQ, timeout=5.0))
+    started = time.monotonic()
+    results = start_all([scheduler], join=0.5) + start_all([worker], join=0)
+    wait_until(lambda: scheduler.stopped, 15, "the scheduler to stop")
+    assert isinstance(scheduler.error, ConfigError), scheduler.error
+    assert "the peer at 127.0.0.1:" in str(scheduler.error)
+    assert "speaks ZeroMQ" in str(scheduler.error)
+    assert time.monotonic() - started < 5
+    del results
+    scheduler.stop()    # (the zmq worker, never admitted, ends with the test process)
+
+
+@pytest.mark.timeout(30)
+def test_an_unreachable_scheduler_is_named():
+    port = free_port()
+    po = Postoffice(config(Role.WORKER, port, timeout=1.0))
+    with pytest.raises(ClusterStartError, match="127.0.0.1:%d" % port):
+        po.start()
+
+
+@pytest.mark.timeout(30)
+def test_a_taken_scheduler_port_is_an_error():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        with pytest.raises(ConfigError, match="127.0.0.1:%d" % port):
+            Postoffice(config(Role.SCHEDULER, port)).start()
+
+
+# ============================================================================ reader and writer
+def stream_of(*messages):
+    """The bytes of (meta, frames) messages on the wire."""
+    out = b""
+    for meta, frames in messages:
+        out += tcp_frame.encode_header(meta, [len(f) for f in frames]) + meta + b"".join(frames)
+    return out
+
+
+def chunked(data, sizes):
+    """A non-blocking recv_into over ``data``: each call gives at most the next size bytes,
+    then BlockingIOError (nothing more now), then EOF once the data is gone and closed."""
+    state = {"pos": 0, "turn": 0}
+
+    def recv_into(view):
+        if state["pos"] >= len(data):
+            raise BlockingIOError
+        size = min(sizes[state["turn"] % len(sizes)], view.nbytes, len(data) - state["pos"])
+        state["turn"] += 1
+        view[:size] = data[state["pos"]:state["pos"] + size]
+        state["pos"] += size
+        return size
+    return recv_into
+
+
+@pytest.mark.parametrize("sizes", [[1], [7, 3], [65536], [1 << 20]], ids=str)
+def test_the_reader_rebuilds_messages_from_any_chunking(sizes):
+    from kvstore_byteps.van.tcp_reader import MessageReader
+    keys = struct.pack("<Q", 42)
+    big = bytes(range(256)) * 1024                 # 256 KiB: lands in a pooled buffer
+    messages = [(b"m1", [keys, b"small", b"\x01\x02\x03\x04"]), (b"m2", []),
+                (b"m3", [keys, big, b""]), (b"m" * 300000, [b"x"])]   # a meta past read-ahead
+    pool = RecvBufferPool(min_bytes=65536)
+    reader = MessageReader(pool, land_bytes=65536)
+    recv = chunked(stream_of(*messages), sizes)
+    got = []
+    for _ in range(100000):
+        got += reader.read(recv)
+        if len(got) == len(messages):
+            break
+    assert [m for m, _ in got] == [m for m, _ in messages]
+    for (_, frames), (_, expected) in zip(got, messages):
+        assert [bytes(f) for f in frames] == expected
+    assert pool.allocated == 1 and reader.failure is None and not reader.in_message
+
+
+def test_the_reader_reports_eof_mid_message_and_bad_framing_after_good_messages():
+    from kvstore_byteps.van.tcp_reader import MessageReader
+    whole = stream_of((b"ok", [b"abc"]))
+    for tail, failure in [(b"", EOFError), (stream_of((b"cut", [b"xyz"]))[:-1], EOFError),
+                          (struct.pack("<IHH", 0, 0, 0), ProtocolError)]:
+        data = whole + tail
+        calls = {"n": 0}
+
+        def recv_into(view, data=data):
+            calls["n"] += 1
+            if calls["n"] > 1:
+                return 0                            # closed
+            view[:len(data)] = data
+            return len(data)
+        reader = MessageReader(RecvBufferPool(), land_bytes=65536)
+        got = reader.read(recv_into)
+        assert [m for m, _ in got] == [b"ok"]
+        assert isinstance(reader.failure, failure)
+        if failure is EOFError:       # the van says whether a message was cut short
+            assert reader.in_message == bool(tail)
+
+
+def test_a_full_socket_queues_the_rest_and_keeps_the_order():
+    from kvstore_byteps.van.tcp_outbound import Outbound, advance
+    views = [memoryview(b"abc"), memoryview(b"defg")]
+    advance(views, 4)
+    assert [bytes(v) for v in views] == [b"efg"]
+    a, b = socket.socketpair()
+    try:
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        out = Outbound(a, "test peer")
+        first = np.arange(1 << 20, dtype=np.uint8)          # far more than the socket takes
+        assert out.send([memoryview(first)]) is True         # the rest is queued
+        assert out.send([memoryview(b"second")]) is False    # behind it, already watched
+        received = bytearray()
+        b.settimeout(10)
+        while len(received) < first.nbytes + 6:
+            out.flush()
+            received += b.recv(1 << 20)
+        assert bytes(received) == first.tobytes() + b"second"
+        assert out.flush() is True and not out.pending
+    finally:
+        a.close()
+        b.close()
