@@ -1,6 +1,8 @@
-"""Logging set-up for command-line entry points (the library itself only creates loggers)."""
+"""Logging set-up for command-line entry points (the library itself only creates loggers),
+and :class:`PeerLog`, which keeps a misbehaving peer from flooding the log."""
 import logging
 import sys
+import threading
 
 from .config import Config
 
@@ -51,3 +53,28 @@ def announce(config: Config, text: str) -> None:
     """One start-up line on stderr that users see by default (not with BYTEPS_LOG_LEVEL=ERROR)."""
     if config.log_level not in _QUIET_LEVELS:
         print("[kvstore_byteps] " + text, file=sys.stderr, flush=True)
+
+
+class PeerLog:
+    """Logs the first problem of each peer in full (with the traceback, if asked for) and
+    after that only every ``every``-th, with a count: a peer sending thousands of bad messages
+    must not bury the log, and the first one still says what was wrong."""
+
+    def __init__(self, logger: logging.Logger, every: int = 1000):
+        self.logger, self.every = logger, every
+        self._counts = {}
+        self._lock = threading.Lock()
+
+    def warning(self, peer, text: str, *args, exc_info: bool = False) -> None:
+        with self._lock:
+            count = self._counts[peer] = self._counts.get(peer, 0) + 1
+        if count == 1:
+            self.logger.warning(text + " (more problems from this peer: only counted)", *args,
+                                exc_info=exc_info)
+        elif count % self.every == 0:
+            self.logger.warning("%d problems from %s so far, the latest: " + text, count, peer,
+                                *args)
+
+    def count(self, peer) -> int:
+        with self._lock:
+            return self._counts.get(peer, 0)

@@ -27,6 +27,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from .errors import ProtocolError
+from .logs import PeerLog
 from .server_compression import GradientCompression, dequantize_2bit, packed_nbytes_2bit, \
     parse_compression_params
 from .server_protocol import Cmd, CompressedPush, RequestType, ServerCommand, decode_cmd, \
@@ -55,6 +56,7 @@ class KVStoreDistServer:
         self.updater: Optional[Updater] = None
         self._load_updater = updater_loader
         self._lock = threading.RLock()
+        self._peer_log = PeerLog(log)
         self._store = {}
         self._stopped = threading.Event()
         self._handlers = {
@@ -82,14 +84,23 @@ class KVStoreDistServer:
         except ProtocolError as exc:
             self._refuse(req, server, str(exc))
         except Exception as exc:  # a bug or a failing updater must not take the server down
-            log.exception("request from node %s failed", req.sender)
+            self._peer_log.warning(req.sender, "request from node %s failed", req.sender,
+                                   exc_info=True)
             self._refuse(req, server, "server error: %s: %s" % (type(exc).__name__, exc))
+
+    def _is_worker(self, node_id: int) -> bool:
+        """Whether ``node_id`` is one of the cluster's worker ids (9, 11, ...: ps-lite's)."""
+        return node_id >= 9 and node_id % 2 == 1 and (node_id - 9) // 2 < self.num_workers
 
     def handle_command(self, req, server) -> None:
         """A SimpleApp command; answered after it was handled (kStopServer then stops)."""
         error, body = None, None
         try:
             command = _command_of(req.meta.head)
+            if command == ServerCommand.STOP_SERVER and not self._is_worker(req.sender):
+                # without authentication anyone reaching the port could stop the job
+                raise ProtocolError("kStopServer refused: node %s is not a worker of this "
+                                    "cluster" % req.sender)
             with self._lock:
                 body = self._commands[command](bytes(req.meta.body or b""))
         except ProtocolError as exc:
@@ -274,7 +285,7 @@ class KVStoreDistServer:
         self._respond(server, req, keys=req.keys, vals=entry.value[rows], lens=lens)
 
     def _refuse(self, req, server, message: str) -> None:
-        log.warning("request from node %s refused: %s", req.sender, message)
+        self._peer_log.warning(req.sender, "request from node %s refused: %s", req.sender, message)
         self._respond(server, req, error=message)
 
     @staticmethod

@@ -107,3 +107,12 @@ def test_extension_fields_round_trip_and_are_optional():
 def test_malformed_meta_raises_protocol_error(raw):
     with pytest.raises(ProtocolError):
         decode_meta(raw)
+
+
+def test_a_node_whose_hostname_is_not_utf8_is_a_protocol_error():
+    from kvstore_byteps.van.message import Command, Control, Node, Role
+    meta = Meta(control=Control(cmd=Command.ADD_NODE,
+                                nodes=[Node(Role.WORKER, hostname="AAAA", port=5)]))
+    raw = encode_meta(meta).replace(b"AAAA", b"\xff\xfe\xfd\xfc")
+    with pytest.raises(ProtocolError, match="not UTF-8"):
+        decode_meta(raw)

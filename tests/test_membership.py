@@ -3,7 +3,7 @@ import pytest
 
 from kvstore_byteps.config import Role
 from kvstore_byteps.errors import ClusterStartError
-from kvstore_byteps.van.membership import (Connect, NodeMembership, Ready, ReleaseBarrier,
+from kvstore_byteps.van.membership import (Connect, NodeMembership, Ready, Refused, ReleaseBarrier,
                                            SchedulerMembership, Send, Stop, assign_ids,
                                            barrier_request, group_members, terminate_message,
                                            VanClock)
@@ -186,10 +186,19 @@ def test_node_deadline_names_scheduler_address():
         worker.tick(5.1)
 
 
-def test_terminate_stops():
-    msg = terminate_message(9)
-    assert make_worker().handle(msg, 0) == [Stop()]
-    assert make_scheduler().handle(msg, 0) == [Stop()]
+def test_terminate_stops_only_when_the_node_sent_it_to_itself():
+    worker, scheduler = make_worker(), make_scheduler()
+    own = terminate_message(K_EMPTY)                 # the worker has no id yet
+    assert worker.handle(own, 0) == [Stop()]
+    from_self = terminate_message(1)
+    from_self.meta.sender = 1
+    assert scheduler.handle(from_self, 0) == [Stop()]
+    for sender in (9, K_EMPTY):                      # anyone else: refused, with a reason
+        rogue = terminate_message(1)
+        rogue.meta.sender = sender
+        actions = scheduler.handle(rogue, 0)
+        assert len(actions) == 1 and isinstance(actions[0], Refused)
+        assert "only stops itself" in actions[0].reason
 
 
 def test_shutdown_sequence_second_group7_barrier_needs_everyone():

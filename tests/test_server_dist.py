@@ -228,6 +228,11 @@ def test_every_command_is_answered_and_stop_stops():
         assert fake.answered(req)
     assert "unknown server command 42" in fake.answers[-1].error
     assert not srv.stopped
+    for rogue in (8, 1, 2147483647, WORKER0 + 2 * 5):   # a server, the scheduler, anonymous,
+        req = vector_request("16_cmd_stopserver_request", rogue)   # a worker rank too high
+        srv.handle_command(req, fake)
+        assert "kStopServer refused: node %d is not a worker" % rogue in fake.answer_to(req).error
+        assert not srv.stopped
     stop = vector_request("16_cmd_stopserver_request", WORKER0)
     srv.handle_command(stop, fake)
     assert fake.answer_to(stop).error is None and srv.wait_stopped(0)

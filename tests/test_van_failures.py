@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from kvstore_byteps.config import Config, Role
+from kvstore_byteps.config import Config, Role, VanType
 from kvstore_byteps.errors import ClusterStartError, ConfigError, PeerError
 from kvstore_byteps.van.codec import encode_meta
 from kvstore_byteps.van.kv import KVServer, KVWorker
@@ -63,6 +63,19 @@ def test_port_already_taken():
         port = holder.getsockname()[1]
         with pytest.raises(ConfigError, match="127.0.0.1:%d" % port):
             Postoffice(config(Role.SCHEDULER, port)).start()
+
+
+@pytest.mark.parametrize("van", [VanType.ZMQ, VanType.BYTEPS_TCP])
+def test_an_explicit_port_in_use_is_an_error_not_replaced(van):
+    import dataclasses
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        cfg = dataclasses.replace(config(Role.WORKER, free_port(), timeout=2.0), port=port,
+                                  van_type=van)
+        with pytest.raises(ConfigError, match="PORT=%d" % port):
+            Postoffice(cfg).start()
 
 
 @pytest.fixture
@@ -126,3 +139,53 @@ def test_unsorted_keys_rejected_before_sending(tiny_cluster):
     _, worker = tiny_cluster
     with pytest.raises(ValueError, match="sorted"):
         worker.push([5, 3], np.ones(2, np.float32), [4, 4])
+
+
+@pytest.mark.parametrize("van", [VanType.ZMQ, VanType.BYTEPS_TCP])
+def test_ps_drop_msg_loses_data_messages_and_resend_recovers_them(van):
+    import dataclasses
+    port = free_port()
+    nodes = [Postoffice(dataclasses.replace(config(role, port), van_type=van, resend=True,
+                                            resend_timeout_ms=100, drop_msg_percent=20))
+             for role in (Role.SCHEDULER, Role.SERVER, Role.WORKER)]
+    store = {}
+
+    def on_request(req, server):
+        key = int(req.keys[0])
+        if req.meta.push:
+            store[key] = store.get(key, 0) + np.frombuffer(req.vals, np.float32)
+            server.respond(req)
+        else:
+            server.respond(req, req.keys, store[key], [store[key].nbytes])
+    KVServer(nodes[1], request_handler=on_request)
+    worker = KVWorker(nodes[2])
+    threads = [start_in_thread(po) for po in nodes]
+    for thread, errors in threads:
+        thread.join(15)
+        assert not errors
+    try:
+        for step in range(1, 41):
+            worker.wait(worker.push([3], np.ones(4, np.float32), [16]))
+            got = worker.wait(worker.pull([3]))
+            assert np.array_equal(np.frombuffer(got.vals, np.float32), [step] * 4)
+        assert nodes[1].dropped_messages + nodes[2].dropped_messages > 0
+    finally:
+        for po in reversed(nodes):
+            po.stop()
+
+
+def test_a_flood_from_one_peer_is_logged_once_then_counted(caplog):
+    import logging
+    from kvstore_byteps.logs import PeerLog
+    logger = logging.getLogger("kvstore_byteps.test_peerlog")
+    peer_log = PeerLog(logger, every=1000)
+    with caplog.at_level(logging.WARNING, logger="kvstore_byteps.test_peerlog"):
+        for i in range(2500):
+            peer_log.warning("rogue", "bad frame %d from %s", i, "rogue")
+        peer_log.warning("honest", "bad frame %d from %s", 0, "honest")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 4, lines
+    assert lines[0].startswith("bad frame 0 from rogue (more problems from this peer")
+    assert lines[1].startswith("1000 problems from rogue so far, the latest: bad frame 999")
+    assert lines[3].startswith("bad frame 0 from honest")
+    assert peer_log.count("rogue") == 2500

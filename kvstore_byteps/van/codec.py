@@ -113,10 +113,15 @@ def _unpack_node(pb_node) -> Node:
         role = Role(pb_node.role)
     except ValueError:
         raise ProtocolError("unknown node role %d" % pb_node.role) from None
+    hostname = pb_node.hostname
+    if not isinstance(hostname, str):   # protobuf hands invalid UTF-8 back as bytes
+        raise ProtocolError("node hostname %r is not UTF-8" % (hostname[:64],))
+    if not 0 <= pb_node.port <= 65535:
+        raise ProtocolError("node port %d is out of range" % pb_node.port)
     return Node(
         role=role,
         id=pb_node.id if pb_node.HasField("id") else K_EMPTY,
-        hostname=pb_node.hostname,
+        hostname=hostname,
         port=pb_node.port,
         is_recovery=pb_node.is_recovery,
         customer_id=pb_node.customer_id,

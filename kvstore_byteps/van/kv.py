@@ -19,6 +19,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional
 import numpy as np
 
 from ..errors import DeadlineError, PeerError, ProtocolError
+from ..logs import PeerLog
 from .kv_keys import as_keys, slice_request
 from .message import DataType, Message, Meta, server_rank_to_id
 
@@ -298,6 +299,7 @@ class KVServer:
         self.po, self.app_id = postoffice, app_id
         self.request_handler = request_handler
         self.command_handler = command_handler
+        self._peer_log = PeerLog(log)
         postoffice.register_customer(app_id, app_id, self._on_message)
 
     def respond(self, req: KVRequest, keys=None, vals=None, lens=None,
@@ -321,7 +323,8 @@ class KVServer:
         try:
             req = KVRequest(meta, parse_kv_frames(message))
         except ProtocolError as exc:
-            log.warning("malformed request from node %d: %s", meta.sender, exc)
+            self._peer_log.warning(meta.sender, "malformed request from node %d: %s",
+                                   meta.sender, exc)
             self._respond_error(KVRequest(meta, KVPairs(np.empty(0, np.uint64),
                                                          memoryview(b""), None)), str(exc))
             return
@@ -332,7 +335,8 @@ class KVServer:
                     "commands" if meta.simple_app else "KV requests"))
             handler(req, self)
         except Exception as exc:
-            log.warning("request from node %d (head %d) failed: %s", meta.sender, meta.head, exc)
+            self._peer_log.warning(meta.sender, "request from node %d (head %d) failed: %s",
+                                   meta.sender, meta.head, exc)
             self._respond_error(req, str(exc))
 
     def _respond_error(self, req: KVRequest, text: str) -> None:

@@ -59,6 +59,22 @@ class Stop:
     """TERMINATE arrived: the receive loop must exit."""
 
 
+@dataclasses.dataclass
+class Refused:
+    """A control message was refused; ``reason`` is worth a warning in the log."""
+
+    reason: str
+
+
+def _terminate(msg: Message, me: Node) -> List:
+    """TERMINATE is honoured only from this node itself (ps-lite sends it only to itself):
+    without authentication, anyone who can reach the port could otherwise stop the node."""
+    if msg.meta.sender != me.id:
+        return [Refused("ignored a TERMINATE from node %s: a node only stops itself"
+                        % ("?" if msg.meta.sender == K_EMPTY else msg.meta.sender))]
+    return [Stop()]
+
+
 # ----------------------------------------------------------------------------- helpers
 class VanClock:
     """ps-lite's per-process counter of control-message timestamps."""
@@ -164,7 +180,7 @@ class SchedulerMembership:
         if cmd == Command.HEARTBEAT:
             return self._on_heartbeat(msg, now)
         if cmd == Command.TERMINATE:
-            return [Stop()]
+            return _terminate(msg, self.my_node)
         return []
 
     def tick(self, now: float) -> List:
@@ -260,7 +276,7 @@ class NodeMembership:
             self.last_heartbeat_reply = now
             return []
         if cmd == Command.TERMINATE:
-            return [Stop()]
+            return _terminate(msg, self.my_node)
         return []
 
     def tick(self, now: float) -> List:

@@ -9,13 +9,16 @@ Thread-safety: ``start``, ``barrier`` and ``finalize`` are for the owning thread
 """
 import logging
 import queue
+import random
 import threading
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 from ..config import Config, Role, VanType
 from ..errors import ConfigError, DeadlineError, PeerError
-from .membership import (Connect, NodeMembership, Ready, ReleaseBarrier, SchedulerMembership,
+from ..logs import PeerLog
+from .membership import (Connect, NodeMembership, Ready, Refused, ReleaseBarrier,
+                         SchedulerMembership,
                          Send, Stop, barrier_request, group_members, terminate_message)
 from .message import (ALL_GROUP, K_EMPTY, SCHEDULER_ID, Message, Node, id_to_rank)
 from .kv_keys import KeyRange, server_key_ranges
@@ -47,6 +50,7 @@ class Customer:
     def __init__(self, app_id: int, customer_id: int, handler: Callable[[Message], None]):
         self.app_id, self.customer_id, self.handler = app_id, customer_id, handler
         self._queue: "queue.SimpleQueue[Optional[Message]]" = queue.SimpleQueue()
+        self._peer_log = PeerLog(log)
         self._thread = threading.Thread(target=self._loop, daemon=True,
                                         name="customer-%d-%d" % (app_id, customer_id))
         self._thread.start()
@@ -66,8 +70,10 @@ class Customer:
             try:
                 self.handler(message)
             except Exception:  # a bad message must not kill the app
-                log.exception("app %d customer %d failed on a message from node %s",
-                              self.app_id, self.customer_id, message.meta.sender)
+                self._peer_log.warning(message.meta.sender,
+                                       "app %d customer %d failed on a message from node %s",
+                                       self.app_id, self.customer_id, message.meta.sender,
+                                       exc_info=True)
 
 
 class Postoffice:
@@ -90,6 +96,9 @@ class Postoffice:
         self._thread: Optional[threading.Thread] = None
         self._finalized = False
         self._resender: Optional[Resender] = None     # PS_RESEND, once ready
+        #: data messages dropped on purpose (PS_DROP_MSG)
+        self.dropped_messages = 0
+        self._drop_rng = random.Random() if config.drop_msg_percent else None
         self._resend_lock = threading.Lock()
 
     # ------------------------------------------------------------------ properties
@@ -151,7 +160,14 @@ class Postoffice:
             host = choose_host(cfg.node_host, cfg.interface)
             hint = cfg.worker_id if cfg.role is Role.WORKER else None
             me = Node(cfg.role, K_EMPTY, host, cfg.port or pick_free_port(), rank_hint=hint)
-            me.port = self.van.bind(me, max_retry=40)
+            if cfg.port:     # asked for by the user: another port would surprise them
+                try:
+                    me.port = self.van.bind(me, max_retry=0)
+                except ConfigError as exc:
+                    raise ConfigError("PORT=%d: %s (unset PORT to let the node pick a free one)"
+                                      % (cfg.port, exc)) from None
+            else:            # our pick may have been taken meanwhile: retry with others
+                me.port = self.van.bind(me, max_retry=40)
             self.my_node = me
             self.membership = NodeMembership(me, scheduler, deadline, cfg.heartbeat_interval)
         self._thread = threading.Thread(target=self._receive_loop, daemon=True,
@@ -191,6 +207,12 @@ class Postoffice:
     def _on_message(self, message: Message) -> bool:
         if message.meta.is_control:
             log.debug("control %s from node %s", message.meta.control.cmd.name, message.meta.sender)
+        elif self._drop_rng is not None and self._ready.is_set() and \
+                self._drop_rng.randrange(100) < self.config.drop_msg_percent:
+            # PS_DROP_MSG: lose received data messages on purpose (to exercise PS_RESEND)
+            self.dropped_messages += 1
+            log.debug("PS_DROP_MSG: dropped a data message from node %s", message.meta.sender)
+            return True
         if self._resender is not None:
             with self._resend_lock:
                 ack, deliver = self._resender.on_receive(message)
@@ -222,6 +244,9 @@ class Postoffice:
                     self._barrier_cond.notify_all()
             elif isinstance(action, Stop):
                 keep_running = False
+            elif isinstance(action, Refused):
+                log.warning("%s: %s", self.my_node.describe() if self.my_node else "node",
+                            action.reason)
         return keep_running
 
     def _dispatch_data(self, message: Message) -> None:

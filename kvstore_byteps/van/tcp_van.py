@@ -33,6 +33,7 @@ from typing import Callable, Dict, Optional
 
 from ..config import Config
 from ..errors import ClusterStartError, ConfigError, PeerError, ProtocolError
+from ..logs import PeerLog
 from . import tcp_frame
 from .base import Van
 from .codec import decode_meta, encode_meta
@@ -88,6 +89,10 @@ class _Inbound:
         self.sock, self.peer_id, self.address = sock, peer_id, address
         self.reader = MessageReader(pool, _LAND_IN_PLACE_BYTES)
 
+    def peer_key(self) -> tuple:
+        """Who to count log lines against: the host and the node id it claimed."""
+        return self.address.rsplit(":", 1)[0], self.peer_id
+
     def describe(self) -> str:
         who = "node ?" if self.peer_id == K_EMPTY else "node %d" % self.peer_id
         return "%s (%s)" % (who, self.address)
@@ -110,6 +115,7 @@ class TcpVan(Van):
         self._closed = threading.Event()
         self._forming = True
         self._accept_thread: Optional[threading.Thread] = None
+        self._peer_log = PeerLog(log)
 
     # ------------------------------------------------------------------ binding
     def bind(self, node: Node, max_retry: int) -> int:
@@ -165,7 +171,8 @@ class TcpVan(Van):
                 self._wake()
             return
         except (OSError, PeerError, ProtocolError) as exc:
-            log.warning("dropped a connection from %s: %s", address, exc)
+            self._peer_log.warning(address.rsplit(":", 1)[0], "dropped a connection from %s: %s",
+                                   address, exc)
             sock.close()
             return
         self._accepted.put(_Inbound(sock, peer_id, address, self.pool))
@@ -268,7 +275,9 @@ class TcpVan(Van):
             try:
                 meta = decode_meta(meta_raw, sender=inbound.peer_id, recver=self.my_id)
             except ProtocolError as exc:
-                log.warning("dropped a malformed message from %s: %s", inbound.describe(), exc)
+                self._peer_log.warning(inbound.peer_key(),
+                                       "dropped a malformed message from %s: %s",
+                                       inbound.describe(), exc)
                 continue
             if not on_message(Message(meta, data)):
                 return False
@@ -278,7 +287,9 @@ class TcpVan(Van):
                     log.warning("%s closed the connection in the middle of a message",
                                 inbound.describe())
             else:
-                log.warning("connection from %s closed: %s", inbound.describe(), reader.failure)
+                self._peer_log.warning(inbound.peer_key(),
+                                       "connection from %s closed: %s", inbound.describe(),
+                                       reader.failure)
             selector.unregister(inbound.sock)
             inbound.sock.close()
         return True

@@ -15,6 +15,7 @@ from typing import Callable, Dict, Optional
 
 from ..config import Config
 from ..errors import ConfigError, ProtocolError
+from ..logs import PeerLog
 from .base import Van
 from .codec import decode_meta, encode_meta
 from .message import K_EMPTY, Message, Node
@@ -54,6 +55,7 @@ class ZMQVan(Van):
         self._locks: Dict[int, threading.Lock] = {}
         self._senders_lock = threading.Lock()
         self._closed = False
+        self._peer_log = PeerLog(log)
 
     # ------------------------------------------------------------------ binding
     def _address(self, host: str, port: int) -> str:
@@ -129,12 +131,14 @@ class ZMQVan(Van):
         frames = self.receiver.recv_multipart(copy=False)
         sender = parse_identity(frames[0].bytes)
         if len(frames) < 2:
-            log.warning("dropped a message without meta frame from %r", frames[0].bytes)
+            self._peer_log.warning(frames[0].bytes, "dropped a message without meta frame from %r",
+                                   frames[0].bytes)
             return None
         try:
             meta = decode_meta(frames[1].buffer, sender=sender, recver=self.my_id)
         except ProtocolError as exc:
-            log.warning("dropped a malformed message from %r: %s", frames[0].bytes, exc)
+            self._peer_log.warning(frames[0].bytes, "dropped a malformed message from %r: %s",
+                                   frames[0].bytes, exc)
             return None
         return Message(meta, [frame.buffer for frame in frames[2:]])
 
