@@ -247,10 +247,16 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "with push+pull)")
     p.add_argument("--byteps-server", choices=["auto", "byteps-knob", "mxnet"], default="auto",
                    help="servers for dist_byteps (auto: ours if they answer the probe)")
+    p.add_argument("--byteps-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="environment of the dist_byteps jobs only (repeatable), e.g. "
+                        "BYTEPS_PARTITION_BYTES=1024000")
     p.add_argument("--van", choices=["zmq", "byteps_tcp"], default="zmq",
                    help="DMLC_PS_VAN_TYPE of the dist_byteps jobs (default zmq; byteps_tcp "
                         "needs our servers: upstream MXNet only speaks zmq)")
     args = p.parse_args(argv)
+    for item in args.byteps_env:
+        if "=" not in item:
+            p.error("--byteps-env expects NAME=VALUE, got %r" % item)
     if args.van == "byteps_tcp" and args.byteps_server == "mxnet":
         p.error("--van byteps_tcp needs our servers (upstream MXNet servers only speak zmq)")
     if args.topologies is None:
@@ -357,6 +363,7 @@ def write_json(rows, path: str, byteps_server: str, args) -> None:
             "load_before_after": args.loads,
             "command": " ".join(sys.argv), "byteps_server": byteps_server, "quick": args.quick,
             "repeats": args.repeats, "network": args.network, "van": args.van,
+            "byteps_env": args.byteps_env,
             "link_rate_bytes_per_s": args.measured_rate, "gloo_allreduce": args.gloo_note,
             "runs": [{"case": c.name, "workers": w, "servers": s, "bytes": b,
                       "upstream": dataclasses.asdict(u), "byteps": dataclasses.asdict(o),
@@ -380,7 +387,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         network = "emulated %s links (%.1f MB/s measured)" % (args.link_rate,
                                                               args.measured_rate / 1e6)
     BYTEPS_OPTIONS[:] = ["--env", "DMLC_PS_VAN_TYPE=%s" % args.van]
-    network += "; dist_byteps van %s" % args.van
+    for item in args.byteps_env:
+        BYTEPS_OPTIONS.extend(["--env", item])
+    network += "; dist_byteps van %s%s" % (args.van, "".join(" " + e for e in args.byteps_env))
     args.gloo_note = gloo_note()
     byteps_server = probe_byteps_server(args)
     jobs = [(c, w, s) for c in args.cases for w, s in args.topologies]
