@@ -42,6 +42,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+GLOO_WORKER = os.path.join(ROOT, "benchmarks", "_gloo_worker.py")
 WORKER = os.path.join(HERE, "_pushpull_worker.py")
 LAUNCH = os.path.join(ROOT, "launch.py")
 RESULT_RE = re.compile(r"^\[worker \d+\] BENCH_RESULT (\{.*\})$")
@@ -302,11 +303,15 @@ def link_bound_s(nbytes: int, workers: int, servers: int, rate: float) -> float:
     return nbytes * max(1.0, workers / servers) / rate
 
 
-def table(rows, quick: bool = False, rate: Optional[float] = None) -> str:
+def table(rows, quick: bool = False, rate: Optional[float] = None,
+          gloo: Optional[Dict[Tuple[str, int], Run]] = None) -> str:
     """Markdown table of (case, workers, servers, bytes, upstream Run, byteps Run) rows; with
-    a measured link ``rate`` (bytes/s) also the link bound and each side's fraction of it."""
+    a measured link ``rate`` (bytes/s) also the link bound and each side's fraction of it; with
+    ``gloo`` runs (keyed by case name and workers) the all-reduce anchor and our ratio to it."""
     head = ["case", "MB", "workers", "servers", "upstream ms/iter", "byteps ms/iter", "ratio",
             "upstream GB/s", "byteps GB/s"]
+    if gloo:
+        head += ["gloo all_reduce ms/iter", "vs gloo"]
     if rate:
         head += ["link bound ms", "upstream % of bound", "byteps % of bound"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -315,6 +320,11 @@ def table(rows, quick: bool = False, rate: Optional[float] = None) -> str:
         speed = ["%.2f" % (nbytes / x.median_s / 1e9) if x.median_s else "-" for x in (up, ours)]
         cells = [case.title(quick), "%.1f" % (nbytes / 1e6), str(w), str(s), fmt_ms(up),
                  fmt_ms(ours), "-" if r is None else "%.2fx" % r] + speed
+        if gloo:
+            anchor = gloo.get((case.name, w))
+            vs = ratio(anchor, ours) if anchor is not None else None
+            cells += [fmt_ms(anchor) if anchor is not None else "-",
+                      "-" if vs is None else "%.2fx" % vs]
         if rate:
             bound = link_bound_s(nbytes, w, s, rate)
             cells += ["%.1f" % (bound * 1e3)] + [
@@ -365,6 +375,8 @@ def write_json(rows, path: str, byteps_server: str, args) -> None:
             "repeats": args.repeats, "network": args.network, "van": args.van,
             "byteps_env": args.byteps_env,
             "link_rate_bytes_per_s": args.measured_rate, "gloo_allreduce": args.gloo_note,
+            "gloo_runs": [{"case": c, "workers": w, **dataclasses.asdict(r)}
+                          for (c, w), r in sorted(getattr(args, "gloo_runs", {}).items())],
             "runs": [{"case": c.name, "workers": w, "servers": s, "bytes": b,
                       "upstream": dataclasses.asdict(u), "byteps": dataclasses.asdict(o),
                       "link_bound_s": (link_bound_s(b, w, s, args.measured_rate)
@@ -396,6 +408,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rows, notes = [], []
     with tempfile.TemporaryDirectory() as tmp, \
             tqdm(total=2 * len(jobs) * args.repeats, unit="job", dynamic_ncols=True) as bar:
+        gloo_runs: Dict[Tuple[str, int], Run] = {}
         for case, workers, servers in jobs:
             shapes_file = os.path.join(tmp, case.name + ".json")
             if not os.path.exists(shapes_file):
@@ -416,10 +429,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     bar.update(1)
             rows.append((case, workers, servers, nbytes, best(runs["dist_sync"]),
                          best(runs["dist_byteps"])))
+            if args.gloo_note == "run" and (case.name, workers) not in gloo_runs and workers > 1:
+                bar.set_description("%s %d ranks gloo" % (case.name, workers))
+                anchor = run_gloo(workers, shapes_file, case, args)
+                if anchor.status != "ok":
+                    notes.append("%s %d ranks gloo: %s %s" % (case.name, workers, anchor.status,
+                                                            anchor.detail))
+                gloo_runs[(case.name, workers)] = anchor
+    args.gloo_runs = gloo_runs
     args.loads.append(os.getloadavg()[0])
     print()
-    print(table(rows, args.quick, args.measured_rate))
-    print("network: %s; gloo all-reduce anchor: %s" % (network, args.gloo_note))
+    print(table(rows, args.quick, args.measured_rate, gloo_runs))
+    print("network: %s; gloo all-reduce anchor: %s" % (
+        network, "torch.distributed gloo all_reduce, one rank per worker (host)"
+        if args.gloo_note == "run" else args.gloo_note))
     flavors = sorted({r[5].flavor for r in rows if r[5].flavor})
     print("\ndist_byteps servers: launch.py --server %s (store talked to: %s servers); "
           "upstream: %s" % (byteps_server, ", ".join(flavors) or "?",
@@ -447,12 +470,71 @@ def measure_links(rate_text: str) -> float:
 
 
 def gloo_note() -> str:
-    """The all-reduce anchor's status. Not implemented in this script yet: say so plainly."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
+    """"run" when torch.distributed imports here (the anchor runs), else why it is skipped."""
+    probe = subprocess.run([sys.executable, "-c", "import torch.distributed as d; "
+                            "assert d.is_available() and d.is_gloo_available()"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=120)
+    if probe.returncode == 0:
+        return "run"
+    last = (probe.stdout.decode(errors="replace").strip().splitlines() or ["?"])[-1]
+    if "No module named 'torch'" in last:
         return "skipped (torch is not installed)"
-    return "skipped (not implemented yet)"
+    return "skipped (torch does not import: %s)" % last[:200]
+
+
+def run_gloo(workers: int, shapes_file: str, case: Case, args) -> Run:
+    """torch.distributed gloo all_reduce of the same tensors by ``workers`` ranks, each on a
+    host of its own on the emulated network (or on 127.0.0.1)."""
+    warmup = case.warmup if args.warmup is None else args.warmup
+    iters = case.iters if args.iters is None else args.iters
+    run = Run("gloo all_reduce", "-")
+    port = 29500
+    net = None
+    if args.network == "netns":
+        from kvstore_byteps.launcher import netns
+        net = netns.EmulatedNetwork(workers, netns.parse_rate(args.link_rate))
+        net.create()
+        master = "%s:%d" % (net.address(0), port)
+    else:
+        sys.path.insert(0, ROOT)
+        from kvstore_byteps.van.netif import pick_free_port
+        master = "127.0.0.1:%d" % pick_free_port()
+    procs = []
+    try:
+        for rank in range(workers):
+            prefix = net.exec_argv(rank) if net else []
+            argv = prefix + [sys.executable, GLOO_WORKER, "--master", master, "--rank",
+                             str(rank), "--world", str(workers), "--shapes", shapes_file,
+                             "--iters", str(iters), "--warmup", str(warmup)]
+            env = child_env()
+            if net:      # gloo would pick the address of the machine's hostname otherwise
+                env["GLOO_SOCKET_IFNAME"] = "eth0"
+            procs.append(subprocess.Popen(argv, env=env, cwd=ROOT,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        outputs = []
+        for proc in procs:
+            out, _ = proc.communicate(timeout=args.job_timeout)
+            outputs.append((proc.returncode, out.decode(errors="replace")))
+    except subprocess.TimeoutExpired:
+        run.status = "timeout"
+        return run
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if net is not None:
+            net.destroy()
+    results = [json.loads(line[len("GLOO_RESULT "):]) for _, out in outputs
+               for line in out.splitlines() if line.startswith("GLOO_RESULT ")]
+    if any(r["wrong_tensors"] for r in results):
+        run.status = "wrong sums"
+    elif len(results) != workers:
+        run.status = "failed"
+        run.detail = "\n".join(outputs[0][1].splitlines()[-8:])
+    if results:
+        run.median_s = statistics.median(max(t) for t in zip(*(r["times_s"] for r in results)))
+    return run
 
 
 def _prod(shape) -> int:
