@@ -39,6 +39,9 @@ __all__ = ["KVStoreDistServer"]
 
 log = logging.getLogger(__name__)
 
+#: ps-lite's node id of worker rank 0, the worker MXNet sends the optimizer from
+_RANK0_WORKER_ID = 9
+
 
 class KVStoreDistServer:
     """MXNet's server semantics. ``handle_request``/``handle_command`` are thread-safe."""
@@ -54,6 +57,8 @@ class KVStoreDistServer:
         self.multi_precision = False
         self.compression = GradientCompression()
         self.updater: Optional[Updater] = None
+        #: why the last optimizer a worker sent was refused (None: none was refused)
+        self.refused_optimizer: Optional[str] = None
         self._load_updater = updater_loader
         self._lock = threading.RLock()
         self._peer_log = PeerLog(log)
@@ -108,7 +113,16 @@ class KVStoreDistServer:
         except Exception as exc:
             log.exception("command %d from node %s failed", req.meta.head, req.sender)
             error = "server error: %s: %s" % (type(exc).__name__, exc)
-        if error is not None:
+        if error is not None and req.meta.head == ServerCommand.CONTROLLER and \
+                req.sender == _RANK0_WORKER_ID:
+            # MXNet's workers send the optimizer from rank 0 and ignore error answers: from
+            # now on the rounds' pushes are refused (see _add_to_round), so the summed
+            # gradients are never stored as if they were the weights.
+            with self._lock:
+                self.updater, self.refused_optimizer = None, error
+            log.error("the optimizer sent by worker rank 0 was refused (%s); every push of a "
+                      "training round will be refused until an accepted one arrives", error)
+        elif error is not None:
             log.warning("command %s from node %s refused: %s", req.meta.head, req.sender, error)
         self._respond(server, req, error=error, body=body or b"")
         if error is None and req.meta.head == ServerCommand.STOP_SERVER:
@@ -128,6 +142,7 @@ class KVStoreDistServer:
     # -- commands ---------------------------------------------------------------------------
     def _cmd_controller(self, body: bytes) -> None:
         self.updater = self._load_updater(body)
+        self.refused_optimizer = None
         log.info("optimizer installed: %s", type(getattr(self.updater, "optimizer", self.updater)))
 
     def _cmd_multi_precision(self, body: bytes) -> None:
@@ -225,6 +240,13 @@ class KVStoreDistServer:
         if len(entry.waiting) < self.num_workers:
             return
         grad, waiting = entry.take_round()
+        if self.updater is None and self.refused_optimizer is not None:
+            for waiting_req, waiting_server in waiting:
+                self._refuse(waiting_req, waiting_server,
+                             "push of key %d refused: this server refused the optimizer (%s), "
+                             "and storing the summed gradients as the weights would train "
+                             "wrongly" % (self._mxnet_key(ps_key), self.refused_optimizer))
+            return
         try:
             if self.updater is not None:
                 entry.set_working(self.updater(self._mxnet_key(ps_key), grad, entry.working))

@@ -274,3 +274,43 @@ def test_a_failing_updater_fails_the_round_not_the_server():
     p = pull(WORKER0, 4)
     srv.handle_request(p, fake)
     assert list(values_of(fake, p)) == [1.0, 1.0]
+
+
+def test_a_refused_optimizer_refuses_the_rounds_instead_of_storing_gradients_as_weights():
+    def refuse(body):
+        raise ValueError("optimizer class my.CustomSGD is not allowed")
+    srv = KVStoreDistServer(2, key_begin=BEGIN, updater_loader=refuse)
+    fake = FakeServer()
+    srv.handle_command(command(WORKER0, ServerCommand.SYNC_MODE), fake)
+    weights = np.full(4, 7.0, np.float32)
+    srv.handle_request(push(WORKER0, 1, weights), fake)             # init
+    opt = command(WORKER0, ServerCommand.CONTROLLER, b"opt")
+    srv.handle_command(opt, fake)
+    assert "CustomSGD is not allowed" in fake.answer_to(opt).error
+    grads = [push(w, 1, np.ones(4, np.float32)) for w in (WORKER0, WORKER1)]
+    for req in grads:
+        srv.handle_request(req, fake)
+    for req in grads:
+        error = fake.answer_to(req).error
+        assert "refused the optimizer" in error and "CustomSGD" in error, error
+    read = pull(WORKER1, 1)
+    srv.handle_request(read, fake)
+    assert np.array_equal(np.frombuffer(fake.answer_to(read).vals, np.float32), weights)
+
+
+def test_an_optimizer_refused_from_another_rank_than_0_is_only_refused():
+    """MXNet sends the optimizer from rank 0 only: a refused one from elsewhere (e.g. a rogue
+    worker's malicious pickle) is answered with the error but does not stop the training."""
+    def refuse(body):
+        raise ValueError("not allowed")
+    srv = KVStoreDistServer(2, key_begin=BEGIN, updater_loader=refuse)
+    fake = FakeServer()
+    srv.handle_command(command(WORKER0, ServerCommand.SYNC_MODE), fake)
+    srv.handle_request(push(WORKER0, 1, np.zeros(4, np.float32)), fake)
+    opt = command(WORKER1, ServerCommand.CONTROLLER, b"opt")
+    srv.handle_command(opt, fake)
+    assert "not allowed" in fake.answer_to(opt).error and srv.refused_optimizer is None
+    grads = [push(w, 1, np.ones(4, np.float32)) for w in (WORKER0, WORKER1)]
+    for req in grads:
+        srv.handle_request(req, fake)
+    assert all(fake.answer_to(req).error is None for req in grads)
