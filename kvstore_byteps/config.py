@@ -108,8 +108,8 @@ class Config:
     local_ipc: bool = False
     water_mark: Optional[int] = None
     verbose: int = 0
-    heartbeat_interval: float = 0.0
-    heartbeat_timeout: float = 0.0
+    heartbeat_interval: float = 3.0
+    heartbeat_timeout: float = 30.0
     resend: bool = False
     resend_timeout_ms: int = 1000
     drop_msg_percent: int = 0
@@ -148,8 +148,10 @@ class Config:
             local_ipc=env.flag(Env.LOCAL, False),
             water_mark=env.get(Env.WATER_MARK, _positive_int, None),
             verbose=env.get(Env.VERBOSE, _nonnegative_int, 0),
-            heartbeat_interval=env.get(Env.HEARTBEAT_INTERVAL, _nonnegative_float, 0.0),
-            heartbeat_timeout=env.get(Env.HEARTBEAT_TIMEOUT, _nonnegative_float, 0.0),
+            # On by default for our nodes (ps-lite's default is off): a dead node must be
+            # named in bounded time. 0 turns either off.
+            heartbeat_interval=env.get(Env.HEARTBEAT_INTERVAL, _nonnegative_float, 3.0),
+            heartbeat_timeout=env.get(Env.HEARTBEAT_TIMEOUT, _nonnegative_float, 30.0),
             resend=env.flag(Env.RESEND, False),
             resend_timeout_ms=env.get(Env.RESEND_TIMEOUT, _positive_int, 1000),
             drop_msg_percent=env.get(Env.DROP_MSG, _percent, 0),

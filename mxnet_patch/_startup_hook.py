@@ -71,8 +71,14 @@ def _run_route(route):
     role, config = route
     setup_logging(config, "[%s]" % role.name.lower())
     if role is Role.SERVER:
+        from kvstore_byteps.errors import KVStoreBytePSError
         from kvstore_byteps.server import run_server
-        code = run_server(config)
+        try:
+            code = run_server(config)
+        except KVStoreBytePSError as exc:    # said plainly, as `python -m` does
+            import logging
+            logging.getLogger("kvstore_byteps.server").error("server failed: %s", exc)
+            code = 1
     else:
         from kvstore_byteps.scheduler import run_scheduler
         code = run_scheduler(config)

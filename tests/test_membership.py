@@ -3,10 +3,10 @@ import pytest
 
 from kvstore_byteps.config import Role
 from kvstore_byteps.errors import ClusterStartError
-from kvstore_byteps.van.membership import (Connect, NodeMembership, Ready, Refused, ReleaseBarrier,
-                                           SchedulerMembership, Send, Stop, assign_ids,
-                                           barrier_request, group_members, terminate_message,
-                                           VanClock)
+from kvstore_byteps.van.membership import (Connect, NodeDead, NodeMembership, Ready, Refused,
+                                           ReleaseBarrier, SchedulerMembership, Send, Stop,
+                                           assign_ids, barrier_request, control_message,
+                                           group_members, terminate_message, VanClock)
 from kvstore_byteps.van.message import K_EMPTY, Command, Message, Meta, Node, Control
 
 
@@ -212,3 +212,70 @@ def test_shutdown_sequence_second_group7_barrier_needs_everyone():
     assert len(sends(sched.handle(from_sender(barrier_request(4, 0, clock), 9), 0))) == 1
     assert sched.handle(from_sender(barrier_request(7, 0, clock), 8), 0) == []
     assert len(sends(sched.handle(from_sender(barrier_request(7, 0, clock), 9), 0))) == 3
+
+
+# ------------------------------------------------------------------ dead nodes
+def formed_scheduler(timeout=5.0, heartbeating=(1000, 2000, 3000)):
+    """A 2-worker 1-server cluster formed at t=10; ports in ``heartbeating`` announce heartbeats."""
+    sched = SchedulerMembership(node(Role.SCHEDULER, "127.0.0.1", 9091), 2, 1,
+                                start_deadline=100.0, heartbeat_timeout=timeout)
+    for role, port in ((Role.WORKER, 3000), (Role.SERVER, 2000), (Role.WORKER, 1000)):
+        member = node(role, "127.0.0.1", port)
+        if port in heartbeating:
+            member.heartbeat_ms = 1000
+        sched.handle(add_node_request(member), 10.0)
+    return sched
+
+
+def heartbeat_from(node_id, port, role=Role.WORKER):
+    msg = control_message(Command.HEARTBEAT, 1, nodes=[node(role, "127.0.0.1", port, node_id)])
+    return from_sender(msg, node_id)
+
+
+def test_a_silent_node_is_declared_dead_once_and_everyone_else_is_told():
+    sched = formed_scheduler()
+    assert sched.tick(14.0) == []
+    sched.handle(heartbeat_from(9, 1000), 14.0)   # (ids: worker 1000 -> 9, 3000 -> 11)       # worker rank 0 and the server keep going
+    sched.handle(heartbeat_from(8, 2000, Role.SERVER), 14.0)
+    actions = sched.tick(15.5)                          # worker 11 silent since 10.0
+    dead = [a for a in actions if isinstance(a, NodeDead)]
+    assert [(a.node.id, a.node.port) for a in dead] == [(11, 3000)]
+    assert "no heartbeat for 6 s" in dead[0].reason
+    notices = sends(actions)
+    assert sorted(m.meta.recver for m in notices) == [8, 9]
+    assert all(m.meta.extra == {"dead_node": True} and m.meta.control.nodes[0].id == 11
+               for m in notices)
+    later = [a.node.id for a in sched.tick(30.0) if isinstance(a, NodeDead)]
+    assert 11 not in later                              # reported once
+
+
+def test_nodes_that_never_said_they_heartbeat_are_never_declared_dead():
+    sched = formed_scheduler(heartbeating=(2000,))      # two upstream workers, our server
+    sched.handle(heartbeat_from(8, 2000, Role.SERVER), 100.0)
+    assert not [a for a in sched.tick(101.0) if isinstance(a, NodeDead)]
+
+
+def test_a_node_fails_on_the_schedulers_notice_only():
+    worker = NodeMembership(node(Role.WORKER, "127.0.0.1", 4000),
+                            node(Role.SCHEDULER, "127.0.0.1", 9091), 10.0, 1.0,
+                            heartbeat_timeout=5.0)
+    assert worker.my_node.heartbeat_ms == 1000          # announced in its ADD_NODE
+    notice = control_message(Command.HEARTBEAT, 9, nodes=[node(Role.SERVER, "h", 2000, 8)])
+    notice.meta.extra = {"dead_node": True}
+    actions = worker.handle(from_sender(notice, 1), 0.0)
+    assert len(actions) == 1 and isinstance(actions[0], NodeDead) and actions[0].node.id == 8
+    refused = worker.handle(from_sender(notice, 11), 0.0)
+    assert len(refused) == 1 and isinstance(refused[0], Refused)
+
+
+def test_a_node_declares_a_silent_scheduler_dead():
+    worker = NodeMembership(node(Role.WORKER, "127.0.0.1", 4000),
+                            node(Role.SCHEDULER, "127.0.0.1", 9091), 10.0, 1.0,
+                            heartbeat_timeout=5.0)
+    reply = control_message(Command.ADD_NODE, 9, nodes=[
+        node(Role.WORKER, "127.0.0.1", 4000, 9), node(Role.SCHEDULER, "127.0.0.1", 9091, 1)])
+    worker.handle(from_sender(reply, 1), 1.0)
+    worker.handle(from_sender(control_message(Command.HEARTBEAT, 9), 1), 3.0)
+    assert not [a for a in worker.tick(7.5) if isinstance(a, NodeDead)]
+    dead = [a for a in worker.tick(8.5) if isinstance(a, NodeDead)]
+    assert len(dead) == 1 and dead[0].node.role == Role.SCHEDULER

@@ -98,3 +98,36 @@ def test_module_fit_over_dist_byteps_keeps_workers_identical():
     assert all("type dist_sync_byteps" in line for line in lines if "CHECKSUM" in line), lines
     reference = [line for line in lines if line.startswith("REFERENCE")]
     assert len(reference) == 1 and float(reference[0].split("max-diff ")[1]) < 1e-5, lines
+
+
+@pytest.mark.parametrize("victim", ["worker", "server"])
+def test_a_killed_node_is_named_and_every_other_node_exits_in_bounded_time(victim):
+    """Nodes started by hand (no launcher to tear the job down): kill -9 one of them; the
+    others must exit non-zero within the heartbeat timeout + 10 s, naming the dead node."""
+    import os
+    import signal
+    import time
+    env = {"MXNET_KVSTORE_SERVER": "byteps", "PS_HEARTBEAT_INTERVAL": "1",
+           "PS_HEARTBEAT_TIMEOUT": "5"}
+    with Cluster(num_workers=2, num_servers=1, env=env) as cluster:
+        cluster.start("scheduler", SCHEDULER_OURS)
+        cluster.start("server", SERVER_KNOB)
+        for _ in range(2):
+            cluster.start("worker", app("byteps_checks.py", "endless"))
+        deadline = time.monotonic() + 60
+        while "round 20" not in cluster.output("worker1"):
+            assert time.monotonic() < deadline, cluster.output("worker1")
+            time.sleep(0.2)
+        name = "worker1" if victim == "worker" else "server0"
+        proc = cluster.procs[name][0]
+        os.kill(proc.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        others = [n for n in cluster.procs if n != name]
+        for other in others:
+            cluster.procs[other][0].wait(max(1.0, killed + 15 - time.monotonic()))
+        took = time.monotonic() - killed
+        for other in others:
+            code, out = cluster.procs[other][0].returncode, cluster.output(other)
+            assert code not in (0, None), "%s exited %s:\n%s" % (other, code, out)
+            assert "%s rank" % victim in out and "is dead" in out, "%s:\n%s" % (other, out)
+        assert took < 15, took

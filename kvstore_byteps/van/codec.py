@@ -12,7 +12,7 @@ from .message import K_EMPTY, Command, Control, Meta, Node
 from .pbmeta import PBMeta
 
 #: BytePS-only PBMeta fields; they travel in ``Meta.extra`` and upstream peers ignore them.
-EXTENSION_FIELDS = ("error", "rdma_addr", "rdma_rkey", "round")
+EXTENSION_FIELDS = ("error", "rdma_addr", "rdma_rkey", "round", "dead_node")
 
 
 def encode_meta(meta: Meta) -> bytes:
@@ -93,6 +93,8 @@ def _pack_node(node: Node, pb_node) -> None:
     pb_node.customer_id = node.customer_id
     if node.rank_hint is not None:
         pb_node.rank_hint = node.rank_hint
+    if node.heartbeat_ms is not None:
+        pb_node.heartbeat_ms = node.heartbeat_ms
 
 
 def _unpack_control(pb_control) -> Control:
@@ -126,4 +128,5 @@ def _unpack_node(pb_node) -> Node:
         is_recovery=pb_node.is_recovery,
         customer_id=pb_node.customer_id,
         rank_hint=pb_node.rank_hint if pb_node.HasField("rank_hint") else None,
+        heartbeat_ms=pb_node.heartbeat_ms if pb_node.HasField("heartbeat_ms") else None,
     )

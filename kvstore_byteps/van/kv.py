@@ -165,6 +165,7 @@ class KVWorker:
         self._next_timestamp = 0
         self._pending: Dict[int, Request] = {}
         postoffice.register_customer(app_id, customer_id, self._on_message)
+        postoffice.on_failure(self._fail_pending)
         # Requests completed by callback (no one calls wait) still get a deadline.
         threading.Thread(target=self._watch_deadlines, daemon=True,
                          name="kv-deadlines-%d-%d" % (app_id, customer_id)).start()
@@ -181,6 +182,13 @@ class KVWorker:
                     self._pending.pop(request.timestamp, None)
             for request in expired:
                 request._fail(DeadlineError(request.describe_wait(now - request.started)))
+
+    def _fail_pending(self, error: BaseException) -> None:
+        """Fail every pending request with ``error`` (the node's van stopped with it)."""
+        with self._lock:
+            pending, self._pending = list(self._pending.values()), {}
+        for request in pending:
+            request._fail(PeerError("%s: %s" % (request.what, error)))
 
     # -------------------------------------------------------------- public API
     def push(self, keys, vals, lens=None, cmd: int = 0, priority: int = 0,

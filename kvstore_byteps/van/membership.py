@@ -60,6 +60,14 @@ class Stop:
 
 
 @dataclasses.dataclass
+class NodeDead:
+    """``node`` is gone (no heartbeat within the timeout): every wait on it must fail now."""
+
+    node: Node
+    reason: str
+
+
+@dataclasses.dataclass
 class Refused:
     """A control message was refused; ``reason`` is worth a warning in the log."""
 
@@ -154,8 +162,11 @@ class SchedulerMembership:
     """The scheduler's side. ``my_node`` is the scheduler (id 1, ROOT_URI, ROOT_PORT)."""
 
     def __init__(self, my_node: Node, num_workers: int, num_servers: int,
-                 start_deadline: float, clock: Optional[VanClock] = None):
+                 start_deadline: float, clock: Optional[VanClock] = None,
+                 heartbeat_timeout: float = 0.0):
         self.my_node = dataclasses.replace(my_node, id=SCHEDULER_ID)
+        self.heartbeat_timeout = heartbeat_timeout
+        self.dead: Dict[int, Node] = {}
         self.num_workers, self.num_servers = num_workers, num_servers
         self.start_deadline = start_deadline
         self.clock = clock or VanClock()
@@ -172,7 +183,7 @@ class SchedulerMembership:
     def handle(self, msg: Message, now: float) -> List:
         cmd = msg.meta.control.cmd
         if cmd == Command.ADD_NODE:
-            return self._on_add_node(msg)
+            return self._on_add_node(msg, now)
         if cmd == Command.BARRIER and msg.meta.request:
             return self._on_barrier(msg)
         if cmd == Command.BARRIER:
@@ -186,7 +197,30 @@ class SchedulerMembership:
     def tick(self, now: float) -> List:
         if not self.ready and now > self.start_deadline:
             raise ClusterStartError(self.describe_missing())
-        return []
+        actions: List = []
+        for node_id in self.dead_nodes(now, self.heartbeat_timeout):
+            if node_id in self.dead:
+                continue
+            node = self._node(node_id)
+            self.dead[node_id] = node
+            reason = ("no heartbeat for %.0f s (PS_HEARTBEAT_TIMEOUT on the scheduler)"
+                      % (now - self.last_heartbeat[node_id]))
+            notice = control_message(Command.HEARTBEAT, K_EMPTY, nodes=[node])
+            notice.meta.extra = {"dead_node": True}
+            for other in group_members(WORKER_GROUP | SERVER_GROUP, self.num_workers,
+                                       self.num_servers):
+                if other not in self.dead:
+                    tell = dataclasses.replace(notice, meta=dataclasses.replace(
+                        notice.meta, recver=other, timestamp=self.clock.tick()))
+                    actions.append(Send(tell))
+            actions.append(NodeDead(node, reason))
+        return actions
+
+    def _node(self, node_id: int) -> Node:
+        for node in self.nodes:
+            if node.id == node_id:
+                return node
+        return Node(Role.WORKER if node_id % 2 else Role.SERVER, node_id)
 
     def describe_missing(self) -> str:
         have = {Role.WORKER: 0, Role.SERVER: 0}
@@ -200,7 +234,7 @@ class SchedulerMembership:
                 % (self.my_node.address, " and ".join(parts) or "nothing",
                    ", ".join(n.describe() for n in self.pending) or "none"))
 
-    def _on_add_node(self, msg: Message) -> List:
+    def _on_add_node(self, msg: Message, now: float) -> List:
         if msg.meta.sender != K_EMPTY or self.ready:
             # upstream: only anonymous ADD_NODEs register; recovery is a later feature
             return []
@@ -215,6 +249,9 @@ class SchedulerMembership:
             actions.append(Send(control_message(Command.ADD_NODE, node_id, self.clock.tick(),
                                                 nodes=announced)))
         self.ready = True
+        for node in self.nodes:     # our nodes say they heartbeat: watched from now on
+            if node.heartbeat_ms:
+                self.last_heartbeat.setdefault(node.id, now)
         actions.append(Ready(self.my_node, announced))
         return actions
 
@@ -233,6 +270,8 @@ class SchedulerMembership:
     def _on_heartbeat(self, msg: Message, now: float) -> List:
         replies = []
         for node in msg.meta.control.nodes:
+            if node.id in self.dead:          # declared dead already: too late
+                continue
             self.last_heartbeat[node.id] = now
             replies.append(Send(control_message(Command.HEARTBEAT, node.id, self.clock.tick(),
                                                 nodes=[self.my_node])))
@@ -250,8 +289,12 @@ class NodeMembership:
     """A server's or worker's side. ``my_node`` has no id yet; ``scheduler`` is id 1."""
 
     def __init__(self, my_node: Node, scheduler: Node, start_deadline: float,
-                 heartbeat_interval: float = 0.0, clock: Optional[VanClock] = None):
+                 heartbeat_interval: float = 0.0, clock: Optional[VanClock] = None,
+                 heartbeat_timeout: float = 0.0):
+        if heartbeat_interval > 0:    # announced in ADD_NODE: the scheduler may watch us
+            my_node = dataclasses.replace(my_node, heartbeat_ms=int(heartbeat_interval * 1000))
         self.my_node = my_node
+        self.heartbeat_timeout = heartbeat_timeout
         self.scheduler = dataclasses.replace(scheduler, id=SCHEDULER_ID, role=Role.SCHEDULER)
         self.start_deadline = start_deadline
         self.heartbeat_interval = heartbeat_interval
@@ -273,6 +316,12 @@ class NodeMembership:
         if cmd == Command.BARRIER and not msg.meta.request:
             return [ReleaseBarrier(msg.meta.app_id)]
         if cmd == Command.HEARTBEAT:
+            if (msg.meta.extra or {}).get("dead_node"):
+                if msg.meta.sender != SCHEDULER_ID:
+                    return [Refused("ignored a dead-node notice from node %s: only the "
+                                    "scheduler declares nodes dead" % msg.meta.sender)]
+                return [NodeDead(node, "the scheduler heard no heartbeat from it")
+                        for node in msg.meta.control.nodes[:1]]
             self.last_heartbeat_reply = now
             return []
         if cmd == Command.TERMINATE:
@@ -287,6 +336,12 @@ class NodeMembership:
                     "deadline (is the scheduler running and reachable?)"
                     % (self.my_node.describe(), self.scheduler.address))
             return []
+        if (self.heartbeat_timeout > 0 and self.last_heartbeat_reply is not None
+                and now - self.last_heartbeat_reply > self.heartbeat_timeout
+                and self.heartbeat_interval > 0):
+            self.last_heartbeat_reply = None     # reported once
+            return [NodeDead(self.scheduler, "no answer to this node's heartbeats for %.0f s"
+                             % self.heartbeat_timeout)]
         if now < self.next_heartbeat:
             return []
         self.next_heartbeat = now + self.heartbeat_interval
@@ -312,6 +367,7 @@ class NodeMembership:
         self.ready = True
         if self.heartbeat_interval > 0:
             self.next_heartbeat = now + self.heartbeat_interval
+            self.last_heartbeat_reply = now
         actions.append(Ready(self.my_node, self.nodes))
         return actions
 
@@ -327,6 +383,7 @@ def terminate_message(my_id: int) -> Message:
     return control_message(Command.TERMINATE, my_id, customer_id=0)
 
 
-__all__ = ["Connect", "Send", "Ready", "ReleaseBarrier", "Stop", "VanClock", "SchedulerMembership",
+__all__ = ["Connect", "Send", "Ready", "ReleaseBarrier", "Stop", "NodeDead", "Refused", "VanClock",
+           "SchedulerMembership",
            "NodeMembership", "assign_ids", "group_members", "barrier_request",
            "terminate_message", "control_message", "ALL_GROUP"]

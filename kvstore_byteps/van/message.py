@@ -77,6 +77,8 @@ class Node:
     customer_id: int = 0
     #: The rank this node asks for (a worker's DMLC_WORKER_ID; a BytePS extension field).
     rank_hint: Optional[int] = None
+    #: How often this node heartbeats, in ms (our nodes announce it; a BytePS extension field).
+    heartbeat_ms: Optional[int] = None
 
     @property
     def address(self) -> str:
@@ -85,6 +87,13 @@ class Node:
     def describe(self) -> str:
         ident = "?" if self.id == K_EMPTY else str(self.id)
         return "%s %s at %s" % (self.role.name.lower(), ident, self.address)
+
+    def describe_rank(self) -> str:
+        """E.g. ``worker rank 1 (node 11) at 10.0.0.2:4000``."""
+        if self.role == Role.SCHEDULER or self.id == K_EMPTY:
+            return self.describe()
+        return "%s rank %d (node %d) at %s" % (self.role.name.lower(), id_to_rank(self.id),
+                                               self.id, self.address)
 
 
 @dataclasses.dataclass

@@ -19,6 +19,10 @@ _NODE_FIELDS = [
     ("customer_id", 10, _F.TYPE_INT32, _F.LABEL_OPTIONAL, {}),
     # BytePS extension: the rank a worker asks for (DMLC_WORKER_ID); upstream ignores it.
     ("rank_hint", 100, _F.TYPE_INT32, _F.LABEL_OPTIONAL, {}),
+    # BytePS extension: this node heartbeats every so many ms, so the scheduler may declare it
+    # dead when it falls silent (upstream nodes do not send it and are never declared dead
+    # unless they heartbeat).
+    ("heartbeat_ms", 101, _F.TYPE_INT32, _F.LABEL_OPTIONAL, {}),
 ]
 _CONTROL_FIELDS = [
     ("cmd", 1, _F.TYPE_INT32, _F.LABEL_REQUIRED, {}),
@@ -45,6 +49,8 @@ _META_FIELDS = [
     ("rdma_addr", 101, _F.TYPE_UINT64, _F.LABEL_OPTIONAL, {}),
     ("rdma_rkey", 102, _F.TYPE_UINT32, _F.LABEL_OPTIONAL, {}),
     ("round", 103, _F.TYPE_INT64, _F.LABEL_OPTIONAL, {}),
+    # the scheduler's notice that the node in control.node fell silent (on a HEARTBEAT)
+    ("dead_node", 104, _F.TYPE_BOOL, _F.LABEL_OPTIONAL, {}),
 ]
 
 

@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from ..config import Config, Role, VanType
 from ..errors import ConfigError, DeadlineError, PeerError
 from ..logs import PeerLog
-from .membership import (Connect, NodeMembership, Ready, Refused, ReleaseBarrier,
+from .membership import (Connect, NodeDead, NodeMembership, Ready, Refused, ReleaseBarrier,
                          SchedulerMembership,
                          Send, Stop, barrier_request, group_members, terminate_message)
 from .message import (ALL_GROUP, K_EMPTY, SCHEDULER_ID, Message, Node, id_to_rank)
@@ -96,6 +96,7 @@ class Postoffice:
         self._thread: Optional[threading.Thread] = None
         self._finalized = False
         self._resender: Optional[Resender] = None     # PS_RESEND, once ready
+        self._failure_hooks: List[Callable[[BaseException], None]] = []
         #: data messages dropped on purpose (PS_DROP_MSG)
         self.dropped_messages = 0
         self._drop_rng = random.Random() if config.drop_msg_percent else None
@@ -153,7 +154,8 @@ class Postoffice:
             self.van.bind(scheduler, max_retry=0)
             self.my_node = scheduler
             self.membership = SchedulerMembership(scheduler, cfg.num_workers, cfg.num_servers,
-                                                  deadline)
+                                                  deadline,
+                                                  heartbeat_timeout=cfg.heartbeat_timeout)
         else:
             if not cfg.root_port:
                 raise ConfigError("DMLC_PS_ROOT_PORT must be set (the scheduler's port)")
@@ -169,7 +171,8 @@ class Postoffice:
             else:            # our pick may have been taken meanwhile: retry with others
                 me.port = self.van.bind(me, max_retry=40)
             self.my_node = me
-            self.membership = NodeMembership(me, scheduler, deadline, cfg.heartbeat_interval)
+            self.membership = NodeMembership(me, scheduler, deadline, cfg.heartbeat_interval,
+                                             heartbeat_timeout=cfg.heartbeat_timeout)
         self._thread = threading.Thread(target=self._receive_loop, daemon=True,
                                         name="van-receive")
         self._thread.start()
@@ -186,10 +189,17 @@ class Postoffice:
         try:
             self.van.run(self._on_message, self._on_tick, _TICK_SECONDS)
         except BaseException as exc:  # reaches start()/barrier() callers
-            self._error = exc
-            log.error("%s", exc)
+            if exc is not self._error:    # (a dead node was logged when it was declared)
+                self._error = self._error or exc
+                log.error("%s", exc)
         finally:
             self._stopped.set()
+            if self._error is not None:
+                for hook in list(self._failure_hooks):
+                    try:
+                        hook(self._error)
+                    except Exception:
+                        log.exception("a failure hook failed")
             self._ready.set()
             with self._barrier_cond:
                 self._barrier_cond.notify_all()
@@ -197,7 +207,8 @@ class Postoffice:
 
     def _on_tick(self) -> None:
         now = time.monotonic()
-        self._execute(self.membership.tick(now))
+        if not self._execute(self.membership.tick(now)):
+            raise self._error or PeerError("the membership stopped this node")
         if self._resender is not None:
             with self._resend_lock:
                 again = self._resender.due(now)
@@ -244,6 +255,11 @@ class Postoffice:
                     self._barrier_cond.notify_all()
             elif isinstance(action, Stop):
                 keep_running = False
+            elif isinstance(action, NodeDead):
+                error = PeerError("%s is dead: %s" % (action.node.describe_rank(), action.reason))
+                log.error("%s: %s", self.my_node.describe() if self.my_node else "node", error)
+                self._error = self._error or error
+                keep_running = False
             elif isinstance(action, Refused):
                 log.warning("%s: %s", self.my_node.describe() if self.my_node else "node",
                             action.reason)
@@ -277,6 +293,11 @@ class Postoffice:
         for message in early:
             customer.accept(message)
         return customer
+
+    def on_failure(self, hook: Callable[[BaseException], None]) -> None:
+        """Call ``hook(error)`` once if the receive loop ends with an error (a dead node, a
+        broken van): the KV layer fails every pending request with it."""
+        self._failure_hooks.append(hook)
 
     def send(self, message: Message) -> int:
         """Send a message to ``message.meta.recver`` (thread-safe)."""

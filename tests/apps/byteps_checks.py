@@ -11,6 +11,8 @@ mismatch  rank 0 and rank 1 declare key 5 with different shapes: both get a clea
 init-order  the ranks initialise two keys in opposite orders (balanced placement differs).
 trace     str keys (parameter names) pushpulled from 2 CPU contexts for 3 steps; the
           Chrome trace of every stage is written when the store closes.
+endless   pushpull rounds (sums checked) for up to 120 s; prints "round N" as it goes and
+          the error that ends it (the test kills a peer).
 """
 import json
 import sys
@@ -123,6 +125,21 @@ def check_trace(kv):
     print("TRACE OK")
 
 
+def check_endless(kv):
+    kv.init(0, mx.nd.zeros((10000,)))
+
+    def action():
+        started, rounds = time.monotonic(), 0
+        while time.monotonic() - started < 120:
+            grad = mx.nd.ones((10000,))
+            kv.pushpull(0, grad)
+            assert float(grad[0].asscalar()) == kv.num_workers
+            rounds += 1
+            if rounds % 20 == 0:
+                print("round %d" % rounds, flush=True)
+    return expect_error(kv, action)
+
+
 def main():
     mode = sys.argv[1]
     kv = mx.kv.create("dist_byteps")
@@ -136,6 +153,8 @@ def main():
         return check_init_order(kv)
     elif mode == "trace":
         check_trace(kv)
+    elif mode == "endless":
+        return check_endless(kv)
     else:
         return check_mismatch(kv)
     return 0
