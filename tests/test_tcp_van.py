@@ -10,12 +10,13 @@ import pytest
 from kvstore_byteps.config import Config, Role, VanType
 from kvstore_byteps.errors import ClusterStartError, ConfigError, ProtocolError
 from kvstore_byteps.van import tcp_frame
-from kvstore_byteps.van.codec import encode_meta
-from kvstore_byteps.van.kv import KVServer, KVWorker
-from kvstore_byteps.van.message import K_EMPTY, Meta
+from kvstore_byteps.van.message import K_EMPTY
 from kvstore_byteps.van.postoffice import Postoffice
 from kvstore_byteps.van.recv_buffers import RecvBufferPool
 from tests.conftest import free_port, wait_until
+from tests.kv_nodes import start_all, start_trio
+
+ROLES = (Role.SCHEDULER, Role.SERVER, Role.WORKER)
 
 ZMTP_GREETING = b"\xff" + b"\x00" * 8 + b"\x7f" + b"\x03\x00NULL" + b"\x00" * 48
 
@@ -100,27 +101,9 @@ def config(role, port, van=VanType.BYTEPS_TCP, timeout=20.0, request_timeout=10.
                   request_timeout=request_timeout, van_type=van)
 
 
-def start_all(nodes, join=15):
-    results = {}
-
-    def run(po):
-        try:
-            po.start()
-            results[id(po)] = None
-        except Exception as exc:
-            results[id(po)] = exc
-    threads = [threading.Thread(target=run, args=(po,), daemon=True) for po in nodes]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(join)
-    return [results.get(id(po), "still starting") for po in nodes]
-
-
 @pytest.fixture
 def tcp_cluster():
     port = free_port()
-    nodes = [Postoffice(config(role, port)) for role in (Role.SCHEDULER, Role.SERVER, Role.WORKER)]
     store = {}
 
     def on_request(req, server):
@@ -130,9 +113,7 @@ def tcp_cluster():
             server.respond(req)
         else:
             server.respond(req, req.keys, *store[keys])
-    KVServer(nodes[1], request_handler=on_request)
-    worker = KVWorker(nodes[2])
-    assert start_all(nodes) == [None, None, None]
+    nodes, worker = start_trio([config(role, port) for role in ROLES], on_request)
     yield nodes, worker
     for po in reversed(nodes):
         po.stop()
@@ -218,15 +199,6 @@ def test_an_unreachable_scheduler_is_named():
     with pytest.raises(ClusterStartError, match="127.0.0.1:%d" % port):
         po.start()
 
-
-@pytest.mark.timeout(30)
-def test_a_taken_scheduler_port_is_an_error():
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        holder.listen(1)
-        port = holder.getsockname()[1]
-        with pytest.raises(ConfigError, match="127.0.0.1:%d" % port):
-            Postoffice(config(Role.SCHEDULER, port)).start()
 
 
 # ============================================================================ reader and writer

@@ -1,5 +1,4 @@
 """Failure paths of the van layer: clear errors, no hangs (in-process nodes on 127.0.0.1)."""
-import socket
 import threading
 import time
 
@@ -9,10 +8,12 @@ import pytest
 from kvstore_byteps.config import Config, Role, VanType
 from kvstore_byteps.errors import ClusterStartError, ConfigError, PeerError
 from kvstore_byteps.van.codec import encode_meta
-from kvstore_byteps.van.kv import KVServer, KVWorker
 from kvstore_byteps.van.message import Meta
 from kvstore_byteps.van.postoffice import Postoffice
 from tests.conftest import free_port, wait_until
+from tests.kv_nodes import held_port, start_trio
+
+ROLES = (Role.SCHEDULER, Role.SERVER, Role.WORKER)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -56,22 +57,18 @@ def test_missing_nodes_named_by_scheduler():
     assert errors and isinstance(errors[0], ClusterStartError)
 
 
-def test_port_already_taken():
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        holder.listen(1)
-        port = holder.getsockname()[1]
+@pytest.mark.parametrize("van", [VanType.ZMQ, VanType.BYTEPS_TCP])
+def test_port_already_taken(van):
+    import dataclasses
+    with held_port() as port:
         with pytest.raises(ConfigError, match="127.0.0.1:%d" % port):
-            Postoffice(config(Role.SCHEDULER, port)).start()
+            Postoffice(dataclasses.replace(config(Role.SCHEDULER, port), van_type=van)).start()
 
 
 @pytest.mark.parametrize("van", [VanType.ZMQ, VanType.BYTEPS_TCP])
 def test_an_explicit_port_in_use_is_an_error_not_replaced(van):
     import dataclasses
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        holder.listen(1)
-        port = holder.getsockname()[1]
+    with held_port() as port:
         cfg = dataclasses.replace(config(Role.WORKER, free_port(), timeout=2.0), port=port,
                                   van_type=van)
         with pytest.raises(ConfigError, match="PORT=%d" % port):
@@ -82,7 +79,6 @@ def test_an_explicit_port_in_use_is_an_error_not_replaced(van):
 def tiny_cluster():
     """Scheduler, one echo-summing server and one worker in this process."""
     port = free_port()
-    nodes = [Postoffice(config(role, port)) for role in (Role.SCHEDULER, Role.SERVER, Role.WORKER)]
     store = {}
 
     def on_request(req, server):
@@ -91,12 +87,7 @@ def tiny_cluster():
             server.respond(req)
         else:
             server.respond(req, req.keys, store[int(req.keys[0])], [len(store[int(req.keys[0])])])
-    KVServer(nodes[1], request_handler=on_request)
-    worker = KVWorker(nodes[2])
-    threads = [start_in_thread(po) for po in nodes]
-    for thread, errors in threads:
-        thread.join(15)
-        assert not errors
+    nodes, worker = start_trio([config(role, port) for role in ROLES], on_request)
     yield nodes, worker
     for po in nodes:
         po.stop()
@@ -145,9 +136,6 @@ def test_unsorted_keys_rejected_before_sending(tiny_cluster):
 def test_ps_drop_msg_loses_data_messages_and_resend_recovers_them(van):
     import dataclasses
     port = free_port()
-    nodes = [Postoffice(dataclasses.replace(config(role, port), van_type=van, resend=True,
-                                            resend_timeout_ms=100, drop_msg_percent=20))
-             for role in (Role.SCHEDULER, Role.SERVER, Role.WORKER)]
     store = {}
 
     def on_request(req, server):
@@ -157,12 +145,9 @@ def test_ps_drop_msg_loses_data_messages_and_resend_recovers_them(van):
             server.respond(req)
         else:
             server.respond(req, req.keys, store[key], [store[key].nbytes])
-    KVServer(nodes[1], request_handler=on_request)
-    worker = KVWorker(nodes[2])
-    threads = [start_in_thread(po) for po in nodes]
-    for thread, errors in threads:
-        thread.join(15)
-        assert not errors
+    nodes, worker = start_trio([dataclasses.replace(config(role, port), van_type=van, resend=True,
+                                                    resend_timeout_ms=100, drop_msg_percent=20)
+                                for role in ROLES], on_request)
     try:
         for step in range(1, 41):
             worker.wait(worker.push([3], np.ones(4, np.float32), [16]))

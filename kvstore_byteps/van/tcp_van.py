@@ -81,6 +81,15 @@ def read_hello(sock: socket.socket, what: str) -> int:
         raise ProtocolError("%s %s" % (what, exc)) from None
 
 
+def _take_all(items: "queue.SimpleQueue"):
+    """Everything queued now, without waiting."""
+    while True:
+        try:
+            yield items.get_nowait()
+        except queue.Empty:
+            return
+
+
 class _Inbound:
     """One accepted connection: its peer and the reader of its stream."""
 
@@ -254,11 +263,7 @@ class TcpVan(Van):
             self._wake_r.recv(4096)
         except OSError:
             pass
-        while True:
-            try:
-                item = self._accepted.get_nowait()
-            except queue.Empty:
-                return
+        for item in _take_all(self._accepted):
             if isinstance(item, BaseException):
                 raise item
             selector.register(item.sock, selectors.EVENT_READ, item)
@@ -309,11 +314,7 @@ class TcpVan(Van):
             outs, self._out = list(self._out.values()), {}
         for out in outs:
             out.close()
-        while True:
-            try:
-                item = self._accepted.get_nowait()
-            except queue.Empty:
-                break
+        for item in _take_all(self._accepted):
             if isinstance(item, _Inbound):
                 item.sock.close()
         self._wake_r.close()

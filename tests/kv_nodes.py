@@ -1,0 +1,46 @@
+"""In-process nodes for van tests: start postoffices in threads, a scheduler+server+worker trio."""
+import contextlib
+import socket
+import threading
+
+from kvstore_byteps.van.kv import KVServer, KVWorker
+from kvstore_byteps.van.postoffice import Postoffice
+
+
+def start_all(nodes, join=15):
+    """Start every postoffice in its own thread; each one's result: None, its error, or
+    "still starting" if it did not finish within ``join`` seconds."""
+    results = {}
+
+    def run(po):
+        try:
+            po.start()
+            results[id(po)] = None
+        except Exception as exc:
+            results[id(po)] = exc
+    threads = [threading.Thread(target=run, args=(po,), daemon=True) for po in nodes]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(join)
+    return [results.get(id(po), "still starting") for po in nodes]
+
+
+def start_trio(configs, on_request):
+    """Scheduler, one server answering with ``on_request(req, server)`` and one worker, from
+    three configs; returns (postoffices, KVWorker) once all three are ready."""
+    nodes = [Postoffice(cfg) for cfg in configs]
+    KVServer(nodes[1], request_handler=on_request)
+    worker = KVWorker(nodes[2])
+    results = start_all(nodes)
+    assert results == [None, None, None], results
+    return nodes, worker
+
+
+@contextlib.contextmanager
+def held_port():
+    """A port on 127.0.0.1 that something else is listening on, for the block's duration."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        yield holder.getsockname()[1]
