@@ -84,6 +84,9 @@ class KVStoreDistServer:
     def handle_request(self, req, server) -> None:
         """A KV request from a worker; answered now, at the end of its round, or with an error."""
         try:
+            if not self._is_worker(req.sender):
+                # a stranger's push would be summed into every worker's round
+                raise ProtocolError("node %s is not a worker of this cluster" % req.sender)
             cmd = decode_cmd(req.meta.head)
             self._handlers[cmd.request_type](req, server, cmd)
         except ProtocolError as exc:

@@ -133,13 +133,18 @@ def test_barrier_response_releases_node():
     assert member.handle(reply, 0) == [ReleaseBarrier(0)]
 
 
-def test_heartbeat_recorded_and_answered():
-    sched = make_scheduler()
-    hb = Message(Meta(control=Control(cmd=Command.HEARTBEAT,
-                                      nodes=[node(Role.WORKER, "h", 5, 11)])), [])
+def test_heartbeat_recorded_and_answered_for_members_only():
+    sched = formed_scheduler(heartbeating=())
+    hb = from_sender(Message(Meta(control=Control(cmd=Command.HEARTBEAT,
+                                                  nodes=[node(Role.WORKER, "h", 5, 11)])), []), 11)
     replies = sends(sched.handle(hb, 42.0))
     assert replies[0].meta.recver == 11 and replies[0].meta.control.nodes[0].id == 1
     assert sched.dead_nodes(50.0, 5.0) == [11] and sched.dead_nodes(45.0, 5.0) == []
+    for sender, about in ((99, 99), (9, 11)):      # a stranger; a node speaking for another
+        forged = from_sender(Message(Meta(control=Control(
+            cmd=Command.HEARTBEAT, nodes=[node(Role.WORKER, "h", 5, about)])), []), sender)
+        actions = sched.handle(forged, 43.0)
+        assert len(actions) == 1 and isinstance(actions[0], Refused)
 
 
 def make_worker(deadline=10.0, heartbeat=0.0):
@@ -212,6 +217,17 @@ def test_shutdown_sequence_second_group7_barrier_needs_everyone():
     assert len(sends(sched.handle(from_sender(barrier_request(4, 0, clock), 9), 0))) == 1
     assert sched.handle(from_sender(barrier_request(7, 0, clock), 8), 0) == []
     assert len(sends(sched.handle(from_sender(barrier_request(7, 0, clock), 9), 0))) == 3
+
+
+def test_a_barrier_counts_each_member_once_and_no_stranger():
+    sched = make_scheduler(workers=1, servers=1)
+    clock = VanClock()
+    for stranger in (99, K_EMPTY, 10):                # not in group 7 of a 1x1 cluster
+        actions = sched.handle(from_sender(barrier_request(7, 0, clock), stranger), 0)
+        assert len(actions) == 1 and isinstance(actions[0], Refused)
+    for sender in (9, 9, 8):                          # a repeated request counts once
+        assert sends(sched.handle(from_sender(barrier_request(7, 0, clock), sender), 0)) == []
+    assert len(sends(sched.handle(from_sender(barrier_request(7, 0, clock), 1), 0))) == 3
 
 
 # ------------------------------------------------------------------ dead nodes

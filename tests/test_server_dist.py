@@ -314,3 +314,17 @@ def test_an_optimizer_refused_from_another_rank_than_0_is_only_refused():
     for req in grads:
         srv.handle_request(req, fake)
     assert all(fake.answer_to(req).error is None for req in grads)
+
+
+def test_a_push_from_a_node_that_is_no_worker_is_refused_and_not_summed():
+    srv, fake = make()
+    srv.handle_request(push(WORKER0, 1, np.zeros(4, np.float32)), fake)     # init
+    stranger = push(99, 1, np.full(4, 100.0, np.float32))
+    srv.handle_request(stranger, fake)
+    assert "node 99 is not a worker" in fake.answer_to(stranger).error
+    grads = [push(w, 1, np.ones(4, np.float32)) for w in (WORKER0, WORKER1)]
+    for req in grads:
+        srv.handle_request(req, fake)
+    read = pull(WORKER0, 1)
+    srv.handle_request(read, fake)
+    assert np.array_equal(np.frombuffer(fake.answer_to(read).vals, np.float32), [2, 2, 2, 2])

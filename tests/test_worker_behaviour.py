@@ -131,3 +131,33 @@ def test_a_killed_node_is_named_and_every_other_node_exits_in_bounded_time(victi
             assert code not in (0, None), "%s exited %s:\n%s" % (other, code, out)
             assert "%s rank" % victim in out and "is dead" in out, "%s:\n%s" % (other, out)
         assert took < 15, took
+
+
+def test_fuzzed_frames_from_strangers_leave_training_exact_and_the_log_bounded():
+    """Thousands of mutated frames at the scheduler and the server while 2 workers train:
+    no crash, every sum exact, a bounded number of log lines."""
+    import time
+    from tests.conftest import free_port
+    server_port = free_port()
+    with Cluster(num_workers=2, num_servers=1, env={"MXNET_KVSTORE_SERVER": "byteps"}) as cluster:
+        scheduler_port = cluster.base_env["DMLC_PS_ROOT_PORT"]
+        cluster.start("scheduler", SCHEDULER_OURS)
+        cluster.start("server", SERVER_KNOB, env={"PORT": str(server_port)})
+        for _ in range(2):
+            cluster.start("worker", app("byteps_checks.py", "rounds", 300))
+        deadline = time.monotonic() + 60
+        while "round 20" not in cluster.output("worker0"):
+            assert time.monotonic() < deadline, cluster.output("worker0")
+            time.sleep(0.2)
+        cluster.start("fuzzer", app("fuzzer.py", "127.0.0.1:%s,127.0.0.1:%d"
+                                    % (scheduler_port, server_port), 1500, 7))
+        results = cluster.wait_all(100)
+        assert_all_ok(results, cluster)
+    assert "FUZZ SENT 3000" in results["fuzzer0"][1]
+    for name in ("worker0", "worker1"):
+        assert "ROUNDS OK" in results[name][1], results[name][1]
+    for name in ("scheduler0", "server0"):
+        lines = [line for line in results[name][1].splitlines()
+                 if " WARNING " in line or " ERROR " in line or "Traceback" in line]
+        assert len(lines) < 60, "%s logged %d lines:\n%s" % (name, len(lines),
+                                                             "\n".join(lines[:80]))

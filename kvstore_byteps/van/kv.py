@@ -325,8 +325,13 @@ class KVServer:
 
     def _on_message(self, message: Message) -> None:
         meta = message.meta
+        if not self.po.is_member(meta.sender):    # no way to answer it, nothing to serve
+            self._peer_log.warning(meta.sender, "request from node %s, which is not a node of "
+                                   "this cluster; dropped", meta.sender)
+            return
         if not meta.request:
-            log.warning("server got an answer from node %d; dropped", meta.sender)
+            self._peer_log.warning(meta.sender, "server got an answer from node %d; dropped",
+                                   meta.sender)
             return
         try:
             req = KVRequest(meta, parse_kv_frames(message))

@@ -174,6 +174,7 @@ class SchedulerMembership:
         self.nodes: List[Node] = []
         self.ready = False
         self.barrier_counts: Dict[int, int] = {}
+        self.barrier_arrived: Dict[int, set] = {}
         self.last_heartbeat: Dict[int, float] = {}
 
     def start(self, now: float) -> List:
@@ -258,9 +259,16 @@ class SchedulerMembership:
     def _on_barrier(self, msg: Message) -> List:
         group = msg.meta.control.barrier_group
         members = group_members(group, self.num_workers, self.num_servers)
-        self.barrier_counts[group] = self.barrier_counts.get(group, 0) + 1
-        if self.barrier_counts[group] < len(members):
+        if msg.meta.sender not in members:
+            # a stranger (or a forged id) must not complete anyone's barrier
+            return [Refused("ignored a barrier request of group %d from node %s, which is not "
+                            "one of its members %s" % (group, msg.meta.sender, members))]
+        arrived = self.barrier_arrived.setdefault(group, set())
+        arrived.add(msg.meta.sender)          # a repeated request counts once
+        self.barrier_counts[group] = len(arrived)
+        if len(arrived) < len(members):
             return []
+        arrived.clear()
         self.barrier_counts[group] = 0
         return [Send(control_message(Command.BARRIER, node_id, self.clock.tick(),
                                      barrier_group=group, app_id=msg.meta.app_id,
@@ -269,7 +277,11 @@ class SchedulerMembership:
 
     def _on_heartbeat(self, msg: Message, now: float) -> List:
         replies = []
+        members = {node.id for node in self.nodes}
         for node in msg.meta.control.nodes:
+            if node.id != msg.meta.sender or node.id not in members:
+                return [Refused("ignored a heartbeat from node %s for node %s: only a node of "
+                                "the cluster heartbeats, for itself" % (msg.meta.sender, node.id))]
             if node.id in self.dead:          # declared dead already: too late
                 continue
             self.last_heartbeat[node.id] = now

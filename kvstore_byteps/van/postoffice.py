@@ -15,7 +15,7 @@ import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 from ..config import Config, Role, VanType
-from ..errors import ConfigError, DeadlineError, PeerError
+from ..errors import ConfigError, DeadlineError, PeerError, ProtocolError
 from ..logs import PeerLog
 from .membership import (Connect, NodeDead, NodeMembership, Ready, Refused, ReleaseBarrier,
                          SchedulerMembership,
@@ -97,6 +97,7 @@ class Postoffice:
         self._finalized = False
         self._resender: Optional[Resender] = None     # PS_RESEND, once ready
         self._failure_hooks: List[Callable[[BaseException], None]] = []
+        self._peer_log = PeerLog(log)
         #: data messages dropped on purpose (PS_DROP_MSG)
         self.dropped_messages = 0
         self._drop_rng = random.Random() if config.drop_msg_percent else None
@@ -242,7 +243,13 @@ class Postoffice:
             if isinstance(action, Connect):
                 self.van.connect(action.node, None if action.anonymous else self.membership.my_node.id)
             elif isinstance(action, Send):
-                self._transmit(action.message)
+                try:
+                    self._transmit(action.message)
+                except (PeerError, ProtocolError) as exc:   # e.g. a stranger's address
+                    self._peer_log.warning(action.message.meta.recver,
+                                           "could not send %s to node %s: %s",
+                                           action.message.meta.control.cmd.name,
+                                           action.message.meta.recver, exc)
             elif isinstance(action, Ready):
                 self.my_node, self.nodes = action.my_node, action.nodes
                 if self.config.resend:
@@ -268,8 +275,8 @@ class Postoffice:
     def _dispatch_data(self, message: Message) -> None:
         meta = message.meta
         if meta.sender == K_EMPTY or meta.app_id == K_EMPTY:
-            log.warning("dropped a data message without %s",
-                        "sender identity" if meta.sender == K_EMPTY else "app_id")
+            self._peer_log.warning(meta.sender, "dropped a data message without %s",
+                                   "sender identity" if meta.sender == K_EMPTY else "app_id")
             return
         customer_id = meta.customer_id if self.role is Role.WORKER else meta.app_id
         key = (meta.app_id, customer_id)
@@ -293,6 +300,10 @@ class Postoffice:
         for message in early:
             customer.accept(message)
         return customer
+
+    def is_member(self, node_id: int) -> bool:
+        """Whether ``node_id`` is a node of the cluster as the scheduler announced it."""
+        return any(node.id == node_id for node in self.nodes)
 
     def on_failure(self, hook: Callable[[BaseException], None]) -> None:
         """Call ``hook(error)`` once if the receive loop ends with an error (a dead node, a
