@@ -161,3 +161,16 @@ def test_fuzzed_frames_from_strangers_leave_training_exact_and_the_log_bounded()
                  if " WARNING " in line or " ERROR " in line or "Traceback" in line]
         assert len(lines) < 60, "%s logged %d lines:\n%s" % (name, len(lines),
                                                              "\n".join(lines[:80]))
+
+
+def test_200_rounds_with_resend_and_10_percent_of_messages_dropped_stay_exact():
+    env = {"PS_RESEND": "1", "PS_RESEND_TIMEOUT": "300", "PS_DROP_MSG": "10"}
+    results = run_checks("rounds", 200, env=env, timeout=150)
+    drops = 0
+    for name, (_, out) in results.items():
+        if name.startswith("worker"):
+            assert "ROUNDS OK" in out, out
+        for line in out.splitlines():
+            if "received data messages were dropped on purpose" in line:
+                drops += int(line.split(": ")[-1].split()[0])
+    assert drops > 0, results

@@ -100,6 +100,7 @@ class Postoffice:
         self._peer_log = PeerLog(log)
         #: data messages dropped on purpose (PS_DROP_MSG)
         self.dropped_messages = 0
+        self._drop_reported = False
         self._drop_rng = random.Random() if config.drop_msg_percent else None
         self._resend_lock = threading.Lock()
 
@@ -366,6 +367,10 @@ class Postoffice:
 
     def stop(self) -> None:
         """Stop the receive loop (TERMINATE to self) and every customer."""
+        if self.dropped_messages and not self._drop_reported:
+            self._drop_reported = True
+            log.warning("PS_DROP_MSG=%d: %d received data messages were dropped on purpose",
+                        self.config.drop_msg_percent, self.dropped_messages)
         if not self._stopped.is_set():
             try:
                 self.van.send(terminate_message(self.my_id))
