@@ -321,11 +321,12 @@ class Postoffice:
         return self._transmit(message)
 
     def _transmit(self, message: Message) -> int:
-        sent = self.van.send(message)
+        # Kept for resending *before* it leaves: the ACK may come back before van.send
+        # returns, and an ACK for a message not kept yet was lost, so it was resent for nothing.
         if self._resender is not None:
             with self._resend_lock:
                 self._resender.on_send(message, time.monotonic())
-        return sent
+        return self.van.send(message)
 
     # ------------------------------------------------------------------ barrier / stop
     def barrier(self, group: int, customer_id: int = 0, timeout: Optional[float] = None) -> None:

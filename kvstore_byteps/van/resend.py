@@ -42,6 +42,7 @@ class Resender:
         self.my_id, self.timeout = my_id, timeout_ms / 1000.0
         self._pending: Dict[int, _Pending] = {}
         self._seen: Set[int] = set()
+        self.resent = 0           # messages sent again (for tests and diagnostics)
 
     def on_send(self, message: Message, now: float) -> None:
         """Keep ``message`` until it is acknowledged (it must carry a timestamp)."""
@@ -77,5 +78,6 @@ class Resender:
                                 % (pending.message.meta.recver, sig, MAX_RETRIES))
             pending.retries += 1
             pending.sent_at = now
+            self.resent += 1
             again.append(pending.message)
         return again
