@@ -34,6 +34,9 @@ def run_scheduler(config: Config) -> int:
 
 
 def main(argv: Optional[list] = None) -> int:
+    from .node_cli import parse_node_args
+    parse_node_args("python -m kvstore_byteps.scheduler", "Run a kvstore-byteps scheduler "
+                    "(MXNet's and our servers and workers can join it).", argv)
     try:
         config = Config.from_env()
     except KVStoreBytePSError as exc:

@@ -82,6 +82,9 @@ def run_server(config: Config) -> int:
 
 def main(argv: Optional[list] = None) -> int:
     """Command-line entry point; the only place here that turns errors into an exit code."""
+    from .node_cli import parse_node_args
+    parse_node_args("python -m kvstore_byteps.server", "Run a kvstore-byteps parameter server "
+                    "(serves dist_byteps, dist_sync and dist_async workers).", argv)
     try:
         config = Config.from_env()
     except KVStoreBytePSError as exc:

@@ -369,3 +369,14 @@ def test_rank_0_says_what_it_talks_to_and_workers_honour_ps_verbose(spawn, serve
     assert "[worker 0] rank 0" in out and "[worker 1] rank 1" in out
     assert re.search(r"\[worker 1\] .* \[worker\] INFO kvstore_byteps\.engine\.worker: worker "
                      r"rank 1 of 2 talks to %s servers" % server, out), out
+
+
+@pytest.mark.parametrize("module", ["kvstore_byteps.server", "kvstore_byteps.scheduler"])
+def test_node_entry_points_answer_help_and_refuse_unknown_arguments(module):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "BYTEPS_"))}
+    helped = subprocess.run([sys.executable, "-m", module, "--help"], env=env, timeout=60,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert helped.returncode == 0 and "DMLC_PS_ROOT_PORT" in helped.stdout, helped.stdout
+    wrong = subprocess.run([sys.executable, "-m", module, "--bogus"], env=env, timeout=60,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert wrong.returncode == 2 and "--bogus" in wrong.stdout, wrong.stdout

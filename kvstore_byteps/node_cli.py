@@ -1,0 +1,23 @@
+"""The command line of ``python -m kvstore_byteps.server`` and ``python -m kvstore_byteps.scheduler``.
+
+It only answers ``--help`` (and rejects anything else): like MXNet's own nodes, these take their
+whole configuration from the ``DMLC_*`` / ``PS_*`` / ``BYTEPS_*`` environment.
+"""
+import argparse
+from typing import Optional, Sequence
+
+_EPILOG = """\
+configuration comes from the environment, as for MXNet's own nodes:
+  DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT   the scheduler's address and port (the port is required)
+  DMLC_NUM_WORKER, DMLC_NUM_SERVER      how many workers and servers the cluster has
+  DMLC_PS_VAN_TYPE                      zmq (default, MXNet-compatible) or byteps_tcp
+  PS_HEARTBEAT_INTERVAL, PS_HEARTBEAT_TIMEOUT, BYTEPS_*: see the README's Configuration table
+
+usually the launcher starts every node: kvstore-byteps-launch -n 2 -s 2 python train.py"""
+
+
+def parse_node_args(prog: str, summary: str, argv: Optional[Sequence[str]]) -> None:
+    """``--help`` prints the usage and exits 0; any other argument exits 2 saying so."""
+    parser = argparse.ArgumentParser(prog=prog, description=summary, epilog=_EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.parse_args(argv)
