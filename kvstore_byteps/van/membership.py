@@ -173,7 +173,6 @@ class SchedulerMembership:
         self.pending: List[Node] = []
         self.nodes: List[Node] = []
         self.ready = False
-        self.barrier_counts: Dict[int, int] = {}
         self.barrier_arrived: Dict[int, set] = {}
         self.last_heartbeat: Dict[int, float] = {}
 
@@ -265,11 +264,9 @@ class SchedulerMembership:
                             "one of its members %s" % (group, msg.meta.sender, members))]
         arrived = self.barrier_arrived.setdefault(group, set())
         arrived.add(msg.meta.sender)          # a repeated request counts once
-        self.barrier_counts[group] = len(arrived)
         if len(arrived) < len(members):
             return []
         arrived.clear()
-        self.barrier_counts[group] = 0
         return [Send(control_message(Command.BARRIER, node_id, self.clock.tick(),
                                      barrier_group=group, app_id=msg.meta.app_id,
                                      customer_id=msg.meta.customer_id))

@@ -96,6 +96,7 @@ class Postoffice:
         self._thread: Optional[threading.Thread] = None
         self._finalized = False
         self._resender: Optional[Resender] = None     # PS_RESEND, once ready
+        self._member_ids: frozenset = frozenset()   # looked up per request: a set
         self._failure_hooks: List[Callable[[BaseException], None]] = []
         self._peer_log = PeerLog(log)
         #: data messages dropped on purpose (PS_DROP_MSG)
@@ -253,6 +254,7 @@ class Postoffice:
                                            action.message.meta.recver, exc)
             elif isinstance(action, Ready):
                 self.my_node, self.nodes = action.my_node, action.nodes
+                self._member_ids = frozenset(node.id for node in action.nodes)
                 if self.config.resend:
                     self._resender = Resender(self.my_node.id, self.config.resend_timeout_ms)
                 self.van.on_ready()
@@ -304,7 +306,7 @@ class Postoffice:
 
     def is_member(self, node_id: int) -> bool:
         """Whether ``node_id`` is a node of the cluster as the scheduler announced it."""
-        return any(node.id == node_id for node in self.nodes)
+        return node_id in self._member_ids
 
     def on_failure(self, hook: Callable[[BaseException], None]) -> None:
         """Call ``hook(error)`` once if the receive loop ends with an error (a dead node, a

@@ -25,6 +25,7 @@ that node until the start deadline).
 """
 import logging
 import queue
+import random
 import selectors
 import socket
 import threading
@@ -128,7 +129,6 @@ class TcpVan(Van):
 
     # ------------------------------------------------------------------ binding
     def bind(self, node: Node, max_retry: int) -> int:
-        import random
         port, error = node.port, None
         for _ in range(max_retry + 1):
             listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
