@@ -85,6 +85,8 @@ class Env:
     TRACE_START_STEP = "BYTEPS_TRACE_START_STEP"
     TRACE_END_STEP = "BYTEPS_TRACE_END_STEP"
     TRACE_DIR = "BYTEPS_TRACE_DIR"
+    AUTH_KEY = "BYTEPS_AUTH_KEY"
+    AUTH_KEY_FILE = "BYTEPS_AUTH_KEY_FILE"
 
 
 KEY_HASH_FNS = ("balanced", "djb2", "sdbm", "built_in", "mixed")
@@ -128,6 +130,14 @@ class Config:
     trace_start_step: int = 10
     trace_end_step: int = 20
     trace_dir: str = "./trace"
+    #: the cluster's shared secret (BYTEPS_AUTH_KEY or the BYTEPS_AUTH_KEY_FILE's content);
+    #: None: no authentication. Kept out of repr so it never lands in a log.
+    auth_key: Optional[bytes] = dataclasses.field(default=None, repr=False)
+
+    @property
+    def auth(self) -> bool:
+        """Whether only nodes holding the shared secret may join and send (BYTEPS_AUTH_KEY)."""
+        return self.auth_key is not None
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Config":
@@ -171,6 +181,7 @@ class Config:
             trace_start_step=env.get(Env.TRACE_START_STEP, _nonnegative_int, 10),
             trace_end_step=env.get(Env.TRACE_END_STEP, _nonnegative_int, 20),
             trace_dir=env.get(Env.TRACE_DIR, _nonempty, "./trace"),
+            auth_key=_auth_key(env),
         )
 
     @property
@@ -203,6 +214,36 @@ class _EnvReader:
 
     def flag(self, name: str, default: bool) -> bool:
         return self.get(name, _flag, default)
+
+
+#: Fewer bytes than this are refused: the key is all an attacker has to guess.
+MIN_AUTH_KEY_BYTES = 16
+
+
+def _auth_key(env: "_EnvReader") -> Optional[bytes]:
+    """The shared secret from BYTEPS_AUTH_KEY or BYTEPS_AUTH_KEY_FILE (not both)."""
+    text = env.get(Env.AUTH_KEY, _nonempty, None)
+    path = env.get(Env.AUTH_KEY_FILE, _nonempty, None)
+    if text is not None and path is not None:
+        raise ConfigError("set %s or %s, not both" % (Env.AUTH_KEY, Env.AUTH_KEY_FILE))
+    if text is not None:
+        key, source = text.encode("utf-8"), Env.AUTH_KEY
+    elif path is not None:
+        try:
+            with open(path, "rb") as handle:
+                key = handle.read().strip()
+        except OSError as exc:
+            raise ConfigError("%s=%s cannot be read: %s" % (Env.AUTH_KEY_FILE, path,
+                                                            exc.strerror or exc)) from None
+        source = "%s=%s" % (Env.AUTH_KEY_FILE, path)
+    else:
+        return None
+    if len(key) < MIN_AUTH_KEY_BYTES:
+        # the value itself is never quoted: it is a secret
+        raise ConfigError("%s holds %d bytes; a cluster key needs at least %d (make one with: "
+                          "python -c 'import secrets; print(secrets.token_hex(32))')"
+                          % (source, len(key), MIN_AUTH_KEY_BYTES))
+    return key
 
 
 def _flag(text: str) -> bool:

@@ -29,3 +29,8 @@ class DeadlineError(KVStoreBytePSError, TimeoutError):
 
 class ClusterStartError(DeadlineError):
     """The cluster did not form in time (scheduler unreachable, nodes missing)."""
+
+
+class AuthenticationError(ConfigError):
+    """A peer did not prove it holds the cluster's key (``BYTEPS_AUTH_KEY``), or refused ours.
+    The message names the peer and the likely cause (a different key, or no key on one side)."""

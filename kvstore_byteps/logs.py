@@ -66,14 +66,20 @@ class PeerLog:
         self._lock = threading.Lock()
 
     def warning(self, peer, text: str, *args, exc_info: bool = False) -> None:
+        self._log(logging.WARNING, peer, text, args, exc_info)
+
+    def error(self, peer, text: str, *args, exc_info: bool = False) -> None:
+        self._log(logging.ERROR, peer, text, args, exc_info)
+
+    def _log(self, level: int, peer, text: str, args, exc_info: bool) -> None:
         with self._lock:
             count = self._counts[peer] = self._counts.get(peer, 0) + 1
         if count == 1:
-            self.logger.warning(text + " (more problems from this peer: only counted)", *args,
-                                exc_info=exc_info)
+            self.logger.log(level, text + " (more problems from this peer: only counted)", *args,
+                            exc_info=exc_info)
         elif count % self.every == 0:
-            self.logger.warning("%d problems from %s so far, the latest: " + text, count, peer,
-                                *args)
+            self.logger.log(level, "%d problems from %s so far, the latest: " + text, count,
+                            peer, *args)
 
     def count(self, peer) -> int:
         with self._lock:

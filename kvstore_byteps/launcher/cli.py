@@ -20,6 +20,7 @@ from typing import List, Optional, Sequence
 
 import kvstore_byteps
 
+from ..config import Env
 from . import netns, ssh
 from .job import EXIT_SPAWN_FAILED, STOP_SIGNALS, Job, NodeStarter
 from .plan import (JobShape, Launcher, LaunchError, ProcSpec, SchedulerProgram, ServerProgram,
@@ -157,7 +158,25 @@ def parse_args(argv: Optional[Sequence[str]] = None,
             p.error("--%s is for --launcher %s" % (option.replace("_", "-"), needs.value))
     if args.launcher is Launcher.SSH and not args.hostfile:
         p.error("--launcher ssh needs -H HOSTFILE (one host per line: [user@]host[:port] [slots=N])")
+    _check_auth(p, args, environ)
     return args
+
+
+def _check_auth(p: argparse.ArgumentParser, args: argparse.Namespace, environ) -> None:
+    """BYTEPS_AUTH_KEY needs our scheduler and servers; over ssh the key is better in a file."""
+    names = (Env.AUTH_KEY, Env.AUTH_KEY_FILE)
+    given = [n for n in names if environ.get(n) or n in args.env_all or n in args.env_server]
+    if not given:
+        return
+    if args.scheduler == SchedulerProgram.MXNET.value or args.server == ServerProgram.MXNET.value:
+        p.error("%s is set, but MXNet's own scheduler and server cannot authenticate: use "
+                "--scheduler byteps and --server byteps or byteps-knob (the defaults)" % given[0])
+    passed = [n for n in (Env.AUTH_KEY,) if n in args.env_all or n in args.env_server
+              or n in args.env_worker]
+    if args.launcher is Launcher.SSH and passed:
+        print("launch.py: warning: --env %s puts the key on the ssh command line, where other "
+              "users of the remote hosts can see it (ps); prefer %s=PATH to a file (mode 600) "
+              "on every host" % (Env.AUTH_KEY, Env.AUTH_KEY_FILE), file=sys.stderr)
 
 
 def _read_hostfile(path: str) -> List[Host]:

@@ -2,9 +2,13 @@
 
 A connection starts with one :data:`HELLO_BYTES`-byte hello from each side::
 
-    b"KVBPS" | version u8 | reserved u16 | node id u32 (K_EMPTY: not known yet) | reserved u32
+    b"KVBPS" | version u8 | flags u16 | node id u32 (K_EMPTY: not known yet) | reserved u32
 
-The side that connected sends it first; the side that accepted answers with its own. The first
+Both sides send theirs at once and then read the other's. Flag bit 0 (:data:`FLAG_AUTH`) says
+the sender authenticates (``BYTEPS_AUTH_KEY``); then each side follows its hello with a
+:data:`~kvstore_byteps.van.auth.NONCE_BYTES`-byte nonce and, after reading the peer's, with its
+:data:`~kvstore_byteps.van.auth.PROOF_BYTES`-byte proof (auth.py). Both sides must agree on
+the flag. The first
 byte is never 0xFF, so a ZeroMQ peer (upstream MXNet's ps-lite, or one of our nodes left on
 ``zmq``) is recognised by its greeting, whose first 10 bytes are ``FF 00*8 7F`` (ZMTP 3.0), and
 gets a clear error instead of a silent hang.
@@ -19,17 +23,17 @@ All integers little-endian. The lengths come first so the receiver can pick each
 buffer (a registered, reused one for large frames) before a byte of it arrives.
 """
 import struct
-from typing import List, Sequence, Tuple
+from typing import List, NamedTuple, Sequence, Tuple
 
 from ..errors import ProtocolError
-from .message import K_EMPTY
 
-__all__ = ["MAGIC", "VERSION", "HELLO_BYTES", "ZMTP_SIGNATURE_BYTES", "MAX_META_BYTES",
+__all__ = ["MAGIC", "VERSION", "FLAG_AUTH", "Hello", "HELLO_BYTES", "ZMTP_SIGNATURE_BYTES", "MAX_META_BYTES",
            "MAX_FRAMES", "MAX_FRAME_BYTES", "encode_hello", "decode_hello", "is_zmtp_signature",
            "encode_header", "header_size", "decode_header_start", "decode_frame_lengths"]
 
 MAGIC = b"KVBPS"
-VERSION = 1
+VERSION = 2          # 2: the flags field and the authenticated handshake
+FLAG_AUTH = 1
 _HELLO = struct.Struct("<5sBHII")
 HELLO_BYTES = _HELLO.size                       # 16
 ZMTP_SIGNATURE_BYTES = 10
@@ -41,9 +45,16 @@ MAX_FRAMES = 64
 MAX_FRAME_BYTES = 1 << 30
 
 
-def encode_hello(node_id: int) -> bytes:
+class Hello(NamedTuple):
+    """A peer's hello: its node id (K_EMPTY if it has none yet), whether it authenticates."""
+
+    node_id: int
+    auth: bool
+
+
+def encode_hello(node_id: int, auth: bool = False) -> bytes:
     """This node's hello; ``node_id`` K_EMPTY while the scheduler has not assigned one."""
-    return _HELLO.pack(MAGIC, VERSION, 0, node_id & 0xFFFFFFFF, 0)
+    return _HELLO.pack(MAGIC, VERSION, FLAG_AUTH if auth else 0, node_id & 0xFFFFFFFF, 0)
 
 
 def is_zmtp_signature(first: bytes) -> bool:
@@ -52,8 +63,8 @@ def is_zmtp_signature(first: bytes) -> bool:
             and first[ZMTP_SIGNATURE_BYTES - 1] == 0x7F)
 
 
-def decode_hello(data: bytes) -> int:
-    """The peer's node id (K_EMPTY if it has none yet); ProtocolError saying what is wrong,
+def decode_hello(data: bytes) -> Hello:
+    """The peer's :class:`Hello`; ProtocolError saying what is wrong,
     worded to follow the peer's name ("the node at ... speaks ZeroMQ ...")."""
     if is_zmtp_signature(data):
         raise ProtocolError("speaks ZeroMQ (upstream MXNet's ps-lite, or a node with "
@@ -62,13 +73,15 @@ def decode_hello(data: bytes) -> int:
                             "nodes only speak zmq")
     if len(data) != HELLO_BYTES:
         raise ProtocolError("hello of %d bytes, expected %d" % (len(data), HELLO_BYTES))
-    magic, version, _, node_id, _ = _HELLO.unpack(data)
+    magic, version, flags, node_id, _ = _HELLO.unpack(data)
     if magic != MAGIC:
         raise ProtocolError("is not a byteps_tcp node (its hello starts with %r)" % data[:8])
     if version != VERSION:
         raise ProtocolError("speaks byteps_tcp version %d, this node version %d "
                             "(install the same kvstore-byteps everywhere)" % (version, VERSION))
-    return K_EMPTY if node_id == K_EMPTY else node_id
+    if flags & ~FLAG_AUTH:
+        raise ProtocolError("sent unknown hello flags 0x%x" % flags)
+    return Hello(node_id, bool(flags & FLAG_AUTH))
 
 
 def encode_header(meta: bytes, frames: Sequence[int]) -> bytes:

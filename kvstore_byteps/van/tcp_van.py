@@ -33,9 +33,10 @@ import time
 from typing import Callable, Dict, Optional
 
 from ..config import Config
-from ..errors import ClusterStartError, ConfigError, PeerError, ProtocolError
+from ..errors import (AuthenticationError, ClusterStartError, ConfigError, PeerError,
+                      ProtocolError)
 from ..logs import PeerLog
-from . import tcp_frame
+from . import auth, tcp_frame
 from .base import Van
 from .codec import decode_meta, encode_meta
 from .message import K_EMPTY, Message, Node
@@ -67,8 +68,8 @@ def _recv_exactly(sock: socket.socket, size: int, what: str) -> bytes:
     return bytes(data)
 
 
-def read_hello(sock: socket.socket, what: str) -> int:
-    """Read and check a peer's hello; its node id. ConfigError for a ZeroMQ peer."""
+def read_hello(sock: socket.socket, what: str) -> tcp_frame.Hello:
+    """Read and check a peer's hello. ConfigError for a ZeroMQ peer."""
     first = _recv_exactly(sock, tcp_frame.ZMTP_SIGNATURE_BYTES, what)
     if tcp_frame.is_zmtp_signature(first):
         try:
@@ -80,6 +81,33 @@ def read_hello(sock: socket.socket, what: str) -> int:
         return tcp_frame.decode_hello(first + rest)
     except ProtocolError as exc:
         raise ProtocolError("%s %s" % (what, exc)) from None
+
+
+def exchange_hellos(sock: socket.socket, my_id: int, mac_key: Optional[bytes], side: bytes,
+                    what: str) -> int:
+    """Send this node's hello, read the peer's and, with ``mac_key`` (BYTEPS_AUTH_KEY), run the
+    mutual proof of auth.py; the peer's node id. AuthenticationError when the peer does not
+    authenticate, or proves nothing, or the two sides disagree on whether to authenticate."""
+    nonce = auth.new_nonce() if mac_key else b""
+    sock.sendall(tcp_frame.encode_hello(my_id, auth=mac_key is not None) + nonce)
+    hello = read_hello(sock, what)
+    if mac_key is None:
+        if hello.auth:
+            raise AuthenticationError("%s requires authentication (it has BYTEPS_AUTH_KEY) but "
+                                      "this node has no key; give every node the same "
+                                      "BYTEPS_AUTH_KEY or BYTEPS_AUTH_KEY_FILE" % what)
+        return hello.node_id
+    if not hello.auth:
+        raise AuthenticationError("%s does not authenticate (it has no BYTEPS_AUTH_KEY) but this "
+                                  "node requires it" % what)
+    peer_nonce = _recv_exactly(sock, auth.NONCE_BYTES, what)
+    sock.sendall(auth.tcp_proof(mac_key, side, nonce, peer_nonce))
+    proof = _recv_exactly(sock, auth.PROOF_BYTES, what)
+    peer_side = auth.ACCEPTOR if side == auth.CONNECTOR else auth.CONNECTOR
+    if not auth.tcp_proof_ok(mac_key, peer_side, peer_nonce, nonce, proof):
+        raise AuthenticationError("%s failed authentication: it holds a different "
+                                  "BYTEPS_AUTH_KEY" % what)
+    return hello.node_id
 
 
 def _take_all(items: "queue.SimpleQueue"):
@@ -126,6 +154,7 @@ class TcpVan(Van):
         self._forming = True
         self._accept_thread: Optional[threading.Thread] = None
         self._peer_log = PeerLog(log)
+        self._mac_key = auth.hmac_key(config.auth_key) if config.auth else None
 
     # ------------------------------------------------------------------ binding
     def bind(self, node: Node, max_retry: int) -> int:
@@ -170,9 +199,17 @@ class TcpVan(Van):
         try:
             sock.settimeout(_HANDSHAKE_SECONDS)
             _tune(sock)
-            sock.sendall(tcp_frame.encode_hello(self.my_id))
-            peer_id = read_hello(sock, what)
+            peer_id = exchange_hellos(sock, self.my_id, self._mac_key, auth.ACCEPTOR, what)
+        except AuthenticationError as exc:
+            # whoever failed to prove the key is a stranger: it must not stop the cluster
+            self._peer_log.error(address.rsplit(":", 1)[0], "refused a connection: %s", exc)
+            sock.close()
+            return
         except ConfigError as exc:
+            if self._mac_key is not None:   # (an unauthenticated peer, however it speaks)
+                self._peer_log.error(address.rsplit(":", 1)[0], "refused a connection: %s", exc)
+                sock.close()
+                return
             log.error("%s", exc)
             sock.close()
             if self._forming:
@@ -213,8 +250,8 @@ class TcpVan(Van):
                 time.sleep(_CONNECT_RETRY_SECONDS)
         try:
             _tune(sock)
-            sock.sendall(tcp_frame.encode_hello(self.my_id if my_id is not None else K_EMPTY))
-            read_hello(sock, what)
+            exchange_hellos(sock, self.my_id if my_id is not None else K_EMPTY, self._mac_key,
+                            auth.CONNECTOR, what)
         except BaseException:
             sock.close()
             raise

@@ -55,7 +55,12 @@ class ZMQVan(Van):
         self._locks: Dict[int, threading.Lock] = {}
         self._senders_lock = threading.Lock()
         self._closed = False
+        self._forming = True
         self._peer_log = PeerLog(log)
+        self._curve = None
+        if config.auth:     # BYTEPS_AUTH_KEY: CURVE on every socket (zmq_auth.py)
+            from .zmq_auth import CurveAuth
+            self._curve = CurveAuth(self._zmq, self.context, config.auth_key)
 
     # ------------------------------------------------------------------ binding
     def _address(self, host: str, port: int) -> str:
@@ -67,6 +72,8 @@ class ZMQVan(Van):
         zmq = self._zmq
         self.receiver = self.context.socket(zmq.ROUTER)
         self.receiver.setsockopt(zmq.LINGER, 0)
+        if self._curve is not None:
+            self._curve.make_server(self.receiver)
         port = node.port
         for attempt in range(max_retry + 1):
             try:
@@ -89,6 +96,9 @@ class ZMQVan(Van):
             socket.setsockopt(zmq.IDENTITY, b"ps%d" % my_id)
             if self.config.water_mark:
                 socket.setsockopt(zmq.SNDHWM, self.config.water_mark)
+        if self._curve is not None:
+            self._curve.make_client(socket, "%s %s at %s" % (
+                node.role.name.lower(), "?" if node.id == K_EMPTY else node.id, node.address))
         socket.connect(self._address(node.hostname, node.port))
         with self._senders_lock:
             lock = self._locks.setdefault(node.id, threading.Lock())
@@ -125,7 +135,23 @@ class ZMQVan(Van):
                 message = self._receive_one()
                 if message is not None and not on_message(message):
                     break
+            if self._curve is not None:
+                self._check_handshakes()
             on_tick()
+
+    def on_ready(self) -> None:
+        self._forming = False
+
+    def _check_handshakes(self) -> None:
+        """A peer this node connected to refused its credentials (or has none): while the
+        cluster forms that stops this node with the reason; later it is logged (the request
+        that cannot be delivered fails at its deadline, naming the node)."""
+        failure = self._curve.take_failure()
+        if failure is None:
+            return
+        if self._forming:
+            raise failure
+        self._peer_log.error(str(failure), "%s", failure)
 
     def _receive_one(self) -> Optional[Message]:
         frames = self.receiver.recv_multipart(copy=False)
@@ -154,4 +180,6 @@ class ZMQVan(Van):
                 socket.close(0)
         if self.receiver is not None:
             self.receiver.close(0)
+        if self._curve is not None:
+            self._curve.close()
         self.context.term()

@@ -14,8 +14,11 @@ trace     str keys (parameter names) pushpulled from 2 CPU contexts for 3 steps;
 endless   pushpull rounds (sums checked) for up to 120 s; prints "round N" as it goes and
           the error that ends it (the test kills a peer).
 rounds N  N pushpull rounds (sums checked, "round N" every 20), then "ROUNDS OK".
+until FILE  rounds as above until FILE exists (rank 0 looks; all ranks stop at the same
+          round), then "ROUNDS OK".
 """
 import json
+import os
 import sys
 import time
 
@@ -126,20 +129,28 @@ def check_trace(kv):
     print("TRACE OK")
 
 
-def check_endless(kv, limit=None):
+def check_endless(kv, limit=None, stop_file=None):
     kv.init(0, mx.nd.zeros((10000,)))
+    kv.init(1, mx.nd.zeros((1,)))
+
+    def stop_agreed():
+        """Rank 0 says whether ``stop_file`` exists; every rank learns it from the sum."""
+        flag = mx.nd.array([1 if kv.rank == 0 and os.path.exists(stop_file) else 0])
+        kv.pushpull(1, flag)
+        return float(flag.asscalar()) > 0
 
     def action():
-        started, rounds = time.monotonic(), 0
-        while time.monotonic() - started < 120 and rounds != limit:
+        started, rounds, stopped = time.monotonic(), 0, False
+        while time.monotonic() - started < 120 and rounds != limit and not stopped:
             grad = mx.nd.ones((10000,))
             kv.pushpull(0, grad)
             assert float(grad[0].asscalar()) == kv.num_workers
             rounds += 1
             if rounds % 20 == 0:
                 print("round %d" % rounds, flush=True)
-        if rounds == limit:
-            print("ROUNDS OK", flush=True)
+            stopped = stop_file is not None and stop_agreed()
+        if rounds == limit or stopped:
+            print("ROUNDS OK after %d rounds" % rounds, flush=True)
     return expect_error(kv, action)
 
 
@@ -160,6 +171,8 @@ def main():
         return check_endless(kv)
     elif mode == "rounds":
         return check_endless(kv, int(sys.argv[2]))
+    elif mode == "until":
+        return check_endless(kv, stop_file=sys.argv[2])
     else:
         return check_mismatch(kv)
     return 0

@@ -3,7 +3,8 @@
 For each target, COUNT messages over ZeroMQ DEALER sockets whose identities are not cluster
 members (``ps99``, ``ps12345``, junk, none): valid metas of every kind (pushes, pulls, commands,
 control messages), mutated (bytes flipped, cut short, extended) or left intact, with random
-data frames. Prints ``FUZZ SENT N``.
+data frames. Prints ``FUZZ SENT N (could not send M)``: a target that refuses the handshake
+(BYTEPS_AUTH_KEY) makes sends block; after 2 s that socket's messages count as not sent.
 """
 import random
 import sys
@@ -56,23 +57,32 @@ def main():
     rng = random.Random(seed)
     ctx = zmq.Context()
     metas = valid_metas()
-    sent = 0
+    sent, refused, refusing = 0, 0, set()
     for target in targets:
         sockets = []
         for identity in IDENTITIES:
             sock = ctx.socket(zmq.DEALER)
             sock.setsockopt(zmq.IDENTITY, identity)
             sock.setsockopt(zmq.LINGER, 20000)
+            sock.setsockopt(zmq.SNDTIMEO, 2000)   # a target that refuses us (auth) blocks sends
             sock.connect("tcp://" + target)
             sockets.append(sock)
         for _ in range(count):
             message = [mutate(rng, rng.choice(metas))] + frames(rng)
-            rng.choice(sockets).send_multipart(message)
-            sent += 1
+            sock = rng.choice(sockets)
+            if sock in refusing:
+                refused += 1
+                continue
+            try:
+                sock.send_multipart(message)
+                sent += 1
+            except zmq.Again:
+                refusing.add(sock)
+                refused += 1
         for sock in sockets:
-            sock.close()
+            sock.close(0 if sock in refusing else None)
     ctx.term()
-    print("FUZZ SENT %d" % sent, flush=True)
+    print("FUZZ SENT %d (could not send %d)" % (sent, refused), flush=True)
     return 0
 
 
