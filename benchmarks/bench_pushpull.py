@@ -368,12 +368,17 @@ def plot(rows, path: str, quick: bool = False, network: str = "loopback TCP",
     plt.close(fig)
 
 
+def masked(items: Sequence[str]) -> List[str]:
+    """Command-line words with a BYTEPS_AUTH_KEY's value hidden (results get shared)."""
+    return [re.sub(r"(BYTEPS_AUTH_KEY=).*", r"\1***", item) for item in items]
+
+
 def write_json(rows, path: str, byteps_server: str, args) -> None:
     data = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(),
             "load_before_after": args.loads,
-            "command": " ".join(sys.argv), "byteps_server": byteps_server, "quick": args.quick,
+            "command": " ".join(masked(sys.argv)), "byteps_server": byteps_server, "quick": args.quick,
             "repeats": args.repeats, "network": args.network, "van": args.van,
-            "byteps_env": args.byteps_env,
+            "byteps_env": masked(args.byteps_env),
             "link_rate_bytes_per_s": args.measured_rate, "gloo_allreduce": args.gloo_note,
             "gloo_runs": [{"case": c, "workers": w, **dataclasses.asdict(r)}
                           for (c, w), r in sorted(getattr(args, "gloo_runs", {}).items())],
@@ -401,7 +406,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     BYTEPS_OPTIONS[:] = ["--env", "DMLC_PS_VAN_TYPE=%s" % args.van]
     for item in args.byteps_env:
         BYTEPS_OPTIONS.extend(["--env", item])
-    network += "; dist_byteps van %s%s" % (args.van, "".join(" " + e for e in args.byteps_env))
+    network += "; dist_byteps van %s%s" % (args.van, "".join(" " + e
+                                                             for e in masked(args.byteps_env)))
     args.gloo_note = gloo_note()
     byteps_server = probe_byteps_server(args)
     jobs = [(c, w, s) for c in args.cases for w, s in args.topologies]

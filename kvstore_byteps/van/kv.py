@@ -74,7 +74,13 @@ def parse_kv_frames(message: Message) -> KVPairs:
 
 # ============================================================================ worker side
 class Request:
-    """A pending worker request: a future completed by the servers' responses."""
+    """A pending worker request: a future completed by the servers' responses.
+
+    Completion happens exactly once: answers arrive on the customer thread while a deadline,
+    a dead node or a failed send may fail the request from another thread; whichever comes
+    first claims it under the lock, the other finds it finished and does nothing (an engine
+    operation whose callback ran twice would crash MXNet).
+    """
 
     def __init__(self, what: str, timestamp: int, servers: List[int],
                  callback: Optional[Callable[["Request"], None]]):
@@ -82,6 +88,8 @@ class Request:
         self._waiting = set(servers)
         self._parts: List[KVPairs] = []
         self._callback = callback
+        self._lock = threading.Lock()
+        self._finished = False
         self._done = threading.Event()
         self.error: Optional[BaseException] = None
         self.started = time.monotonic()
@@ -94,32 +102,42 @@ class Request:
         return self._done.is_set()
 
     def _on_response(self, sender: int, meta: Meta, kvs: KVPairs) -> None:
-        if sender not in self._waiting:
-            log.warning("%s: unexpected answer from node %d", self.what, sender)
-            return
-        self._waiting.discard(sender)
-        error = (meta.extra or {}).get("error")
-        if error and self.error is None:
-            self.error = PeerError("%s: server node %d answered with an error: %s"
-                                   % (self.what, sender, error))
-        if len(kvs.keys):
-            self._parts.append(kvs)
-        self.head = meta.head
-        self.bodies[sender] = bytes(meta.body)
-        if not self._waiting:
+        with self._lock:
+            if self._finished:          # failed meanwhile (deadline, dead node): too late
+                return
+            if sender not in self._waiting:
+                log.warning("%s: unexpected answer from node %d", self.what, sender)
+                return
+            self._waiting.discard(sender)
+            error = (meta.extra or {}).get("error")
+            if error and self.error is None:
+                self.error = PeerError("%s: server node %d answered with an error: %s"
+                                       % (self.what, sender, error))
+            if len(kvs.keys):
+                self._parts.append(kvs)
+            self.head = meta.head
+            self.bodies[sender] = bytes(meta.body)
+            finish = self._finished = not self._waiting
+        if finish:
             self._complete()
 
     def describe_wait(self, waited: float) -> str:
+        with self._lock:
+            waiting = sorted(self._waiting)
         return ("%s (timestamp %d): no answer from server node(s) %s within %.0f s"
-                % (self.what, self.timestamp, sorted(self._waiting), waited))
+                % (self.what, self.timestamp, waiting, waited))
 
     def _fail(self, error: BaseException) -> None:
-        if not self.done:
+        with self._lock:
+            if self._finished:
+                return
+            self._finished = True
             self.error = self.error or error
             self._waiting.clear()
-            self._complete()
+        self._complete()
 
     def _complete(self) -> None:
+        """Runs once, by the thread that claimed the completion."""
         if self.error is None:
             self.result = _concat(self._parts)
         self._done.set()
@@ -243,6 +261,7 @@ class KVWorker:
             if servers:
                 self._pending[timestamp] = request
         if not servers:
+            request._finished = True
             request._complete()
         return request
 

@@ -18,6 +18,7 @@ Rules (spec/pslite-wire.md §3), kept in the order the protocol runs:
 * TERMINATE is only ever sent by a node to itself; receiving it stops the receive loop.
 """
 import dataclasses
+import threading
 from typing import Dict, List, Optional
 
 from ..config import Role
@@ -85,13 +86,18 @@ def _terminate(msg: Message, me: Node) -> List:
 
 # ----------------------------------------------------------------------------- helpers
 class VanClock:
-    """ps-lite's per-process counter of control-message timestamps."""
+    """ps-lite's per-process counter of control-message timestamps. Thread-safe: the receive
+    thread (heartbeats, replies) and the owning thread (barrier requests) both tick it, and
+    the read-increment-write must not rely on the interpreter happening not to switch threads
+    inside it."""
 
     def __init__(self) -> None:
         self._next = 0
+        self._lock = threading.Lock()
 
     def tick(self) -> int:
-        value, self._next = self._next, self._next + 1
+        with self._lock:
+            value, self._next = self._next, self._next + 1
         return value
 
 

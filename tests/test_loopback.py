@@ -1,0 +1,124 @@
+"""Postoffice, membership and KV layer over the in-memory LoopbackVan: no sockets at all."""
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from kvstore_byteps.config import Config, Role
+from kvstore_byteps.errors import PeerError
+from kvstore_byteps.van.kv import KVPairs, KVServer, KVWorker, Request
+from kvstore_byteps.van.loopback import LoopbackNetwork, LoopbackVan
+from kvstore_byteps.van.message import Meta
+from kvstore_byteps.van.postoffice import Postoffice
+from tests.kv_nodes import start_all
+
+pytestmark = pytest.mark.timeout(60)
+ROOT_PORT = 9000
+
+
+@pytest.fixture
+def no_sockets(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a socket was opened")
+    monkeypatch.setattr(socket, "socket", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+def make_cluster(workers, servers, heartbeat=(0.0, 0.0), handler=None):
+    network = LoopbackNetwork()
+    roles = [Role.SCHEDULER] + [Role.SERVER] * servers + [Role.WORKER] * workers
+    nodes = []
+    for index, role in enumerate(roles):
+        cfg = Config(role=role, num_workers=workers, num_servers=servers,
+                     root_uri="127.0.0.1", root_port=ROOT_PORT, node_host="127.0.0.1",
+                     port=ROOT_PORT + 1 + index, start_timeout=10.0, request_timeout=10.0,
+                     heartbeat_interval=heartbeat[0], heartbeat_timeout=heartbeat[1])
+        nodes.append(Postoffice(cfg, van=LoopbackVan(network)))
+    stores = {}
+
+    def sum_store(req, server):
+        if req.meta.push:
+            key = int(req.keys[0])
+            stores[key] = stores.get(key, 0) + np.frombuffer(req.vals, np.float32)
+            server.respond(req)
+        else:
+            server.respond(req, req.keys, stores[int(req.keys[0])], req.lens)
+    for po in nodes[1:1 + servers]:
+        KVServer(po, request_handler=handler or sum_store)
+    kv_workers = [KVWorker(po) for po in nodes[1 + servers:]]
+    assert start_all(nodes) == [None] * len(nodes)
+    return network, nodes, kv_workers
+
+
+def test_a_cluster_forms_sums_and_stops_without_a_single_socket(no_sockets):
+    network, nodes, workers = make_cluster(workers=2, servers=2)
+    try:
+        for rank, worker in enumerate(workers):
+            worker.wait(worker.push([1, 2 ** 62], np.full(4, rank + 1, np.float32), [8, 8]))
+        passed = []
+        barriers = [threading.Thread(target=lambda po=po: passed.append(po.barrier(4, timeout=5)))
+                    for po in nodes[3:]]              # the workers' group
+        for thread in barriers:
+            thread.start()
+        for thread in barriers:
+            thread.join(10)
+        assert passed == [None, None]
+        got = workers[0].wait(workers[0].pull([1, 2 ** 62]))
+        assert np.array_equal(np.frombuffer(got.vals, np.float32), [3, 3, 3, 3])
+        assert sorted(node.id for node in nodes[0].nodes) == [1, 8, 9, 10, 11]
+    finally:
+        for po in reversed(nodes):
+            po.finalize(barrier=False)
+
+
+def test_a_silent_server_is_named_and_fails_the_pending_request(no_sockets):
+    answered = threading.Event()
+
+    def never_answer(req, server):
+        answered.set()
+    network, nodes, workers = make_cluster(workers=1, servers=1, heartbeat=(0.2, 1.5),
+                                           handler=never_answer)
+    try:
+        request = workers[0].push([1], np.ones(2, np.float32), [8])
+        assert answered.wait(5)
+        network.cut(nodes[1].van)                  # the server "dies"
+        started = time.monotonic()
+        with pytest.raises(PeerError, match=r"server rank 0 \(node 8\) at 127.0.0.1:\d+ is dead"):
+            request.wait(10)
+        assert time.monotonic() - started < 6
+    finally:
+        for po in reversed(nodes):
+            po.finalize(barrier=False)
+
+
+# ============================================================================ races
+def test_a_request_completes_once_when_the_last_answer_and_a_failure_race():
+    """The last answer completes the request (joining 2 x 32 MB of parts takes a while) while
+    a deadline fails it from another thread: the callback must run exactly once."""
+    meta = Meta(request=False)
+    part = [KVPairs(np.array([k], np.uint64), memoryview(bytes(32 << 20)), None) for k in (1, 2)]
+    doubled = 0
+    for _ in range(10):
+        calls = []
+        request = Request("pull", 0, [8, 10], callback=calls.append)
+        request._on_response(8, meta, part[0])
+        start = threading.Barrier(2)
+
+        def answer():
+            start.wait()
+            request._on_response(10, meta, part[1])
+
+        def fail():
+            start.wait()
+            time.sleep(0.002)           # while the answer's thread joins the parts
+            request._fail(PeerError("deadline"))
+        threads = [threading.Thread(target=answer), threading.Thread(target=fail)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert request.done
+        doubled += len(calls) != 1
+    assert doubled == 0, "the callback ran twice in %d of 10 races" % doubled
