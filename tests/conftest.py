@@ -1,7 +1,17 @@
-"""Shared test helpers: free ports, bounded waits, and processes that cannot outlive a test.
+"""Shared test helpers: free ports, bounded waits, processes that cannot outlive a test, and
+the kind of every test.
 
 Import the plain helpers with ``from tests.conftest import free_port, wait_until, pid_alive``; use the
 ``spawn`` fixture to start processes that are killed (with everything they started) at teardown.
+
+Kinds (markers; ``pytest -m unit`` gives feedback in seconds, ``.ci/run`` runs all):
+
+* ``unit``: pure, in one process, no sockets and no processes (enforced: a unit test that opens
+  a socket or starts a process fails, saying to mark it otherwise);
+* ``loopback``: transports in one process, on 127.0.0.1;
+* ``cluster``: several processes (our nodes, upstream MXNet, the launcher, namespaces, ssh).
+
+A module's kind is its ``KIND`` below; a test marked with a kind itself keeps that one.
 """
 import os
 import signal
@@ -14,6 +24,53 @@ import pytest
 from kvstore_byteps.launcher.procs import pid_alive  # noqa: F401  (tests import it from here)
 
 KILL_GRACE_S = 3.0
+KINDS = ("unit", "loopback", "cluster")
+KIND = {
+    "test_batching": "unit", "test_codec": "unit", "test_config": "unit",
+    "test_engine_partition": "unit", "test_engine_reduce": "unit",
+    "test_engine_scheduler": "unit", "test_engine_stages": "unit", "test_engine_trace": "unit",
+    "test_kv_keys": "unit", "test_layers": "unit", "test_loopback": "unit",
+    "test_membership": "unit", "test_mxnet_patch_engine_async": "unit",
+    "test_mxnet_patch_views": "unit", "test_resend": "unit", "test_server_byteps": "unit",
+    "test_server_dist": "unit", "test_server_pickle": "unit", "test_server_protocol": "unit",
+    "test_auth": "unit", "test_tcp_van": "unit",
+    "test_van_failures": "loopback",
+    "test_demo": "cluster", "test_gpu": "cluster", "test_interop": "cluster",
+    "test_launch": "cluster", "test_mxnet_patch_hook": "cluster", "test_netns": "cluster",
+    "test_server_cluster": "cluster", "test_ssh_launcher": "cluster",
+    "test_worker_behaviour": "cluster", "test_worker_training": "cluster",
+}
+
+
+def pytest_configure(config):
+    for kind, text in (("unit", "pure: no sockets, no processes (enforced)"),
+                       ("loopback", "transports in one process on 127.0.0.1"),
+                       ("cluster", "several processes: nodes, upstream MXNet, launcher")):
+        config.addinivalue_line("markers", "%s: %s" % (kind, text))
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if not any(item.get_closest_marker(kind) for kind in KINDS):
+            module = item.module.__name__.rsplit(".", 1)[-1]
+            if module not in KIND:
+                raise pytest.UsageError("%s has no kind: add it to KIND in tests/conftest.py"
+                                        % module)
+            item.add_marker(KIND[module])
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_stay_pure(request, monkeypatch):
+    """A ``unit`` test may not open sockets or start processes."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a unit test opened a socket or started a process: mark it "
+                             "@pytest.mark.loopback or @pytest.mark.cluster")
+    for owner, name in ((socket, "socket"), (socket, "socketpair"),
+                        (socket, "create_connection"), (subprocess, "Popen"), (os, "fork")):
+        monkeypatch.setattr(owner, name, refuse)
 
 
 def free_port(host="127.0.0.1"):

@@ -78,11 +78,13 @@ def handshake(key_a, key_b):
     return results["a"], results["b"]
 
 
+@pytest.mark.loopback
 def test_tcp_hello_with_the_same_key_passes_and_returns_the_ids():
     assert handshake(KEY, KEY) == (8, 7)
     assert handshake(None, None) == (8, 7)
 
 
+@pytest.mark.loopback
 def test_tcp_hello_with_another_key_or_none_fails_on_both_sides_with_the_cause():
     a, b = handshake(KEY, b"o" * 32)
     assert isinstance(a, AuthenticationError) and "different BYTEPS_AUTH_KEY" in str(a)
@@ -106,6 +108,7 @@ def echo_double(req, server):
         server.respond(req, req.keys, np.full(2, 2, np.float32), req.lens)
 
 
+@pytest.mark.loopback
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("van", VANS, ids=lambda v: v.value)
 def test_nodes_holding_the_key_form_a_cluster_and_exchange_data(van):
@@ -120,6 +123,7 @@ def test_nodes_holding_the_key_form_a_cluster_and_exchange_data(van):
             po.stop()
 
 
+@pytest.mark.loopback
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("van", VANS, ids=lambda v: v.value)
 def test_a_node_with_another_key_stops_at_once_naming_the_scheduler(van):
@@ -143,6 +147,7 @@ def test_a_node_with_another_key_stops_at_once_naming_the_scheduler(van):
 SERVER_KNOB = [sys.executable, "-c", "import mxnet"]
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("van", ["zmq", "byteps_tcp"])
 def test_with_auth_on_strangers_cannot_join_or_send_and_training_stays_exact(van, tmp_path):
@@ -193,6 +198,7 @@ def test_with_auth_on_strangers_cannot_join_or_send_and_training_stays_exact(van
         assert len(lines) < 40, "%s logged %d lines:\n%s" % (name, len(lines), "\n".join(lines))
 
 
+@pytest.mark.cluster
 @pytest.mark.timeout(120)
 def test_an_upstream_mxnet_node_is_refused_with_a_clear_error():
     """Upstream MXNet cannot authenticate: with a key on our scheduler, an upstream server

@@ -133,6 +133,7 @@ def test_host_view_rejects_sparse_arrays_and_other_objects():
         engine_async.push_async(lambda done: done(), mutable_arrays=[np.zeros(2)])
 
 
+@pytest.mark.cluster
 def test_naive_engine_waits_for_done_inside_the_push():
     code = (
         "import threading, numpy as np, mxnet as mx\n"

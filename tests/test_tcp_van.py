@@ -120,6 +120,7 @@ def tcp_cluster():
         po.stop()
 
 
+@pytest.mark.loopback
 @pytest.mark.timeout(60)
 def test_large_and_small_values_round_trip_and_land_in_reused_buffers(tcp_cluster):
     nodes, worker = tcp_cluster
@@ -149,6 +150,7 @@ def send_raw(node, node_id, data):
         assert rogue.recv(1) == b""
 
 
+@pytest.mark.loopback
 @pytest.mark.timeout(60)
 def test_a_broken_stream_is_dropped_and_the_node_keeps_serving(tcp_cluster, caplog):
     nodes, worker = tcp_cluster
@@ -163,6 +165,7 @@ def test_a_broken_stream_is_dropped_and_the_node_keeps_serving(tcp_cluster, capl
     assert np.array_equal(np.frombuffer(got.vals, np.float32), [2, 2])
 
 
+@pytest.mark.loopback
 @pytest.mark.timeout(60)
 def test_a_node_on_byteps_tcp_told_that_the_scheduler_speaks_zeromq():
     port = free_port()
@@ -177,6 +180,7 @@ def test_a_node_on_byteps_tcp_told_that_the_scheduler_speaks_zeromq():
     scheduler.stop()
 
 
+@pytest.mark.loopback
 @pytest.mark.timeout(60)
 def test_a_byteps_tcp_scheduler_stops_at_once_when_a_zeromq_node_joins(caplog):
     port = free_port()
@@ -193,6 +197,7 @@ def test_a_byteps_tcp_scheduler_stops_at_once_when_a_zeromq_node_joins(caplog):
     scheduler.stop()    # (the zmq worker, never admitted, ends with the test process)
 
 
+@pytest.mark.loopback
 @pytest.mark.timeout(30)
 def test_an_unreachable_scheduler_is_named():
     port = free_port()
@@ -270,6 +275,7 @@ def test_the_reader_reports_eof_mid_message_and_bad_framing_after_good_messages(
             assert reader.in_message == bool(tail)
 
 
+@pytest.mark.loopback
 def test_a_full_socket_queues_the_rest_and_keeps_the_order():
     from kvstore_byteps.van.tcp_outbound import Outbound, advance
     views = [memoryview(b"abc"), memoryview(b"defg")]
