@@ -85,6 +85,7 @@ class Env:
     TRACE_START_STEP = "BYTEPS_TRACE_START_STEP"
     TRACE_END_STEP = "BYTEPS_TRACE_END_STEP"
     TRACE_DIR = "BYTEPS_TRACE_DIR"
+    GC_FREEZE = "BYTEPS_GC_FREEZE"
     AUTH_KEY = "BYTEPS_AUTH_KEY"
     AUTH_KEY_FILE = "BYTEPS_AUTH_KEY_FILE"
 
@@ -130,6 +131,7 @@ class Config:
     trace_start_step: int = 10
     trace_end_step: int = 20
     trace_dir: str = "./trace"
+    gc_freeze: bool = True
     #: the cluster's shared secret (BYTEPS_AUTH_KEY or the BYTEPS_AUTH_KEY_FILE's content);
     #: None: no authentication. Kept out of repr so it never lands in a log.
     auth_key: Optional[bytes] = dataclasses.field(default=None, repr=False)
@@ -181,20 +183,13 @@ class Config:
             trace_start_step=env.get(Env.TRACE_START_STEP, _nonnegative_int, 10),
             trace_end_step=env.get(Env.TRACE_END_STEP, _nonnegative_int, 20),
             trace_dir=env.get(Env.TRACE_DIR, _nonempty, "./trace"),
+            gc_freeze=env.flag(Env.GC_FREEZE, True),
             auth_key=_auth_key(env),
         )
 
     @property
     def is_scheduler(self) -> bool:
         return self.role is Role.SCHEDULER
-
-    @property
-    def is_server(self) -> bool:
-        return self.role is Role.SERVER
-
-    @property
-    def is_worker(self) -> bool:
-        return self.role is Role.WORKER
 
 
 class _EnvReader:

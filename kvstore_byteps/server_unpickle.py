@@ -17,11 +17,10 @@ imported or called. mxnet is imported lazily, only when a kController arrives, t
 """
 import importlib
 import io
-import os
 import pickle
 import sys
+import types
 
-from .config import Env
 from .errors import ProtocolError
 
 __all__ = ["UnsafePickleError", "OptimizerUnpickler", "load_optimizer", "import_mxnet"]
@@ -80,22 +79,28 @@ def import_mxnet():
     """Import mxnet in a server process without starting MXNet's parameter server.
 
     ``import mxnet`` runs MXNet's C++ server (and never returns) when ``DMLC_ROLE`` is server,
-    which it is in our server process. MXNet reads the variable with ``getenv`` while it
-    imports, so we present ``worker`` for the duration of the first import only. This write is
-    the one place outside config.py that touches ``os.environ``; nothing else in a server
-    process reads ``DMLC_ROLE`` after start-up.
+    which it is in our server process: the body of ``mxnet.kvstore.kvstore_server`` starts it.
+    So that module is put into ``sys.modules`` first, as a stub holding what ``mxnet.kvstore``
+    imports from it; its real body never runs. (Nothing else changes: no environment variable
+    is touched, which from a request thread would race every other thread of the process.)
     """
-    if "mxnet" not in sys.modules:
-        saved = os.environ.get(Env.ROLE)
-        os.environ[Env.ROLE] = "worker"
-        try:
-            import mxnet  # noqa: F401  (the import itself is the point)
-        finally:
-            if saved is None:
-                del os.environ[Env.ROLE]
-            else:
-                os.environ[Env.ROLE] = saved
+    if "mxnet" not in sys.modules and _SERVER_MODULE not in sys.modules:
+        sys.modules[_SERVER_MODULE] = _server_module_stub()
     return importlib.import_module("mxnet")
+
+
+_SERVER_MODULE = "mxnet.kvstore.kvstore_server"
+
+
+def _server_module_stub() -> types.ModuleType:
+    stub = types.ModuleType(_SERVER_MODULE, "kvstore-byteps: MXNet's server is not started here")
+    stub.__all__ = ["KVStoreServer"]
+
+    class KVStoreServer:
+        def __init__(self, *args, **kwargs):
+            raise RuntimeError("this process runs kvstore-byteps' server, not MXNet's")
+    stub.KVStoreServer = KVStoreServer
+    return stub
 
 
 def load_optimizer(body: bytes):

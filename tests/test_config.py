@@ -23,7 +23,7 @@ def test_parses_cluster_environment():
     assert (cfg.role, cfg.num_workers, cfg.num_servers) == (Role.SERVER, 8, 4)
     assert (cfg.root_uri, cfg.root_port, cfg.heartbeat_interval) == ("10.0.0.1", 9091, 2.5)
     assert cfg.kvstore_server is ServerKind.BYTEPS and cfg.van_type is VanType.BYTEPS_TCP
-    assert cfg.enable_async and cfg.is_server
+    assert cfg.enable_async and cfg.role is Role.SERVER
 
 
 def test_enable_rdma_selects_rdma_van_unless_van_type_given():

@@ -106,7 +106,7 @@ def test_route_of_a_byteps_server_validates_the_whole_environment(monkeypatch):
     monkeypatch.setenv("MXNET_KVSTORE_SERVER", "byteps")
     monkeypatch.delenv("BYTEPS_PARTITION_BYTES", raising=False)
     role, config = _startup_hook._route()
-    assert role is Role.SERVER and config.is_server
+    assert role is Role.SERVER and config.role is Role.SERVER
     monkeypatch.setenv("BYTEPS_PARTITION_BYTES", "lots")
     with pytest.raises(ConfigError, match="BYTEPS_PARTITION_BYTES='lots'"):
         _startup_hook._route()

@@ -74,10 +74,6 @@ class CreditScheduler(Generic[T]):
         self._in_flight += self.cost(item)
         return item
 
-    def peek_priority(self) -> Optional[int]:
-        """Priority of the item that would leave next (ignoring credit), or None if empty."""
-        return -self._heap[0][0] if self._heap else None
-
     def release(self, count: int = 1) -> None:
         """Return ``count`` units of credit (an item's cost); raise if more than in flight."""
         if not 0 <= count <= self._in_flight:

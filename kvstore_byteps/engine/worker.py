@@ -114,8 +114,26 @@ class WorkerEngine:
     """Cluster membership plus the pushpull pipeline of one worker. Thread-safe ``pushpull``."""
 
     def __init__(self, config: Config, postoffice: Optional[Postoffice] = None):
+        """Set up; nothing touches the network until :meth:`start`."""
         self.config = config
         self.po = postoffice or Postoffice(config)
+        self.kv: Optional[KVWorker] = None
+        self.rank: Optional[int] = None
+        self.num_workers = config.num_workers
+        self.flavor: Optional[ServerFlavor] = None
+        self._partitioner = Partitioner(config)
+        self._layouts: Dict[int, KeyLayout] = {}
+        self._layout_lock = threading.Lock()
+        self._last_task: Dict[int, Task] = {}    # rounds of one key run in order
+        self.tracer: Optional[Tracer] = None
+        self.pipeline: Optional[Pipeline] = None
+        self._closed = False
+        self.failure: Optional[BaseException] = None   # set once a request failed for good
+
+    def start(self) -> "WorkerEngine":
+        """Join the cluster and get ready to push: postoffice start and MXNet's start-up
+        barrier, the server probe, kSyncMode from rank 0, then the pipeline. Returns self."""
+        config = self.config
         self.po.start()
         self.po.barrier(ALL_GROUP)
         self.kv = KVWorker(self.po)
@@ -123,20 +141,20 @@ class WorkerEngine:
         self.flavor = self._probe_servers()
         if self.rank == 0:
             self._wait(self.kv.command(Command.SYNC_MODE), "kSyncMode")
-        self._partitioner = Partitioner(config)
-        self._layouts: Dict[int, KeyLayout] = {}
-        self._layout_lock = threading.Lock()
-        self._last_task: Dict[int, Task] = {}    # rounds of one key run in order
         self.tracer = Tracer.from_config(config, self.rank)
         self.pipeline = Pipeline(self._stages(), credit=self._credit(),
                                  credit_span=(Stage.PUSH, Stage.PUSH), tracer=self.tracer,
                                  cost=lambda item: max(1, item.partition.nbytes))
-        self._closed = False
-        self.failure: Optional[BaseException] = None   # set once a request failed for good
         log.info("worker rank %d of %d talks to %s servers", self.rank, self.num_workers,
                  self.flavor.value)
         if self.rank == 0:
             announce(config, self.describe())
+        return self
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
 
     def describe(self) -> str:
         """What this worker talks to and how: the line rank 0 prints at start-up."""
@@ -391,6 +409,9 @@ class WorkerEngine:
         if self._closed:
             return
         self._closed = True
+        if self.pipeline is None:        # never started (or its start failed)
+            self.po.stop()
+            return
         timeout = self.config.request_timeout
         try:
             self.pipeline.close(timeout)
