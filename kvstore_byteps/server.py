@@ -30,10 +30,8 @@ from .errors import PeerError, ConfigError, KVStoreBytePSError
 from .logs import setup_logging
 from .server_byteps import BytePSServer
 from .server_dist import KVStoreDistServer
-from .server_protocol import RequestType, ServerCommand, decode_cmd, encode_cmd
 
-__all__ = ["KVStoreDistServer", "BytePSServer", "RequestType", "ServerCommand", "encode_cmd",
-           "decode_cmd", "build_server", "run_server", "main"]
+__all__ = ["KVStoreDistServer", "BytePSServer", "build_server", "run_server", "main"]
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from typing import Callable, List
 import numpy as np
 
 from .errors import ProtocolError
-from .server_protocol import Cmd
+from .mxproto import Cmd
 
 
 def split_values(req, cmd: Cmd, count: int) -> List[np.ndarray]:

@@ -35,11 +35,11 @@ from .errors import ProtocolError
 from .server_rounds import KeyRounds
 from .server_dist import KVStoreDistServer
 from .server_engine import SumEngine
-from .server_protocol import Cmd, parse_dense
+from .mxproto import PROBE_ANSWER, Cmd
+from .server_protocol import parse_dense
 from .server_store import Entry, StorageKind, publish
 from .server_batch import BatchAnswer, BatchSlot, split_values
 from .server_updater import Updater, load_mxnet_updater
-from .van.commands import PROBE_ANSWER
 
 __all__ = ["BytePSServer"]
 

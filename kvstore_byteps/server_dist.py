@@ -30,8 +30,8 @@ from .errors import ProtocolError
 from .logs import PeerLog
 from .server_compression import GradientCompression, dequantize_2bit, packed_nbytes_2bit, \
     parse_compression_params
-from .server_protocol import Cmd, CompressedPush, RequestType, ServerCommand, decode_cmd, \
-    parse_compressed, parse_dense, parse_row_sparse
+from .mxproto import Cmd, RequestType, ServerCommand, decode_cmd
+from .server_protocol import CompressedPush, parse_compressed, parse_dense, parse_row_sparse
 from .server_store import Entry, StorageKind, check_rows, dense_rows
 from .server_updater import RowSparseGrad, Updater, load_mxnet_updater
 

@@ -1,14 +1,9 @@
-"""What MXNet's requests mean: cmd decoding, dtypes, the frame layouts of each request type. Pure.
+"""The frame layouts of each MXNet request type, as the server reads them. Pure.
 
-A KV request's ``head`` is MXNet's *cmd*, the Cantor pairing of (request type, mshadow dtype)
-(spec/pslite-wire.md §5.2). The dtype travels only there; the vals frame is a raw little-endian
-array of it. The parse functions here turn one request (keys, vals, lens frames) into a typed
-value or raise :class:`~kvstore_byteps.errors.ProtocolError` naming what is wrong, so the
-server can answer the offending request with an error and keep serving everyone else.
-
-Request type 3 is ours: ``RequestType.BYTEPS`` marks the BytePS data path of ``dist_byteps``
-workers (cmd = cantor(3, dtype): 6 for float32, 11 for float64, 17 for float16). Upstream
-MXNet never sends it, so an upstream worker can never reach that path by accident.
+The cmd (request type and dtype) is decoded by :mod:`kvstore_byteps.mxproto`; the parse
+functions here turn one request (keys, vals, lens frames) of a decoded cmd into a typed value
+or raise :class:`~kvstore_byteps.errors.ProtocolError` naming what is wrong, so the server can
+answer the offending request with an error and keep serving everyone else.
 """
 import dataclasses
 from typing import Optional, Union
@@ -16,70 +11,10 @@ from typing import Optional, Union
 import numpy as np
 
 from .errors import ProtocolError
-from .van.cmd import MShadowType, RequestType, cantor_pair, cantor_unpair
-from .van.commands import Command
+from .mxproto import Cmd
 
-__all__ = [
-    "RequestType", "ServerCommand", "MShadowType", "Cmd", "DenseRequest", "RowSparseRequest",
-    "CompressedPush", "cantor_pair", "cantor_unpair", "encode_cmd", "decode_cmd", "mshadow_of",
-    "parse_dense", "parse_row_sparse", "parse_compressed",
-]
-
-
-#: SimpleApp command ids (spec §5.3, plus our BYTEPS_PROBE), shared with the workers.
-ServerCommand = Command
-
-
-#: The dtypes MXNet's server accepts; anything else is refused (upstream aborts instead).
-_SUPPORTED = {
-    MShadowType.FLOAT32: np.dtype(np.float32),
-    MShadowType.FLOAT64: np.dtype(np.float64),
-    MShadowType.FLOAT16: np.dtype(np.float16),
-}
-_MSHADOW_OF = {dtype: code for code, dtype in _SUPPORTED.items()}
-
-
-@dataclasses.dataclass(frozen=True)
-class Cmd:
-    """A decoded cmd: request type and the numpy dtype of the values."""
-
-    request_type: RequestType
-    dtype: np.dtype
-
-
-def mshadow_of(dtype) -> MShadowType:
-    """The mshadow code of a supported numpy dtype."""
-    try:
-        return _MSHADOW_OF[np.dtype(dtype)]
-    except KeyError:
-        raise ValueError("dtype %s is not one of float32, float64, float16"
-                         % np.dtype(dtype)) from None
-
-
-def encode_cmd(request_type: RequestType, dtype) -> int:
-    """The cmd (request head) for ``request_type`` and a supported numpy ``dtype``."""
-    return cantor_pair(int(request_type), int(mshadow_of(dtype)))
-
-
-def decode_cmd(head: int) -> Cmd:
-    """Decode a request head; ProtocolError for unknown request types or unsupported dtypes."""
-    try:
-        type_code, dtype_code = cantor_unpair(int(head))
-    except ValueError as exc:
-        raise ProtocolError("bad cmd %d: %s" % (head, exc)) from None
-    try:
-        request_type = RequestType(type_code)
-    except ValueError:
-        raise ProtocolError("cmd %d has unknown request type %d" % (head, type_code)) from None
-    dtype = _SUPPORTED.get(dtype_code)
-    if dtype is None:
-        try:
-            name = MShadowType(dtype_code).name.lower()
-        except ValueError:
-            name = "with mshadow code %d" % dtype_code
-        raise ProtocolError("cmd %d has unsupported dtype %s (supported: float32, float64, float16)"
-                            % (head, name))
-    return Cmd(request_type, dtype)
+__all__ = ["DenseRequest", "RowSparseRequest", "CompressedPush", "parse_dense",
+           "parse_row_sparse", "parse_compressed"]
 
 
 @dataclasses.dataclass

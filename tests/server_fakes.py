@@ -4,7 +4,7 @@ import time
 
 import numpy as np
 
-from kvstore_byteps.server_protocol import RequestType, encode_cmd
+from kvstore_byteps.mxproto import RequestType, encode_cmd
 from kvstore_byteps.van.kv import KVPairs, KVRequest
 from kvstore_byteps.van.message import Meta
 

@@ -6,7 +6,7 @@ import pytest
 
 from kvstore_byteps.engine.worker import group_small, split_answer
 from kvstore_byteps.server_byteps import BytePSServer
-from kvstore_byteps.server_protocol import RequestType, encode_cmd
+from kvstore_byteps.mxproto import RequestType, encode_cmd
 from kvstore_byteps.van.kv import KVPairs
 from tests.server_fakes import WORKER0, WORKER1, FakeServer, push, request
 

@@ -6,10 +6,12 @@ from pathlib import Path
 import pytest
 
 from kvstore_byteps.config import Config
+from kvstore_byteps import mxproto
 from kvstore_byteps.engine import keyhash, partition, upstream
 from kvstore_byteps.engine.keyhash import KeyHash
 from kvstore_byteps.engine.partition import KeyLayoutError
 from kvstore_byteps.errors import ConfigError
+from kvstore_byteps.van.kv_keys import server_key_range, server_of_key
 
 VECTORS = Path("/work/shared/spec/vectors")
 
@@ -174,7 +176,7 @@ def test_ps_keys_fall_in_their_servers_range_and_round_trip():
     for servers in (1, 2, 3, 7):
         plan = partition.plan_partitions(2 ** 31 - 1, 64, 4, servers, partition_bytes=4)
         for part in plan.partitions:
-            begin, end = partition.server_key_range(part.server, servers)
+            begin, end = server_key_range(part.server, servers)
             assert begin <= part.ps_key < end
             assert partition.decode_ps_key(part.ps_key, servers) == (
                 part.server, 2 ** 31 - 1, part.index)
@@ -206,8 +208,10 @@ def test_encoding_limits_are_errors():
 
 
 def test_server_key_range_is_ps_lite_split():
-    assert partition.server_key_range(0, 2) == (0, 9223372036854775807)
-    assert partition.server_key_range(1, 2) == (9223372036854775807, 18446744073709551614)
+    assert server_key_range(0, 2) == (0, 9223372036854775807)
+    assert server_key_range(1, 2) == (9223372036854775807, 18446744073709551614)
+    assert [server_of_key(k, 2) for k in (0, 9223372036854775806, 9223372036854775807,
+                                          2 ** 64 - 1)] == [0, 0, 1, 1]
 
 
 def test_by_server_groups_in_byte_order():
@@ -236,15 +240,16 @@ def test_partitioner_uses_config_and_rejects_size_change():
 def test_cmd_cantor_pairing_table():
     table = {(0, 0): 0, (0, 1): 2, (0, 2): 5, (1, 0): 1, (1, 1): 4, (1, 2): 8, (2, 0): 3}
     for (request, dtype), cmd in table.items():
-        request_type, mshadow = upstream.RequestType(request), upstream.MshadowDType(dtype)
-        assert upstream.encode_cmd(request_type, mshadow) == cmd
-        assert upstream.decode_cmd(cmd) == (request_type, mshadow)
+        request_type, mshadow = mxproto.RequestType(request), mxproto.MShadowType(dtype)
+        assert mxproto.encode_cmd(request_type, mshadow) == cmd
+        assert mxproto.decode_cmd(cmd) == mxproto.Cmd(request_type,
+                                                      mxproto.SERVER_DTYPES[mshadow])
 
 
 def test_dtype_codes():
     np = pytest.importorskip("numpy")
-    assert upstream.dtype_code(np.float16) == upstream.MshadowDType.FLOAT16
-    assert upstream.dtype_code(np.dtype("float64")) == upstream.MshadowDType.FLOAT64
+    assert upstream.dtype_code(np.float16) == mxproto.MShadowType.FLOAT16
+    assert upstream.dtype_code(np.dtype("float64")) == mxproto.MShadowType.FLOAT64
     with pytest.raises(KeyLayoutError):
         upstream.dtype_code(np.complex64)
 

@@ -38,9 +38,12 @@ def forbidden(module):
     ours_below = ["kvstore_byteps.van", "kvstore_byteps.engine", "kvstore_byteps.server",
                   "kvstore_byteps.scheduler", "mxnet_patch"]
     if module in ("kvstore_byteps.config", "kvstore_byteps.errors"):
+        return ours_below + ["kvstore_byteps.mxproto", "mxnet", "zmq"]
+    if module == "kvstore_byteps.mxproto":     # MXNet's protocol: no transport, no MXNet
         return ours_below + ["mxnet", "zmq"]
-    if module.startswith("kvstore_byteps.van"):
-        return ["kvstore_byteps.engine", "kvstore_byteps.server", "mxnet_patch", "mxnet"]
+    if module.startswith("kvstore_byteps.van"):    # the transport knows nothing of MXNet
+        return ["kvstore_byteps.engine", "kvstore_byteps.server", "kvstore_byteps.mxproto",
+                "mxnet_patch", "mxnet"]
     if module.startswith("kvstore_byteps.engine"):
         return ["kvstore_byteps.server", "mxnet_patch", "mxnet"]
     if module.startswith("kvstore_byteps.server"):

@@ -7,7 +7,7 @@ import pytest
 
 from kvstore_byteps.errors import ProtocolError
 from kvstore_byteps.server_dist import KVStoreDistServer
-from kvstore_byteps.server_protocol import ServerCommand
+from kvstore_byteps.mxproto import ServerCommand
 from kvstore_byteps.server_unpickle import UnsafePickleError, load_optimizer
 from kvstore_byteps.server_updater import MXNetUpdater, RowSparseGrad, load_mxnet_updater
 from tests.server_fakes import WORKER0, WORKER1, FakeServer, command, pull, push, vector_request

@@ -5,8 +5,10 @@ import pytest
 from kvstore_byteps.errors import ProtocolError
 from kvstore_byteps.server_compression import CompressionType, dequantize_2bit, \
     packed_nbytes_2bit, parse_compression_params, quantize_2bit
-from kvstore_byteps.server_protocol import Cmd, CompressedPush, RequestType, cantor_pair, \
-    cantor_unpair, decode_cmd, encode_cmd, parse_compressed, parse_dense, parse_row_sparse
+from kvstore_byteps.mxproto import Cmd, RequestType, cantor_pair, cantor_unpair, decode_cmd, \
+    encode_cmd
+from kvstore_byteps.server_protocol import CompressedPush, parse_compressed, parse_dense, \
+    parse_row_sparse
 from tests.server_fakes import WORKER0, request, vector_request
 
 F32, F64, F16 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16)

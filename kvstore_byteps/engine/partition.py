@@ -29,11 +29,11 @@ from typing import Dict, List, Optional, Tuple
 
 from ..config import Config
 from ..errors import KVStoreBytePSError
-from ..van.kv_keys import K_MAX_KEY
+from ..van.kv_keys import K_MAX_KEY, server_key_range, server_of_key
 from .keyhash import KeyHash, server_for_key
 
 __all__ = ["K_MAX_KEY", "PARTITION_BITS", "MAX_PARTITIONS", "MAX_USER_KEY", "KeyLayoutError",
-           "Partition", "PartitionPlan", "Partitioner", "server_key_range", "encode_ps_key",
+           "Partition", "PartitionPlan", "Partitioner", "encode_ps_key",
            "decode_ps_key", "partition_bound", "plan_partitions"]
 
 PARTITION_BITS = 16
@@ -45,14 +45,6 @@ _LOCAL_KEY_LIMIT = (MAX_USER_KEY + 1) << PARTITION_BITS
 
 class KeyLayoutError(KVStoreBytePSError, ValueError):
     """A key or tensor cannot be laid out (key out of range, too many partitions, size changed)."""
-
-
-def server_key_range(rank: int, num_servers: int) -> Tuple[int, int]:
-    """ps-lite's key range ``[begin, end)`` of server ``rank`` among ``num_servers``."""
-    if not 0 <= rank < num_servers:
-        raise ValueError("server rank %d is not in [0, %d)" % (rank, num_servers))
-    width = K_MAX_KEY // num_servers
-    return width * rank, width * (rank + 1)
 
 
 def _check_server_count(num_servers: int) -> None:
@@ -70,7 +62,7 @@ def encode_ps_key(user_key: int, index: int, server: int, num_servers: int) -> i
 def decode_ps_key(ps_key: int, num_servers: int) -> Tuple[int, int, int]:
     """Inverse of :func:`encode_ps_key`: ``(server, user_key, index)``."""
     _check_server_count(num_servers)
-    server = min(ps_key // (K_MAX_KEY // num_servers), num_servers - 1)
+    server = server_of_key(ps_key, num_servers)
     local = ps_key - server_key_range(server, num_servers)[0]
     if not 0 <= local < _LOCAL_KEY_LIMIT:
         raise KeyLayoutError("ps key %d is not a kvstore-byteps partition key" % ps_key)

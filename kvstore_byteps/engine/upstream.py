@@ -1,8 +1,8 @@
-"""Upstream MXNet 1.9.1's key layout and command encoding (spec pslite-wire.md 5.1, 5.2). Pure.
+"""Upstream MXNet 1.9.1's key layout (spec pslite-wire.md 5.1). Pure.
 
 Against an unmodified upstream C++ server our worker must send exactly what an upstream worker
-sends: one request per MXNet key, the ps keys and lens of ``EncodeDefaultKey``, and the Cantor
-paired ``cmd``. These functions reproduce that arithmetic, including its quirks:
+sends: one request per MXNet key, the ps keys and lens of ``EncodeDefaultKey`` (and the cmd of
+:mod:`kvstore_byteps.mxproto`). These functions reproduce that arithmetic, including its quirks:
 
 * the server of a small array is ``(key * 9973) % num_servers`` evaluated in C ``int`` (32-bit,
   wrapping), so for ``key > 215329`` the product overflows; when it turns negative, upstream
@@ -14,36 +14,22 @@ paired ``cmd``. These functions reproduce that arithmetic, including its quirks:
 import dataclasses
 from typing import Tuple
 
-from ..van.cmd import MShadowType, RequestType, cantor_pair, cantor_unpair, mshadow_code
-from .partition import KeyLayoutError, server_key_range
+from ..mxproto import MShadowType, mshadow_code
+from ..van.kv_keys import server_key_range
+from .partition import KeyLayoutError
 
-__all__ = ["RequestType", "MshadowDType", "PSKV", "dtype_code", "encode_cmd", "decode_cmd",
-           "mxnet_server_for_key", "encode_default_key", "round_half_away"]
+__all__ = ["PSKV", "dtype_code", "mxnet_server_for_key", "encode_default_key",
+           "round_half_away"]
 
 _INT32_MAX = 2 ** 31 - 1
 
 
-#: MXNet's spelling of the shared wire enums (see :mod:`kvstore_byteps.van.cmd`).
-MshadowDType = MShadowType
-
-
-def dtype_code(dtype) -> MshadowDType:
-    """mshadow code of a numpy dtype (or its name)."""
+def dtype_code(dtype) -> MShadowType:
+    """mshadow code of a numpy dtype (or its name); KeyLayoutError if it has none."""
     try:
         return mshadow_code(dtype)
     except ValueError:
         raise KeyLayoutError("dtype %r has no mshadow code" % (dtype,)) from None
-
-
-def encode_cmd(request_type: RequestType, dtype: MshadowDType) -> int:
-    """Cantor pairing ``(m + d)(m + d + 1) / 2 + d`` as MXNet puts it in ``Meta.head``."""
-    return cantor_pair(int(request_type), int(dtype))
-
-
-def decode_cmd(cmd: int) -> Tuple[RequestType, MshadowDType]:
-    """Inverse of :func:`encode_cmd`; raise ValueError for codes outside both enums."""
-    request_type, dtype = cantor_unpair(cmd)
-    return RequestType(request_type), MshadowDType(dtype)
 
 
 def _c_int32(value: int) -> int:

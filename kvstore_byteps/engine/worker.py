@@ -32,15 +32,16 @@ import numpy as np
 from ..config import Config
 from ..errors import KVStoreBytePSError, PeerError
 from ..logs import announce
-from ..van.commands import PROBE_ANSWER, Command
+from ..mxproto import PROBE_ANSWER, RequestType, ServerCommand, encode_cmd
 from ..van.kv import KVWorker
+from ..van.kv_keys import server_of_key
 from ..van.message import ALL_GROUP, WORKER_GROUP
 from ..van.postoffice import Postoffice
 from .partition import KeyLayoutError, Partitioner
 from .reduce import cpu_sum
 from .stages import Pipeline, Stage, StageSpec, Task
 from .trace import Tracer, now_ns
-from .upstream import RequestType, dtype_code, encode_cmd, encode_default_key
+from .upstream import dtype_code, encode_default_key
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +141,7 @@ class WorkerEngine:
         self.rank, self.num_workers = self.po.my_rank, self.po.num_workers
         self.flavor = self._probe_servers()
         if self.rank == 0:
-            self._wait(self.kv.command(Command.SYNC_MODE), "kSyncMode")
+            self._wait(self.kv.command(ServerCommand.SYNC_MODE), "kSyncMode")
         self.tracer = Tracer.from_config(config, self.rank)
         self.pipeline = Pipeline(self._stages(), credit=self._credit(),
                                  credit_span=(Stage.PUSH, Stage.PUSH), tracer=self.tracer,
@@ -170,7 +171,7 @@ class WorkerEngine:
 
     # ------------------------------------------------------------------ set-up
     def _probe_servers(self) -> ServerFlavor:
-        request = self.kv.command(Command.BYTEPS_PROBE)
+        request = self.kv.command(ServerCommand.BYTEPS_PROBE)
         self._wait(request, "the server probe")
         answers = set(request.bodies.values())
         if answers == {PROBE_ANSWER}:
@@ -201,13 +202,12 @@ class WorkerEngine:
     def _new_layout(self, key: int, shape: tuple, dtype: np.dtype) -> KeyLayout:
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         code = dtype_code(dtype)
-        init_cmd = encode_cmd(RequestType.DEFAULT_PUSHPULL, code)
+        init_cmd = encode_cmd(RequestType.DEFAULT, code)
         if self.flavor is ServerFlavor.MXNET:
             pskv = encode_default_key(key, nbytes // dtype.itemsize, dtype.itemsize,
                                       self.po.num_servers, self.config.bigarray_bound)
             offsets = np.concatenate(([0], np.cumsum(pskv.lens)))[:-1]
-            step = self.po.server_key_ranges()[0].end
-            slots = [Slot(k, int(o), n, k // step)
+            slots = [Slot(k, int(o), n, server_of_key(k, self.po.num_servers))
                      for k, o, n in zip(pskv.keys, offsets, pskv.lens)]
             return KeyLayout(key, shape, dtype, slots, init_cmd, init_cmd)
         plan = self._partitioner.plan(key, nbytes, dtype.itemsize)
@@ -423,7 +423,7 @@ class WorkerEngine:
                 return
             self.barrier()
             if self.rank == 0:
-                self._wait(self.kv.command(Command.STOP_SERVER), "kStopServer")
+                self._wait(self.kv.command(ServerCommand.STOP_SERVER), "kStopServer")
             self.po.finalize(timeout=timeout)
         finally:
             self.po.stop()

@@ -13,10 +13,23 @@ class KeyRange(NamedTuple):
     end: int
 
 
-def server_key_ranges(num_servers: int) -> List[KeyRange]:
-    """Server rank i owns ``[kMaxKey // S * i, kMaxKey // S * (i + 1))``."""
+def server_key_range(rank: int, num_servers: int) -> KeyRange:
+    """Server ``rank`` owns ``[kMaxKey // S * rank, kMaxKey // S * (rank + 1))`` (ps-lite)."""
+    if not 0 <= rank < num_servers:
+        raise ValueError("server rank %d is not in [0, %d)" % (rank, num_servers))
     step = K_MAX_KEY // num_servers
-    return [KeyRange(step * i, step * (i + 1)) for i in range(num_servers)]
+    return KeyRange(step * rank, step * (rank + 1))
+
+
+def server_key_ranges(num_servers: int) -> List[KeyRange]:
+    """Every server's :func:`server_key_range`, by rank."""
+    return [server_key_range(rank, num_servers) for rank in range(num_servers)]
+
+
+def server_of_key(ps_key: int, num_servers: int) -> int:
+    """The rank of the server whose range holds ``ps_key`` (the last one holds the keys past
+    ``S * (kMaxKey // S)``, which no range covers)."""
+    return min(ps_key // (K_MAX_KEY // num_servers), num_servers - 1)
 
 
 class Slice(NamedTuple):
