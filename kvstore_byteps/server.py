@@ -28,8 +28,8 @@ from typing import Optional
 from .config import Config, Role
 from .errors import PeerError, ConfigError, KVStoreBytePSError
 from .logs import setup_logging
-from .server_byteps import BytePSServer
-from .server_dist import KVStoreDistServer
+from .serving.byteps import BytePSServer
+from .serving.dist import KVStoreDistServer
 
 __all__ = ["KVStoreDistServer", "BytePSServer", "build_server", "run_server", "main"]
 

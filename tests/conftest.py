@@ -28,7 +28,7 @@ KINDS = ("unit", "loopback", "cluster")
 KIND = {
     "test_batching": "unit", "test_codec": "unit", "test_config": "unit",
     "test_engine_partition": "unit", "test_engine_reduce": "unit",
-    "test_engine_scheduler": "unit", "test_engine_stages": "unit", "test_engine_trace": "unit",
+    "test_engine_credit": "unit", "test_engine_stages": "unit", "test_engine_trace": "unit",
     "test_kv_keys": "unit", "test_layers": "unit", "test_loopback": "unit",
     "test_membership": "unit", "test_mxnet_patch_engine_async": "unit",
     "test_mxnet_patch_views": "unit", "test_resend": "unit", "test_server_byteps": "unit",

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kvstore_byteps.engine.worker import group_small, split_answer
-from kvstore_byteps.server_byteps import BytePSServer
+from kvstore_byteps.serving.byteps import BytePSServer
 from kvstore_byteps.mxproto import RequestType, encode_cmd
 from kvstore_byteps.van.kv import KVPairs
 from tests.server_fakes import WORKER0, WORKER1, FakeServer, push, request

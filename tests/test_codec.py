@@ -6,7 +6,7 @@ from kvstore_byteps.errors import ProtocolError
 from kvstore_byteps.van.codec import decode_meta, encode_meta
 from kvstore_byteps.van.membership import (VanClock, barrier_request, control_message,
                                            terminate_message)
-from kvstore_byteps.van.message import (K_EMPTY, Command, DataType, Meta, Node)
+from kvstore_byteps.van.message import (K_EMPTY, ControlCommand, DataType, Meta, Node)
 from tests import vectors
 
 MESSAGE_VECTORS = vectors.message_vectors()
@@ -45,14 +45,14 @@ def _node(role, port, node_id=K_EMPTY, customer_id=0):
 
 
 def test_add_node_request_built_from_scratch():
-    msg = control_message(Command.ADD_NODE, 1, timestamp=0, nodes=[_node(Role.WORKER, 39431)])
+    msg = control_message(ControlCommand.ADD_NODE, 1, timestamp=0, nodes=[_node(Role.WORKER, 39431)])
     assert encode_meta(msg.meta) == vectors.read("04_add_node_request_worker.meta.bin")
 
 
 def test_add_node_reply_built_from_scratch():
     nodes = [_node(Role.WORKER, 39431, 9), _node(Role.SERVER, 43905, 8),
              _node(Role.WORKER, 58517, 11), _node(Role.SCHEDULER, 9091, 1, -1340796848)]
-    msg = control_message(Command.ADD_NODE, 9, timestamp=0, nodes=nodes)
+    msg = control_message(ControlCommand.ADD_NODE, 9, timestamp=0, nodes=nodes)
     assert encode_meta(msg.meta) == vectors.read("05_add_node_reply.meta.bin")
 
 
@@ -65,7 +65,7 @@ def test_barrier_request_and_terminate_built_from_scratch():
 
 
 def test_heartbeat_built_from_scratch():
-    msg = control_message(Command.HEARTBEAT, 1, timestamp=3, nodes=[_node(Role.WORKER, 9102, 11)])
+    msg = control_message(ControlCommand.HEARTBEAT, 1, timestamp=3, nodes=[_node(Role.WORKER, 9102, 11)])
     assert encode_meta(msg.meta) == vectors.read("40_heartbeat_from_worker.meta.bin")
 
 
@@ -89,10 +89,10 @@ def test_garbage_negative_varints_survive():
 
 def test_rank_hint_rides_on_the_node_and_is_optional():
     asked = Node(Role.WORKER, hostname="198.18.0.3", port=4000, rank_hint=3)
-    msg = control_message(Command.ADD_NODE, 1, nodes=[asked, Node(Role.SERVER, port=1)])
+    msg = control_message(ControlCommand.ADD_NODE, 1, nodes=[asked, Node(Role.SERVER, port=1)])
     decoded = decode_meta(encode_meta(msg.meta)).control.nodes
     assert decoded[0].rank_hint == 3 and decoded[1].rank_hint is None
-    plain = control_message(Command.ADD_NODE, 1, nodes=[Node(Role.SERVER, port=1)])
+    plain = control_message(ControlCommand.ADD_NODE, 1, nodes=[Node(Role.SERVER, port=1)])
     assert b"\xa0\x06" not in encode_meta(plain.meta)  # field 100 absent unless asked
 
 
@@ -110,8 +110,8 @@ def test_malformed_meta_raises_protocol_error(raw):
 
 
 def test_a_node_whose_hostname_is_not_utf8_is_a_protocol_error():
-    from kvstore_byteps.van.message import Command, Control, Node, Role
-    meta = Meta(control=Control(cmd=Command.ADD_NODE,
+    from kvstore_byteps.van.message import ControlCommand, Control, Node, Role
+    meta = Meta(control=Control(cmd=ControlCommand.ADD_NODE,
                                 nodes=[Node(Role.WORKER, hostname="AAAA", port=5)]))
     raw = encode_meta(meta).replace(b"AAAA", b"\xff\xfe\xfd\xfc")
     with pytest.raises(ProtocolError, match="not UTF-8"):

@@ -35,18 +35,19 @@ def imported(module, path):
 
 def forbidden(module):
     """Prefixes ``module`` must not import, per DESIGN.md's layers."""
-    ours_below = ["kvstore_byteps.van", "kvstore_byteps.engine", "kvstore_byteps.server",
-                  "kvstore_byteps.scheduler", "mxnet_patch"]
+    server = ["kvstore_byteps.server", "kvstore_byteps.serving"]
+    ours_below = ["kvstore_byteps.van", "kvstore_byteps.engine"] + server + [
+        "kvstore_byteps.scheduler", "mxnet_patch"]
     if module in ("kvstore_byteps.config", "kvstore_byteps.errors"):
         return ours_below + ["kvstore_byteps.mxproto", "mxnet", "zmq"]
     if module == "kvstore_byteps.mxproto":     # MXNet's protocol: no transport, no MXNet
         return ours_below + ["mxnet", "zmq"]
     if module.startswith("kvstore_byteps.van"):    # the transport knows nothing of MXNet
-        return ["kvstore_byteps.engine", "kvstore_byteps.server", "kvstore_byteps.mxproto",
-                "mxnet_patch", "mxnet"]
+        return ["kvstore_byteps.engine"] + server + ["kvstore_byteps.mxproto", "mxnet_patch",
+                                                    "mxnet"]
     if module.startswith("kvstore_byteps.engine"):
-        return ["kvstore_byteps.server", "mxnet_patch", "mxnet"]
-    if module.startswith("kvstore_byteps.server"):
+        return server + ["mxnet_patch", "mxnet"]
+    if module.startswith(tuple(server)):
         return ["kvstore_byteps.engine", "mxnet_patch"]
     if module.startswith("kvstore_byteps.launcher"):
         return ours_below + ["mxnet", "zmq"]
@@ -54,12 +55,12 @@ def forbidden(module):
 
 
 def matches(name, prefix):
-    """``prefix`` itself, its submodules, and flat siblings such as ``server_rounds``."""
-    return name == prefix or name.startswith(prefix + ".") or name.startswith(prefix + "_")
+    """``prefix`` itself and its submodules."""
+    return name == prefix or name.startswith(prefix + ".")
 
 
-def test_matcher_catches_flat_server_modules():
-    assert matches("kvstore_byteps.server_rounds.KeyRounds", "kvstore_byteps.server")
+def test_matcher_catches_submodules_only():
+    assert matches("kvstore_byteps.serving.rounds.KeyRounds", "kvstore_byteps.serving")
     assert not matches("kvstore_byteps.serverless", "kvstore_byteps.server")
 
 

@@ -7,7 +7,7 @@ from kvstore_byteps.van.membership import (Connect, NodeDead, NodeMembership, Re
                                            ReleaseBarrier, SchedulerMembership, Send, Stop,
                                            assign_ids, barrier_request, control_message,
                                            group_members, terminate_message, VanClock)
-from kvstore_byteps.van.message import K_EMPTY, Command, Message, Meta, Node, Control
+from kvstore_byteps.van.message import K_EMPTY, ControlCommand, Message, Meta, Node, Control
 
 
 def node(role, host, port, node_id=K_EMPTY):
@@ -112,7 +112,7 @@ def test_barrier_counts_every_request_including_scheduler_and_resets():
         assert sched.handle(from_sender(barrier_request(7, 0, clock), sender), 0) == []
     replies = sends(sched.handle(from_sender(barrier_request(7, 0, clock), 1), 0))
     assert [m.meta.recver for m in replies] == [9, 11, 8, 1]
-    assert all(m.meta.control.cmd == Command.BARRIER and not m.meta.request and m.meta.app_id == 0
+    assert all(m.meta.control.cmd == ControlCommand.BARRIER and not m.meta.request and m.meta.app_id == 0
                for m in replies)
     # counter was reset: a new round needs all members again
     assert sched.handle(from_sender(barrier_request(7, 0, clock), 9), 0) == []
@@ -128,21 +128,21 @@ def test_worker_group_barrier_is_independent():
 
 
 def test_barrier_response_releases_node():
-    reply = Message(Meta(app_id=0, control=Control(cmd=Command.BARRIER, barrier_group=-12345)))
+    reply = Message(Meta(app_id=0, control=Control(cmd=ControlCommand.BARRIER, barrier_group=-12345)))
     member = NodeMembership(node(Role.WORKER, "h", 1), node(Role.SCHEDULER, "h", 2), 10)
     assert member.handle(reply, 0) == [ReleaseBarrier(0)]
 
 
 def test_heartbeat_recorded_and_answered_for_members_only():
     sched = formed_scheduler(heartbeating=())
-    hb = from_sender(Message(Meta(control=Control(cmd=Command.HEARTBEAT,
+    hb = from_sender(Message(Meta(control=Control(cmd=ControlCommand.HEARTBEAT,
                                                   nodes=[node(Role.WORKER, "h", 5, 11)])), []), 11)
     replies = sends(sched.handle(hb, 42.0))
     assert replies[0].meta.recver == 11 and replies[0].meta.control.nodes[0].id == 1
     assert sched.dead_nodes(50.0, 5.0) == [11] and sched.dead_nodes(45.0, 5.0) == []
     for sender, about in ((99, 99), (9, 11)):      # a stranger; a node speaking for another
         forged = from_sender(Message(Meta(control=Control(
-            cmd=Command.HEARTBEAT, nodes=[node(Role.WORKER, "h", 5, about)])), []), sender)
+            cmd=ControlCommand.HEARTBEAT, nodes=[node(Role.WORKER, "h", 5, about)])), []), sender)
         actions = sched.handle(forged, 43.0)
         assert len(actions) == 1 and isinstance(actions[0], Refused)
 
@@ -156,12 +156,12 @@ def test_node_start_sends_anonymous_add_node():
     actions = make_worker().start(0.0)
     assert actions[0] == Connect(node(Role.SCHEDULER, "127.0.0.1", 9091, 1), anonymous=True)
     msg = actions[1].message
-    assert msg.meta.control.cmd == Command.ADD_NODE and msg.meta.timestamp == 0
+    assert msg.meta.control.cmd == ControlCommand.ADD_NODE and msg.meta.timestamp == 0
     assert msg.meta.control.nodes[0].port == 4000
 
 
 def scheduler_reply(nodes):
-    return Message(Meta(control=Control(cmd=Command.ADD_NODE, nodes=nodes), timestamp=0))
+    return Message(Meta(control=Control(cmd=ControlCommand.ADD_NODE, nodes=nodes), timestamp=0))
 
 
 def test_node_adopts_id_and_connects_to_other_role_scheduler_and_itself():
@@ -174,7 +174,7 @@ def test_node_adopts_id_and_connects_to_other_role_scheduler_and_itself():
     assert worker.my_node.id == 9 and worker.ready
     assert worker.tick(2.0) == []
     beat = sends(worker.tick(3.5))
-    assert beat[0].meta.control.cmd == Command.HEARTBEAT and beat[0].meta.control.nodes[0].id == 9
+    assert beat[0].meta.control.cmd == ControlCommand.HEARTBEAT and beat[0].meta.control.nodes[0].id == 9
 
 
 def test_node_not_in_list_is_an_error():
@@ -244,7 +244,7 @@ def formed_scheduler(timeout=5.0, heartbeating=(1000, 2000, 3000)):
 
 
 def heartbeat_from(node_id, port, role=Role.WORKER):
-    msg = control_message(Command.HEARTBEAT, 1, nodes=[node(role, "127.0.0.1", port, node_id)])
+    msg = control_message(ControlCommand.HEARTBEAT, 1, nodes=[node(role, "127.0.0.1", port, node_id)])
     return from_sender(msg, node_id)
 
 
@@ -276,7 +276,7 @@ def test_a_node_fails_on_the_schedulers_notice_only():
                             node(Role.SCHEDULER, "127.0.0.1", 9091), 10.0, 1.0,
                             heartbeat_timeout=5.0)
     assert worker.my_node.heartbeat_ms == 1000          # announced in its ADD_NODE
-    notice = control_message(Command.HEARTBEAT, 9, nodes=[node(Role.SERVER, "h", 2000, 8)])
+    notice = control_message(ControlCommand.HEARTBEAT, 9, nodes=[node(Role.SERVER, "h", 2000, 8)])
     notice.meta.extra = {"dead_node": True}
     actions = worker.handle(from_sender(notice, 1), 0.0)
     assert len(actions) == 1 and isinstance(actions[0], NodeDead) and actions[0].node.id == 8
@@ -288,10 +288,10 @@ def test_a_node_declares_a_silent_scheduler_dead():
     worker = NodeMembership(node(Role.WORKER, "127.0.0.1", 4000),
                             node(Role.SCHEDULER, "127.0.0.1", 9091), 10.0, 1.0,
                             heartbeat_timeout=5.0)
-    reply = control_message(Command.ADD_NODE, 9, nodes=[
+    reply = control_message(ControlCommand.ADD_NODE, 9, nodes=[
         node(Role.WORKER, "127.0.0.1", 4000, 9), node(Role.SCHEDULER, "127.0.0.1", 9091, 1)])
     worker.handle(from_sender(reply, 1), 1.0)
-    worker.handle(from_sender(control_message(Command.HEARTBEAT, 9), 1), 3.0)
+    worker.handle(from_sender(control_message(ControlCommand.HEARTBEAT, 9), 1), 3.0)
     assert not [a for a in worker.tick(7.5) if isinstance(a, NodeDead)]
     dead = [a for a in worker.tick(8.5) if isinstance(a, NodeDead)]
     assert len(dead) == 1 and dead[0].node.role == Role.SCHEDULER

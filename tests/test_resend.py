@@ -3,7 +3,7 @@ import pytest
 
 from kvstore_byteps.errors import PeerError
 from kvstore_byteps.van.codec import decode_meta, encode_meta
-from kvstore_byteps.van.message import Command, Message, Meta
+from kvstore_byteps.van.message import ControlCommand, Message, Meta
 from kvstore_byteps.van.resend import MAX_RETRIES, Resender, signature
 from tests import vectors
 
@@ -18,7 +18,7 @@ def test_receiver_acks_once_per_message_and_drops_duplicates():
     node = Resender(my_id=9, timeout_ms=1000)
     msg = Message(Meta(head=0, app_id=0, timestamp=3, request=True, sender=8, recver=9))
     ack, deliver = node.on_receive(msg)
-    assert deliver and ack.meta.recver == 8 and ack.meta.control.cmd == Command.ACK
+    assert deliver and ack.meta.recver == 8 and ack.meta.control.cmd == ControlCommand.ACK
     assert encode_meta(ack.meta) == encode_meta(decode_meta(encode_meta(ack.meta)))
     again, deliver_again = node.on_receive(msg)
     assert not deliver_again and again.meta.control.msg_sig == ack.meta.control.msg_sig

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from kvstore_byteps.errors import ProtocolError
-from kvstore_byteps.server_rounds import KeyRounds
-from kvstore_byteps.server_byteps import BytePSServer
-from kvstore_byteps.server_engine import SumEngine
+from kvstore_byteps.serving.rounds import KeyRounds
+from kvstore_byteps.serving.byteps import BytePSServer
+from kvstore_byteps.serving.engine import SumEngine
 from kvstore_byteps.mxproto import RequestType, ServerCommand
 from tests.server_fakes import WORKER0, WORKER1, WORKER2, FakeServer, command, pull, push, \
     vector_request
@@ -208,7 +208,7 @@ def test_engine_binds_equal_keys_evenly_and_runs_tasks_in_order():
 
 
 def test_probe_tells_byteps_server_from_mxnet_semantics():
-    from kvstore_byteps.server_dist import KVStoreDistServer
+    from kvstore_byteps.serving.dist import KVStoreDistServer
     from kvstore_byteps.mxproto import PROBE_ANSWER
     with BytePSServer(1, engine_threads=1) as srv:
         fake = FakeServer()

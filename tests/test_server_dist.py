@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from kvstore_byteps.server_compression import quantize_2bit
-from kvstore_byteps.server_dist import KVStoreDistServer
+from kvstore_byteps.serving.compression import quantize_2bit
+from kvstore_byteps.serving.dist import KVStoreDistServer
 from kvstore_byteps.mxproto import RequestType, ServerCommand, encode_cmd
-from kvstore_byteps.server_updater import RowSparseGrad
+from kvstore_byteps.serving.updater import RowSparseGrad
 from tests.server_fakes import WORKER0, WORKER1, FakeServer, command, pull, push, request, \
     vector_request
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from kvstore_byteps.errors import ProtocolError
-from kvstore_byteps.server_dist import KVStoreDistServer
+from kvstore_byteps.serving.dist import KVStoreDistServer
 from kvstore_byteps.mxproto import ServerCommand
-from kvstore_byteps.server_unpickle import UnsafePickleError, load_optimizer
-from kvstore_byteps.server_updater import MXNetUpdater, RowSparseGrad, load_mxnet_updater
+from kvstore_byteps.serving.unpickle import UnsafePickleError, load_optimizer
+from kvstore_byteps.serving.updater import MXNetUpdater, RowSparseGrad, load_mxnet_updater
 from tests.server_fakes import WORKER0, WORKER1, FakeServer, command, pull, push, vector_request
 
 mx = pytest.importorskip("mxnet")

@@ -3,11 +3,11 @@ import numpy as np
 import pytest
 
 from kvstore_byteps.errors import ProtocolError
-from kvstore_byteps.server_compression import CompressionType, dequantize_2bit, \
+from kvstore_byteps.serving.compression import CompressionType, dequantize_2bit, \
     packed_nbytes_2bit, parse_compression_params, quantize_2bit
 from kvstore_byteps.mxproto import Cmd, RequestType, cantor_pair, cantor_unpair, decode_cmd, \
     encode_cmd
-from kvstore_byteps.server_protocol import CompressedPush, parse_compressed, parse_dense, \
+from kvstore_byteps.serving.protocol import CompressedPush, parse_compressed, parse_dense, \
     parse_row_sparse
 from tests.server_fakes import WORKER0, request, vector_request
 

@@ -34,7 +34,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import DeadlineError, KVStoreBytePSError
-from .scheduler import CreditScheduler
+from .credit import CreditScheduler
 from .trace import Tracer, now_ns
 
 __all__ = ["Stage", "StageSpec", "Task", "WorkItem", "Pipeline", "PipelineClosedError"]

@@ -8,7 +8,7 @@ from google.protobuf.message import DecodeError
 
 from ..config import Role
 from ..errors import ProtocolError
-from .message import K_EMPTY, Command, Control, Meta, Node
+from .message import K_EMPTY, ControlCommand, Control, Meta, Node
 from .pbmeta import PBMeta
 
 #: BytePS-only PBMeta fields; they travel in ``Meta.extra`` and upstream peers ignore them.
@@ -78,9 +78,9 @@ def _pack_control(control: Control, pb_control) -> None:
     pb_control.cmd = int(control.cmd)
     for node in control.nodes:
         _pack_node(node, pb_control.node.add())
-    if control.cmd == Command.BARRIER:
+    if control.cmd == ControlCommand.BARRIER:
         pb_control.barrier_group = control.barrier_group
-    if control.cmd == Command.ACK:
+    if control.cmd == ControlCommand.ACK:
         pb_control.msg_sig = control.msg_sig
 
 
@@ -99,7 +99,7 @@ def _pack_node(node: Node, pb_node) -> None:
 
 def _unpack_control(pb_control) -> Control:
     try:
-        cmd = Command(pb_control.cmd)
+        cmd = ControlCommand(pb_control.cmd)
     except ValueError:
         raise ProtocolError("unknown control command %d" % pb_control.cmd) from None
     return Control(

@@ -24,7 +24,7 @@ from typing import Dict, List, Optional
 from ..config import Role
 from ..errors import ClusterStartError
 from .message import (ALL_GROUP, K_EMPTY, SCHEDULER_GROUP, SCHEDULER_ID, SERVER_GROUP,
-                      WORKER_GROUP, Command, Control, Message, Meta, Node,
+                      WORKER_GROUP, ControlCommand, Control, Message, Meta, Node,
                       server_rank_to_id, worker_rank_to_id)
 
 
@@ -101,7 +101,7 @@ class VanClock:
         return value
 
 
-def control_message(cmd: Command, recver: int, timestamp: int = K_EMPTY, nodes=(),
+def control_message(cmd: ControlCommand, recver: int, timestamp: int = K_EMPTY, nodes=(),
                     barrier_group: int = 0, customer_id: int = K_EMPTY, app_id: int = K_EMPTY,
                     request: bool = False) -> Message:
     """Build a control message with upstream's field conventions."""
@@ -188,15 +188,15 @@ class SchedulerMembership:
 
     def handle(self, msg: Message, now: float) -> List:
         cmd = msg.meta.control.cmd
-        if cmd == Command.ADD_NODE:
+        if cmd == ControlCommand.ADD_NODE:
             return self._on_add_node(msg, now)
-        if cmd == Command.BARRIER and msg.meta.request:
+        if cmd == ControlCommand.BARRIER and msg.meta.request:
             return self._on_barrier(msg)
-        if cmd == Command.BARRIER:
+        if cmd == ControlCommand.BARRIER:
             return [ReleaseBarrier(msg.meta.app_id)]
-        if cmd == Command.HEARTBEAT:
+        if cmd == ControlCommand.HEARTBEAT:
             return self._on_heartbeat(msg, now)
-        if cmd == Command.TERMINATE:
+        if cmd == ControlCommand.TERMINATE:
             return _terminate(msg, self.my_node)
         return []
 
@@ -211,7 +211,7 @@ class SchedulerMembership:
             self.dead[node_id] = node
             reason = ("no heartbeat for %.0f s (PS_HEARTBEAT_TIMEOUT on the scheduler)"
                       % (now - self.last_heartbeat[node_id]))
-            notice = control_message(Command.HEARTBEAT, K_EMPTY, nodes=[node])
+            notice = control_message(ControlCommand.HEARTBEAT, K_EMPTY, nodes=[node])
             notice.meta.extra = {"dead_node": True}
             for other in group_members(WORKER_GROUP | SERVER_GROUP, self.num_workers,
                                        self.num_servers):
@@ -252,7 +252,7 @@ class SchedulerMembership:
         actions: List = [Connect(node) for node in self.nodes]
         for node_id in group_members(WORKER_GROUP | SERVER_GROUP, self.num_workers,
                                      self.num_servers):
-            actions.append(Send(control_message(Command.ADD_NODE, node_id, self.clock.tick(),
+            actions.append(Send(control_message(ControlCommand.ADD_NODE, node_id, self.clock.tick(),
                                                 nodes=announced)))
         self.ready = True
         for node in self.nodes:     # our nodes say they heartbeat: watched from now on
@@ -273,7 +273,7 @@ class SchedulerMembership:
         if len(arrived) < len(members):
             return []
         arrived.clear()
-        return [Send(control_message(Command.BARRIER, node_id, self.clock.tick(),
+        return [Send(control_message(ControlCommand.BARRIER, node_id, self.clock.tick(),
                                      barrier_group=group, app_id=msg.meta.app_id,
                                      customer_id=msg.meta.customer_id))
                 for node_id in members]
@@ -288,7 +288,7 @@ class SchedulerMembership:
             if node.id in self.dead:          # declared dead already: too late
                 continue
             self.last_heartbeat[node.id] = now
-            replies.append(Send(control_message(Command.HEARTBEAT, node.id, self.clock.tick(),
+            replies.append(Send(control_message(ControlCommand.HEARTBEAT, node.id, self.clock.tick(),
                                                 nodes=[self.my_node])))
         return replies
 
@@ -320,17 +320,17 @@ class NodeMembership:
         self.last_heartbeat_reply: Optional[float] = None
 
     def start(self, now: float) -> List:
-        request = control_message(Command.ADD_NODE, SCHEDULER_ID, self.clock.tick(),
+        request = control_message(ControlCommand.ADD_NODE, SCHEDULER_ID, self.clock.tick(),
                                   nodes=[self.my_node])
         return [Connect(self.scheduler, anonymous=True), Send(request)]
 
     def handle(self, msg: Message, now: float) -> List:
         cmd = msg.meta.control.cmd
-        if cmd == Command.ADD_NODE and not self.ready:
+        if cmd == ControlCommand.ADD_NODE and not self.ready:
             return self._on_add_node_reply(msg, now)
-        if cmd == Command.BARRIER and not msg.meta.request:
+        if cmd == ControlCommand.BARRIER and not msg.meta.request:
             return [ReleaseBarrier(msg.meta.app_id)]
-        if cmd == Command.HEARTBEAT:
+        if cmd == ControlCommand.HEARTBEAT:
             if (msg.meta.extra or {}).get("dead_node"):
                 if msg.meta.sender != SCHEDULER_ID:
                     return [Refused("ignored a dead-node notice from node %s: only the "
@@ -339,7 +339,7 @@ class NodeMembership:
                         for node in msg.meta.control.nodes[:1]]
             self.last_heartbeat_reply = now
             return []
-        if cmd == Command.TERMINATE:
+        if cmd == ControlCommand.TERMINATE:
             return _terminate(msg, self.my_node)
         return []
 
@@ -360,7 +360,7 @@ class NodeMembership:
         if now < self.next_heartbeat:
             return []
         self.next_heartbeat = now + self.heartbeat_interval
-        return [Send(control_message(Command.HEARTBEAT, SCHEDULER_ID, self.clock.tick(),
+        return [Send(control_message(ControlCommand.HEARTBEAT, SCHEDULER_ID, self.clock.tick(),
                                      nodes=[self.my_node]))]
 
     def _on_add_node_reply(self, msg: Message, now: float) -> List:
@@ -389,13 +389,13 @@ class NodeMembership:
 
 def barrier_request(group: int, customer_id: int, clock: VanClock) -> Message:
     """A node's BARRIER request to the scheduler (app 0)."""
-    return control_message(Command.BARRIER, SCHEDULER_ID, clock.tick(), barrier_group=group,
+    return control_message(ControlCommand.BARRIER, SCHEDULER_ID, clock.tick(), barrier_group=group,
                            customer_id=customer_id, app_id=0, request=True)
 
 
 def terminate_message(my_id: int) -> Message:
     """The TERMINATE a node sends to itself in Stop (no timestamp, customer 0)."""
-    return control_message(Command.TERMINATE, my_id, customer_id=0)
+    return control_message(ControlCommand.TERMINATE, my_id, customer_id=0)
 
 
 __all__ = ["Connect", "Send", "Ready", "ReleaseBarrier", "Stop", "NodeDead", "Refused", "VanClock",

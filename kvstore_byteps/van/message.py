@@ -11,7 +11,7 @@ from ..config import Role
 
 __all__ = [
     "K_EMPTY", "SCHEDULER_ID", "SERVER_GROUP", "WORKER_GROUP", "SCHEDULER_GROUP", "ALL_GROUP",
-    "Role", "Command", "DataType", "Node", "Control", "Meta", "Message",
+    "Role", "ControlCommand", "DataType", "Node", "Control", "Meta", "Message",
     "server_rank_to_id", "worker_rank_to_id", "id_to_rank",
 ]
 
@@ -24,8 +24,8 @@ WORKER_GROUP = 4
 ALL_GROUP = SCHEDULER_GROUP | SERVER_GROUP | WORKER_GROUP
 
 
-class Command(enum.IntEnum):
-    """ps-lite ``Control::Command``."""
+class ControlCommand(enum.IntEnum):
+    """ps-lite's ``Control::Command``: what a control message asks for."""
 
     EMPTY = 0
     TERMINATE = 1
@@ -100,14 +100,14 @@ class Node:
 class Control:
     """The control part of a meta; ``cmd == EMPTY`` means a data message."""
 
-    cmd: Command = Command.EMPTY
+    cmd: ControlCommand = ControlCommand.EMPTY
     nodes: List[Node] = dataclasses.field(default_factory=list)
     barrier_group: int = 0
     msg_sig: int = 0
 
     @property
     def empty(self) -> bool:
-        return self.cmd == Command.EMPTY
+        return self.cmd == ControlCommand.EMPTY
 
 
 @dataclasses.dataclass

@@ -44,8 +44,10 @@ def make_van(config: Config):
                       % config.van_type.value)
 
 
-class Customer:
-    """Runs one app's message handler on a dedicated thread, in arrival order."""
+class HandlerThread:
+    """Runs one app's message handler on a dedicated thread, in arrival order.
+
+    (ps-lite's Customer also tracks the app's requests; here the KV layer does that.)"""
 
     def __init__(self, app_id: int, customer_id: int, handler: Callable[[Message], None]):
         self.app_id, self.customer_id, self.handler = app_id, customer_id, handler
@@ -85,7 +87,7 @@ class Postoffice:
         self.my_node: Optional[Node] = None
         self.nodes: List[Node] = []
         self.membership = None
-        self._customers: Dict[Tuple[int, int], Customer] = {}
+        self._customers: Dict[Tuple[int, int], HandlerThread] = {}
         self._early: Dict[Tuple[int, int], List[Message]] = {}
         self._lock = threading.Lock()
         self._ready = threading.Event()
@@ -292,9 +294,9 @@ class Postoffice:
 
     # ------------------------------------------------------------------ apps
     def register_customer(self, app_id: int, customer_id: int,
-                          handler: Callable[[Message], None]) -> Customer:
+                          handler: Callable[[Message], None]) -> HandlerThread:
         """Route data messages of (app_id, customer_id) to ``handler`` on its own thread."""
-        customer = Customer(app_id, customer_id, handler)
+        customer = HandlerThread(app_id, customer_id, handler)
         with self._lock:
             if (app_id, customer_id) in self._customers:
                 raise ValueError("customer (%d, %d) is already registered" % (app_id, customer_id))

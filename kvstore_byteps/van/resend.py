@@ -11,10 +11,10 @@ import dataclasses
 from typing import Dict, List, Optional, Set, Tuple
 
 from ..errors import PeerError
-from .message import K_EMPTY, Command, Control, Message, Meta
+from .message import K_EMPTY, ControlCommand, Control, Message, Meta
 
 MAX_RETRIES = 10
-_UNACKED = (Command.ACK, Command.TERMINATE)
+_UNACKED = (ControlCommand.ACK, ControlCommand.TERMINATE)
 
 
 def signature(meta: Meta) -> int:
@@ -54,14 +54,14 @@ class Resender:
     def on_receive(self, message: Message) -> Tuple[Optional[Message], bool]:
         """``(ack to send or None, whether to deliver the message)``."""
         meta = message.meta
-        if meta.control.cmd == Command.ACK:
+        if meta.control.cmd == ControlCommand.ACK:
             self._pending.pop(meta.control.msg_sig, None)
             return None, False
         if not needs_ack(meta):
             return None, True
         sig = signature(meta)
         ack = Message(Meta(customer_id=K_EMPTY, recver=meta.sender,
-                           control=Control(cmd=Command.ACK, msg_sig=sig)))
+                           control=Control(cmd=ControlCommand.ACK, msg_sig=sig)))
         if sig in self._seen:
             return ack, False
         self._seen.add(sig)

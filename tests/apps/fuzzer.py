@@ -12,7 +12,7 @@ import sys
 import zmq
 
 from kvstore_byteps.van.codec import encode_meta
-from kvstore_byteps.van.message import Command, Control, Meta, Node, Role
+from kvstore_byteps.van.message import ControlCommand, Control, Meta, Node, Role
 
 IDENTITIES = [b"ps99", b"ps12345", b"junk", b"ps-3", b"\xff\xfe\xfd"]
 
@@ -26,8 +26,8 @@ def valid_metas():
               for h in (0, 1, 2, 3, 5, 42)]
     metas += [Meta(control=Control(cmd=cmd, nodes=[node], barrier_group=7), request=True,
                    timestamp=1, app_id=0)
-              for cmd in (Command.ADD_NODE, Command.BARRIER, Command.HEARTBEAT,
-                          Command.TERMINATE, Command.ACK)]
+              for cmd in (ControlCommand.ADD_NODE, ControlCommand.BARRIER, ControlCommand.HEARTBEAT,
+                          ControlCommand.TERMINATE, ControlCommand.ACK)]
     return [encode_meta(m) for m in metas]
 
 

@@ -12,8 +12,8 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from .errors import ProtocolError
-from .server_updater import Grad, RowSparseGrad
+from ..errors import ProtocolError
+from .updater import Grad, RowSparseGrad
 
 __all__ = ["StorageKind", "Entry", "publish"]
 

@@ -16,7 +16,7 @@ from typing import Callable, Union
 
 import numpy as np
 
-from .server_unpickle import import_mxnet, load_optimizer
+from .unpickle import import_mxnet, load_optimizer
 
 __all__ = ["RowSparseGrad", "Grad", "Updater", "MXNetUpdater", "load_mxnet_updater"]
 

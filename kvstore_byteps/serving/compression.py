@@ -16,7 +16,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from .errors import ProtocolError
+from ..errors import ProtocolError
 
 __all__ = ["CompressionType", "GradientCompression", "parse_compression_params",
            "packed_nbytes_2bit", "dequantize_2bit", "quantize_2bit"]

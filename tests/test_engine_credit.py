@@ -1,7 +1,7 @@
 """Unit tests of the credit-based priority queue. Pure."""
 import pytest
 
-from kvstore_byteps.engine.scheduler import CreditScheduler
+from kvstore_byteps.engine.credit import CreditScheduler
 
 
 def drain(queue):

@@ -10,8 +10,8 @@ from typing import Optional, Union
 
 import numpy as np
 
-from .errors import ProtocolError
-from .mxproto import Cmd
+from ..errors import ProtocolError
+from ..mxproto import Cmd
 
 __all__ = ["DenseRequest", "RowSparseRequest", "CompressedPush", "parse_dense",
            "parse_row_sparse", "parse_compressed"]

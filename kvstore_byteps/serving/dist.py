@@ -26,14 +26,14 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from .errors import ProtocolError
-from .logs import PeerLog
-from .server_compression import GradientCompression, dequantize_2bit, packed_nbytes_2bit, \
+from ..errors import ProtocolError
+from ..logs import PeerLog
+from .compression import GradientCompression, dequantize_2bit, packed_nbytes_2bit, \
     parse_compression_params
-from .mxproto import Cmd, RequestType, ServerCommand, decode_cmd
-from .server_protocol import CompressedPush, parse_compressed, parse_dense, parse_row_sparse
-from .server_store import Entry, StorageKind, check_rows, dense_rows
-from .server_updater import RowSparseGrad, Updater, load_mxnet_updater
+from ..mxproto import Cmd, RequestType, ServerCommand, decode_cmd
+from .protocol import CompressedPush, parse_compressed, parse_dense, parse_row_sparse
+from .store import Entry, StorageKind, check_rows, dense_rows
+from .updater import RowSparseGrad, Updater, load_mxnet_updater
 
 __all__ = ["KVStoreDistServer"]
 

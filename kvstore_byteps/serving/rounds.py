@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .errors import ProtocolError
+from ..errors import ProtocolError
 
 __all__ = ["KeyRounds"]
 

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Callable, List
 
-from .errors import DeadlineError
+from ..errors import DeadlineError
 
 __all__ = ["SumEngine"]
 

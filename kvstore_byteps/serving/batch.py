@@ -10,8 +10,8 @@ from typing import Callable, List
 
 import numpy as np
 
-from .errors import ProtocolError
-from .mxproto import Cmd
+from ..errors import ProtocolError
+from ..mxproto import Cmd
 
 
 def split_values(req, cmd: Cmd, count: int) -> List[np.ndarray]:

@@ -21,7 +21,7 @@ import pickle
 import sys
 import types
 
-from .errors import ProtocolError
+from ..errors import ProtocolError
 
 __all__ = ["UnsafePickleError", "OptimizerUnpickler", "load_optimizer", "import_mxnet"]
 

@@ -16,7 +16,7 @@ BytePS path, one key per request, ``lens=[nbytes]`` like a default push:
 * sync (default): each round every worker pushes once (acked at once) and pulls once; the
   pushes are summed by the key's engine thread; a pull is answered with the round's sum when
   all ``num_workers`` pushes of that round are summed. Rounds are counted per (key, worker);
-  see :mod:`.server_rounds` for the double buffering. A pushpull (push=1, pull=1) is a push
+  see :mod:`.rounds` for the double buffering. A pushpull (push=1, pull=1) is a push
   followed by a pull and gets one answer, with the sum. If the worker sets the ``round``
   extension field of the meta, it must match the server's count;
 * async (``BYTEPS_ENABLE_ASYNC=1``): a push is added to the stored weights by the key's engine
@@ -31,15 +31,15 @@ from typing import Callable, Dict, Optional
 
 import numpy as np
 
-from .errors import ProtocolError
-from .server_rounds import KeyRounds
-from .server_dist import KVStoreDistServer
-from .server_engine import SumEngine
-from .mxproto import PROBE_ANSWER, Cmd
-from .server_protocol import parse_dense
-from .server_store import Entry, StorageKind, publish
-from .server_batch import BatchAnswer, BatchSlot, split_values
-from .server_updater import Updater, load_mxnet_updater
+from ..errors import ProtocolError
+from .rounds import KeyRounds
+from .dist import KVStoreDistServer
+from .engine import SumEngine
+from ..mxproto import PROBE_ANSWER, Cmd
+from .protocol import parse_dense
+from .store import Entry, StorageKind, publish
+from .batch import BatchAnswer, BatchSlot, split_values
+from .updater import Updater, load_mxnet_updater
 
 __all__ = ["BytePSServer"]
 

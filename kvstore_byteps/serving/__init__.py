@@ -1,0 +1,9 @@
+"""The parts of the server; ``kvstore_byteps.server`` assembles and runs them.
+
+``protocol`` (the frame layouts of MXNet's requests), ``store`` (the key-value store of MXNet's
+semantics), ``dist`` (KVStoreDistServer: MXNet's server behaviour), ``byteps`` (BytePSServer:
+the BytePS data path on top), ``rounds`` (per-key sync rounds, double-buffered), ``engine``
+(the summing threads), ``batch`` (batched small keys), ``updater`` (the optimizer on the
+server), ``unpickle`` (the restricted unpickler for optimizers), ``compression`` (MXNet's
+2-bit gradient compression).
+"""
