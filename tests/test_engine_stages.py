@@ -23,7 +23,7 @@ def test_every_partition_passes_every_stage_in_order():
     log = []
     stages = [StageSpec(stage, recorder(stage, log)) for stage in Stage]
     with Pipeline(stages, credit=2) as pipeline:
-        task = Task(7, ["p0", "p1", "p2"], inputs="in", outputs="out")
+        task = Task(7, ["p0", "p1", "p2"], context="what the stages need")
         assert pipeline.submit(task).result(WAIT_S) is task
         assert pipeline.pending() == 0
     for index in range(3):
@@ -118,8 +118,7 @@ def test_credit_bounds_partitions_between_push_and_pull():
         with lock:
             state["inside"] -= 1
 
-    stages = [StageSpec(Stage.COPY_D2H, lambda item: None),
-              StageSpec(Stage.PUSH, push, asynchronous=True), StageSpec(Stage.PULL, pull)]
+    stages = [StageSpec(Stage.PUSH, push, asynchronous=True), StageSpec(Stage.PULL, pull)]
     with Pipeline(stages, credit=2) as pipeline:
         for future in [pipeline.submit(Task(key, range(5))) for key in range(4)]:
             future.result(WAIT_S)
@@ -188,11 +187,11 @@ def test_close_fails_unfinished_tasks_and_refuses_new_ones():
 
 def test_close_names_a_stage_thread_that_does_not_stop():
     release = threading.Event()
-    stages = [StageSpec(Stage.LOCAL_REDUCE, lambda item: release.wait(WAIT_S))]
+    stages = [StageSpec(Stage.PUSH, lambda item: release.wait(WAIT_S))]
     pipeline = Pipeline(stages)
     pipeline.submit(Task(1, [0]))
     try:
-        with pytest.raises(DeadlineError, match="LOCAL_REDUCE"):
+        with pytest.raises(DeadlineError, match="PUSH"):
             pipeline.close(timeout=0.2)
     finally:
         release.set()

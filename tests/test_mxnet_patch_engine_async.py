@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 import threading
+import types
 import time
 
 import numpy as np
@@ -160,31 +161,28 @@ def test_pipeline_task_runs_as_an_engine_operation():
     from kvstore_byteps.engine.partition import plan_partitions
     from kvstore_byteps.engine.stages import Pipeline, Stage, StageSpec, Task
 
-    def local_reduce(item):
-        part, task = item.partition, item.task
+    def reduce_and_push(item):   # local reduce, then "the other worker" pushed the same
+        part, ctx = item.partition, item.task.context
         views = [reduce.flat_view(engine_async.host_view(a), part.offset, part.nbytes)
-                 for a in task.inputs]
-        reduce.cpu_sum(views, reduce.flat_view(task.context["host"], part.offset, part.nbytes))
+                 for a in ctx.inputs]
+        host = reduce.flat_view(ctx.host, part.offset, part.nbytes)
+        reduce.cpu_sum(views, host)
+        host[...] *= 2
 
-    def fake_pushpull(item):   # "the other worker" pushed the same values
-        part = item.partition
-        reduce.flat_view(item.task.context["host"], part.offset, part.nbytes)[...] *= 2
-
-    def broadcast(item):
-        part, task = item.partition, item.task
-        source = reduce.flat_view(task.context["host"], part.offset, part.nbytes)
+    def pull_and_broadcast(item):
+        part, ctx = item.partition, item.task.context
+        source = reduce.flat_view(ctx.host, part.offset, part.nbytes)
         reduce.cpu_broadcast(source, [reduce.flat_view(engine_async.host_view(o), part.offset,
-                                                       part.nbytes) for o in task.outputs])
+                                                       part.nbytes) for o in ctx.outputs])
 
-    stages = [StageSpec(Stage.LOCAL_REDUCE, local_reduce), StageSpec(Stage.PUSH, fake_pushpull),
-              StageSpec(Stage.PULL, lambda item: None),
-              StageSpec(Stage.LOCAL_BROADCAST, broadcast)]
+    stages = [StageSpec(Stage.PUSH, reduce_and_push), StageSpec(Stage.PULL, pull_and_broadcast)]
     grads = [mx.nd.arange(0, 1000) * (device + 1) for device in range(2)]
     outs = [mx.nd.zeros((1000,)) for _ in range(2)]
     plan = plan_partitions(3, 4000, 4, 2, partition_bytes=1024)
     with Pipeline(stages, credit=2) as pipeline:
-        task = Task(3, plan.partitions, priority=-3, inputs=grads, outputs=outs,
-                    context={"host": np.empty(1000, dtype=np.float32)})
+        task = Task(3, plan.partitions, priority=-3,
+                    context=types.SimpleNamespace(inputs=grads, outputs=outs,
+                                                  host=np.empty(1000, dtype=np.float32)))
 
         def start(done):
             pipeline.submit(task).add_done_callback(lambda future: done(future.exception()))

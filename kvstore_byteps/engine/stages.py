@@ -1,4 +1,10 @@
-"""The worker pipeline: an enum of stages, one priority queue and one thread per stage.
+"""The worker pipeline: its stages, one priority queue and one thread per stage.
+
+What runs through it are the two network stages, PUSH and PULL. The local reduce (a CPU sum,
+or NCCL on GPUs) runs before a task is submitted, on the caller's thread, and the copy of each
+partition's sum into the outputs (the local broadcast) runs as PULL's answer arrives: making
+those stages would add two thread hand-offs per partition for work that is short and already
+ordered. The trace still shows them (:class:`~.trace.Phase`).
 
 A :class:`Task` is one tensor's pushpull. :meth:`Pipeline.submit` splits it into one
 :class:`WorkItem` per partition; each item moves from stage queue to stage queue, and the task's
@@ -48,14 +54,10 @@ _STOP_GRACE_S = 1.0
 
 
 class Stage(enum.IntEnum):
-    """The worker's stages, in data-path order."""
+    """The pipeline's stages, in data-path order (values as :class:`~.trace.Phase`'s)."""
 
-    LOCAL_REDUCE = 0
-    COPY_D2H = 1
     PUSH = 2
     PULL = 3
-    COPY_H2D = 4
-    LOCAL_BROADCAST = 5
 
 
 class PipelineClosedError(KVStoreBytePSError):
@@ -75,19 +77,17 @@ class StageSpec:
 class Task:
     """One tensor's trip through the pipeline. Stage functions read and write its fields."""
 
-    def __init__(self, key: int, partitions: Sequence[Any], priority: int = 0,
-                 inputs: Any = None, outputs: Any = None, name: str = "",
-                 context: Optional[Dict[str, Any]] = None):
-        """``partitions``: one entry per work item (e.g. :class:`~.partition.Partition`)."""
+    def __init__(self, key: int, partitions: Sequence[Any], priority: int = 0, name: str = "",
+                 context: Any = None):
+        """``partitions``: one entry per work item (e.g. :class:`~.partition.Partition`);
+        ``context``: what the stage functions need of this task (the worker's RoundData)."""
         if not partitions:
             raise ValueError("task of key %r has no partitions" % (key,))
         self.key = key
         self.partitions = tuple(partitions)
         self.priority = priority
-        self.inputs = inputs
-        self.outputs = outputs
         self.name = name or "key %s" % (key,)
-        self.context: Dict[str, Any] = {} if context is None else context
+        self.context = context
         self.future: "concurrent.futures.Future[Task]" = concurrent.futures.Future()
         self.step = 0
         self._remaining = len(self.partitions)

@@ -14,6 +14,7 @@ the GIL, so any thread may record without a lock). The pipeline's own trace is w
 order partitions left in (tests read :meth:`Tracer.events`, not wall-clock guesses).
 """
 import dataclasses
+import enum
 import json
 import os
 import threading
@@ -22,10 +23,21 @@ from typing import Any, Dict, List, Optional
 
 from ..config import Config
 
-__all__ = ["TraceEvent", "Tracer", "now_ns"]
+__all__ = ["Phase", "TraceEvent", "Tracer", "now_ns"]
 
 #: The clock of every trace timestamp (monotonic, nanoseconds).
 now_ns = time.perf_counter_ns
+
+
+class Phase(enum.IntEnum):
+    """What a worker's trace shows, in data-path order. PUSH and PULL are the pipeline's
+    stages (:class:`~.stages.Stage`, same values); the local reduce and broadcast run inline
+    in the worker (before submission, and as each partition's answer arrives)."""
+
+    LOCAL_REDUCE = 0
+    PUSH = 2
+    PULL = 3
+    LOCAL_BROADCAST = 5
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,7 @@ import dataclasses
 import enum
 import logging
 import threading
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -40,7 +40,7 @@ from ..van.postoffice import Postoffice
 from .partition import KeyLayoutError, Partitioner
 from .reduce import cpu_sum
 from .stages import Pipeline, Stage, StageSpec, Task
-from .trace import Tracer, now_ns
+from .trace import Phase, Tracer, now_ns
 from .upstream import dtype_code, encode_default_key
 
 log = logging.getLogger(__name__)
@@ -109,6 +109,17 @@ class KeyLayout:
 
     def __post_init__(self) -> None:
         self.name = "key %d (%s %s)" % (self.key, self.shape, self.dtype)
+
+
+@dataclasses.dataclass
+class RoundData:
+    """What the PUSH and PULL stages need of one pushpull (a pipeline Task's ``context``)."""
+
+    layout: KeyLayout
+    send: np.ndarray                  # the locally reduced bytes, pushed partition by partition
+    outputs: List[np.ndarray]         # flat byte views the pulled sum is copied into
+    #: when the local reduce ran (before the task had a step): recorded at submission
+    reduced_ns: Optional[Tuple[int, int]]
 
 
 class WorkerEngine:
@@ -281,11 +292,9 @@ class WorkerEngine:
                                      % (layout.name, array.shape, array.dtype))
         traced = self.tracer.enabled and len(inputs) > 1   # one input is sent as is: no reduce
         reduce_start = now_ns() if traced else 0
-        context = {"send": self._local_reduce(inputs),
-                   "outputs": [a.reshape(-1).view(np.uint8) for a in outputs],
-                   "layout": layout,
-                   # the reduce ran here, before the task has a step: recorded at submission
-                   "reduced_ns": (reduce_start, now_ns()) if traced else None}
+        context = RoundData(layout, self._local_reduce(inputs),
+                            [a.reshape(-1).view(np.uint8) for a in outputs],
+                            (reduce_start, now_ns()) if traced else None)
         task = Task(key, layout.slots, priority, name=layout.name, context=context)
 
         def finished(future):
@@ -314,9 +323,9 @@ class WorkerEngine:
 
     def _submit(self, task: Task) -> None:
         self.pipeline.submit(task)   # numbers the task's step (for the trace)
-        reduced = task.context["reduced_ns"]
+        reduced = task.context.reduced_ns
         if reduced is not None:
-            self.tracer.record(Stage.LOCAL_REDUCE, task.key, -1, task.step, reduced[0],
+            self.tracer.record(Phase.LOCAL_REDUCE, task.key, -1, task.step, reduced[0],
                                reduced[1], task.priority)
 
     def _credit(self) -> Optional[int]:
@@ -343,7 +352,7 @@ class WorkerEngine:
 
     @staticmethod
     def _server_of(item) -> tuple:
-        return (item.partition.server, item.task.context["layout"].round_cmd)
+        return (item.partition.server, item.task.context.layout.round_cmd)
 
     @staticmethod
     def _span(array: np.ndarray, slot: Slot) -> np.ndarray:
@@ -359,7 +368,7 @@ class WorkerEngine:
         return reduced.reshape(-1).view(np.uint8)
 
     def _send_buffer(self, item) -> np.ndarray:
-        return self._span(item.task.context["send"], item.partition)
+        return self._span(item.task.context.send, item.partition)
 
     def _push(self, items, done) -> None:
         # Each request's partitions move on (and return their credit) when it is answered.
@@ -368,7 +377,7 @@ class WorkerEngine:
             vals = buffers[0] if len(buffers) == 1 else np.concatenate(buffers)
             self.kv.push([item.partition.ps_key for item in group], vals,
                          [item.partition.nbytes for item in group],
-                         cmd=group[0].task.context["layout"].round_cmd,
+                         cmd=group[0].task.context.layout.round_cmd,
                          priority=group[0].priority,
                          callback=lambda request, group=group: done(request.error, group))
 
@@ -384,7 +393,7 @@ class WorkerEngine:
                         error = exc
                 done(error, group)
             self.kv.pull([item.partition.ps_key for item in group],
-                         cmd=group[0].task.context["layout"].round_cmd,
+                         cmd=group[0].task.context.layout.round_cmd,
                          priority=group[0].priority, callback=on_answer)
 
     def _local_broadcast(self, item, result: memoryview) -> None:
@@ -392,13 +401,13 @@ class WorkerEngine:
         ctx, slot = item.task.context, item.partition
         if result.nbytes != slot.nbytes:
             raise PeerError("%s: the server answered ps key %d with %d bytes, expected %d"
-                            % (ctx["layout"].name, slot.ps_key, result.nbytes, slot.nbytes))
+                            % (ctx.layout.name, slot.ps_key, result.nbytes, slot.nbytes))
         data = np.frombuffer(result, np.uint8)
         start = now_ns() if self.tracer.enabled else 0
-        for out in ctx["outputs"]:
+        for out in ctx.outputs:
             self._span(out, slot)[:] = data
         if start:
-            self.tracer.record(Stage.LOCAL_BROADCAST, item.key, item.index, item.task.step,
+            self.tracer.record(Phase.LOCAL_BROADCAST, item.key, item.index, item.task.step,
                                start, now_ns(), item.priority)
 
     # ------------------------------------------------------------------ shutdown
