@@ -9,7 +9,6 @@ from typing import Optional
 
 from .config import Config, Role
 from .errors import KVStoreBytePSError
-from .logs import setup_logging
 from .van.message import ALL_GROUP
 from .van.postoffice import Postoffice
 
@@ -34,17 +33,10 @@ def run_scheduler(config: Config) -> int:
 
 
 def main(argv: Optional[list] = None) -> int:
-    from .node_cli import parse_node_args
-    parse_node_args("python -m kvstore_byteps.scheduler", "Run a kvstore-byteps scheduler "
-                    "(MXNet's and our servers and workers can join it).", argv)
-    try:
-        config = Config.from_env()
-    except KVStoreBytePSError as exc:
-        print("scheduler: %s" % exc, file=sys.stderr)
-        return 2
-    if config.role is not Role.SCHEDULER:
-        config = config.__class__(**{**config.__dict__, "role": Role.SCHEDULER})
-    setup_logging(config, "[scheduler]")
+    from .node_cli import node_config
+    config = node_config("python -m kvstore_byteps.scheduler", "Run a kvstore-byteps scheduler "
+                         "(MXNet's and our servers and workers can join it).", argv,
+                         Role.SCHEDULER)
     return run_scheduler(config)
 
 

@@ -7,27 +7,16 @@ serves until a worker sends kStopServer, then finalizes (Barrier(7), like MXNet'
 exits 0. ``run_server(config)`` is the same without the process around it; the
 ``MXNET_KVSTORE_SERVER=byteps`` hook of ``mxnet_patch`` calls it.
 
-This module is the thin transport adapter; the logic lives in modules split by job, all pure
-or testable without sockets:
-
-* ``server_protocol``    cmd (Cantor pairing), dtypes, request frames -> typed requests
-* ``server_compression`` MXNet's 2-bit gradient compression layout and its command body
-* ``server_unpickle``    the restricted unpickler for optimizers sent with kController
-* ``server_updater``     the updater interface and its adapter to MXNet (lazy mxnet import)
-* ``server_store``       stored values, sync-round merge buffers, multi-precision copies
-* ``server_dist``        KVStoreDistServer: MXNet's C++ server semantics
-* ``server_rounds``      round bookkeeping of the BytePS data path
-* ``server_engine``      summation threads of the BytePS data path
-* ``server_byteps``      BytePSServer(KVStoreDistServer)
+This module is the thin transport adapter; the logic lives in :mod:`kvstore_byteps.serving`,
+split by job, all pure or testable without sockets (``protocol``, ``compression``,
+``unpickle``, ``updater``, ``store``, ``dist``, ``rounds``, ``engine``, ``batch``, ``byteps``).
 """
-import dataclasses
 import logging
 import sys
 from typing import Optional
 
 from .config import Config, Role
 from .errors import PeerError, ConfigError, KVStoreBytePSError
-from .logs import setup_logging
 from .serving.byteps import BytePSServer
 from .serving.dist import KVStoreDistServer
 
@@ -80,17 +69,10 @@ def run_server(config: Config) -> int:
 
 def main(argv: Optional[list] = None) -> int:
     """Command-line entry point; the only place here that turns errors into an exit code."""
-    from .node_cli import parse_node_args
-    parse_node_args("python -m kvstore_byteps.server", "Run a kvstore-byteps parameter server "
-                    "(serves dist_byteps, dist_sync and dist_async workers).", argv)
-    try:
-        config = Config.from_env()
-    except KVStoreBytePSError as exc:
-        print("kvstore_byteps.server: %s" % exc, file=sys.stderr)
-        return 2
-    if config.role is not Role.SERVER:   # running this module means "be a server"
-        config = dataclasses.replace(config, role=Role.SERVER)
-    setup_logging(config, "[server]")
+    from .node_cli import node_config
+    config = node_config("python -m kvstore_byteps.server", "Run a kvstore-byteps parameter "
+                         "server (serves dist_byteps, dist_sync and dist_async workers).", argv,
+                         Role.SERVER)
     try:
         return run_server(config)
     except KVStoreBytePSError as exc:
