@@ -113,7 +113,10 @@ class CurveAuth:
             cause = "does not authenticate: " + _NO_KEY_HINT
         elif kind in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
                       zmq.EVENT_HANDSHAKE_FAILED_AUTH):
-            cause = "failed the CURVE handshake: it holds a different BYTEPS_AUTH_KEY"
+            # which side lacks what is not always told apart (an upstream MXNet node has been
+            # seen both ways): name every cause
+            cause = ("failed the CURVE handshake: it holds a different BYTEPS_AUTH_KEY, or "
+                     + _NO_KEY_HINT)
         else:
             return
         if what is None:
