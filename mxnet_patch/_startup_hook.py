@@ -24,7 +24,9 @@ exactly two module names and wraps their real loaders:
   whole life of the server, a deadlock.
 
 This module imports nothing of ours at start-up; the routing imports
-``kvstore_byteps.config`` only when ``mxnet.kvstore.kvstore_server`` loads.
+``kvstore_byteps.config`` only when ``mxnet.kvstore.kvstore_server`` loads, and just before the
+``mxnet`` package itself loads, ``kvstore_byteps.cuda_libs`` loads the CUDA libraries of pip's
+``nvidia-*`` packages when the installed MXNet is a GPU build (nothing otherwise).
 """
 import os
 import sys
@@ -152,12 +154,27 @@ def _exec_server_module(loader, module):
 def _exec_package(loader, module):
     global _package_wrapped
     _package_wrapped = True
+    _preload_cuda_libraries()
     loader.exec_module(module)
     route = _pending_route
     if route is not None:
         # The package has executed completely; let other threads import from it (see above).
         module.__spec__._initializing = False
         _run_route(route)
+
+
+def _preload_cuda_libraries():
+    """MXNet's GPU wheel finds its CUDA 11 libraries in pip's nvidia-* packages (the ``gpu``
+    extra) without LD_LIBRARY_PATH: see kvstore_byteps.cuda_libs. Nothing happens for MXNet's
+    CPU wheel or without those packages."""
+    try:
+        from kvstore_byteps import cuda_libs
+        if cuda_libs.nvidia_roots() and cuda_libs.gpu_mxnet_installed():
+            cuda_libs.preload()
+    except Exception as exc:  # a bug of ours must not break `import mxnet`
+        import warnings
+        warnings.warn("kvstore-byteps could not preload CUDA libraries: %s: %s"
+                      % (type(exc).__name__, exc), RuntimeWarning)
 
 
 class _Finder:

@@ -10,10 +10,11 @@ from tests.test_worker_training import reference_params
 
 cupy = pytest.importorskip("cupy", reason="GPU tests need cupy (pip install kvstore-byteps[gpu])")
 try:
-    GPUS = cupy.cuda.runtime.getDeviceCount()
-except Exception:  # no driver / no device
-    GPUS = 0
-pytestmark = [pytest.mark.skipif(GPUS == 0, reason="no CUDA GPU on this machine"),
+    GPUS, WHY = cupy.cuda.runtime.getDeviceCount(), ""
+except Exception as exc:  # no driver / no device
+    GPUS, WHY = 0, " (%s: %s)" % (type(exc).__name__, exc)
+pytestmark = [pytest.mark.skipif(GPUS == 0, reason="GPU tests need an NVIDIA GPU and its driver; "
+                                 "cupy sees none%s" % WHY),
               pytest.mark.timeout(180)]
 
 

@@ -104,6 +104,8 @@ class HostBuffers:
 
 def import_cupy():
     """``(cupy, cupy.cuda.nccl)``, or GpuSupportError saying how to install them."""
+    from ..cuda_libs import preload
+    preload()         # NCCL and the CUDA runtime from pip's nvidia-* packages, if installed
     try:
         import cupy  # pylint: disable=import-outside-toplevel
         from cupy.cuda import nccl  # pylint: disable=import-outside-toplevel
