@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from kvstore_byteps.config import Config, Role
-from kvstore_byteps.errors import PeerError
+from kvstore_byteps.errors import DeadlineError, PeerError
 from kvstore_byteps.van.kv import KVPairs, KVServer, KVWorker, Request
 from kvstore_byteps.van.loopback import LoopbackNetwork, LoopbackVan
 from kvstore_byteps.van.message import Meta
@@ -88,6 +88,26 @@ def test_a_silent_server_is_named_and_fails_the_pending_request(no_sockets):
         with pytest.raises(PeerError, match=r"server rank 0 \(node 8\) at 127.0.0.1:\d+ is dead"):
             request.wait(10)
         assert time.monotonic() - started < 6
+    finally:
+        for po in reversed(nodes):
+            po.finalize(barrier=False)
+
+
+def test_a_request_past_its_deadline_fails_on_the_customer_thread(no_sockets):
+    """Deadlines come from the postoffice's tick, and the failure is delivered by the thread
+    that also delivers answers (one owner of the request's completion)."""
+    network, nodes, workers = make_cluster(workers=1, servers=1, handler=lambda req, srv: None)
+    worker = workers[0]
+    worker.request_timeout, worker._check_period = 0.5, 0.05
+    try:
+        threads = []
+        started = time.monotonic()
+        request = worker.push([1], np.ones(2, np.float32), [8],
+                              callback=lambda r: threads.append(threading.current_thread().name))
+        with pytest.raises(DeadlineError, match=r"no answer from server node\(s\) \[8\]"):
+            request.wait(5)
+        assert time.monotonic() - started < 2
+        assert threads == ["customer-0-0"]
     finally:
         for po in reversed(nodes):
             po.finalize(barrier=False)

@@ -181,25 +181,39 @@ class KVWorker:
                                 else postoffice.config.request_timeout)
         self._lock = threading.Lock()
         self._next_timestamp = 0
-        self._pending: Dict[int, Request] = {}
-        postoffice.register_customer(app_id, customer_id, self._on_message)
+        self._pending: Dict[int, Request] = {}       # in the order sent: oldest first
+        self._customer = postoffice.register_customer(app_id, customer_id, self._on_message)
         postoffice.on_failure(self._fail_pending)
-        # Requests completed by callback (no one calls wait) still get a deadline.
-        threading.Thread(target=self._watch_deadlines, daemon=True,
-                         name="kv-deadlines-%d-%d" % (app_id, customer_id)).start()
+        # Requests completed by callback (no one calls wait) still get a deadline: the
+        # postoffice's tick notices an overdue request and the customer thread, which also
+        # completes requests with their answers, fails it.
+        self._check_period = min(1.0, self.request_timeout / 10)
+        self._next_check = 0.0
+        self._expiry_posted = False
+        postoffice.on_tick(self._check_deadlines)
 
-    def _watch_deadlines(self) -> None:
-        period = min(1.0, self.request_timeout / 10)
-        while True:
-            time.sleep(period)
-            now = time.monotonic()
-            with self._lock:
-                expired = [r for r in self._pending.values()
-                           if now - r.started > self.request_timeout]
-                for request in expired:
-                    self._pending.pop(request.timestamp, None)
+    def _check_deadlines(self, now: float) -> None:
+        """On the receive thread, every tick: post an expiry if the oldest request is late."""
+        if now < self._next_check or self._expiry_posted:
+            return
+        self._next_check = now + self._check_period
+        with self._lock:
+            oldest = next(iter(self._pending.values()), None)
+        if oldest is not None and now - oldest.started > self.request_timeout:
+            self._expiry_posted = True
+            self._customer.post(self._expire)
+
+    def _expire(self) -> None:
+        """On the customer thread: fail every request past its deadline."""
+        self._expiry_posted = False
+        now = time.monotonic()
+        with self._lock:
+            expired = [r for r in self._pending.values()
+                       if now - r.started > self.request_timeout]
             for request in expired:
-                request._fail(DeadlineError(request.describe_wait(now - request.started)))
+                self._pending.pop(request.timestamp, None)
+        for request in expired:
+            request._fail(DeadlineError(request.describe_wait(now - request.started)))
 
     def _fail_pending(self, error: BaseException) -> None:
         """Fail every pending request with ``error`` (the node's van stopped with it)."""

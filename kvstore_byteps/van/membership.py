@@ -69,6 +69,14 @@ class NodeDead:
 
 
 @dataclasses.dataclass
+class Fail:
+    """This node cannot go on (the cluster did not form in time, the scheduler's answer is
+    unusable): the receive loop stops with ``error``, which start() and every wait raise."""
+
+    error: Exception
+
+
+@dataclasses.dataclass
 class Refused:
     """A control message was refused; ``reason`` is worth a warning in the log."""
 
@@ -202,7 +210,7 @@ class SchedulerMembership:
 
     def tick(self, now: float) -> List:
         if not self.ready and now > self.start_deadline:
-            raise ClusterStartError(self.describe_missing())
+            return [Fail(ClusterStartError(self.describe_missing()))]
         actions: List = []
         for node_id in self.dead_nodes(now, self.heartbeat_timeout):
             if node_id in self.dead:
@@ -346,10 +354,10 @@ class NodeMembership:
     def tick(self, now: float) -> List:
         if not self.ready:
             if now > self.start_deadline:
-                raise ClusterStartError(
+                return [Fail(ClusterStartError(
                     "%s: no ADD_NODE reply from the scheduler at %s before the start-up "
                     "deadline (is the scheduler running and reachable?)"
-                    % (self.my_node.describe(), self.scheduler.address))
+                    % (self.my_node.describe(), self.scheduler.address)))]
             return []
         if (self.heartbeat_timeout > 0 and self.last_heartbeat_reply is not None
                 and now - self.last_heartbeat_reply > self.heartbeat_timeout
@@ -368,8 +376,8 @@ class NodeMembership:
         mine = [n for n in nodes if n.hostname == self.my_node.hostname
                 and n.port == self.my_node.port and n.role == self.my_node.role]
         if not mine:
-            raise ClusterStartError("%s: the scheduler's node list does not contain this node"
-                                    % self.my_node.describe())
+            return [Fail(ClusterStartError("%s: the scheduler's node list does not contain "
+                                           "this node" % self.my_node.describe()))]
         self.my_node = dataclasses.replace(self.my_node, id=mine[0].id)
         self.nodes = list(nodes)
         actions: List = []
@@ -398,7 +406,8 @@ def terminate_message(my_id: int) -> Message:
     return control_message(ControlCommand.TERMINATE, my_id, customer_id=0)
 
 
-__all__ = ["Connect", "Send", "Ready", "ReleaseBarrier", "Stop", "NodeDead", "Refused", "VanClock",
+__all__ = ["Connect", "Send", "Ready", "ReleaseBarrier", "Stop", "NodeDead", "Fail", "Refused",
+           "VanClock",
            "SchedulerMembership",
            "NodeMembership", "assign_ids", "group_members", "barrier_request",
            "terminate_message", "control_message", "ALL_GROUP"]

@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from ..config import Config, Role, VanType
 from ..errors import ConfigError, DeadlineError, PeerError, ProtocolError
 from ..logs import PeerLog
-from .membership import (Connect, NodeDead, NodeMembership, Ready, Refused, ReleaseBarrier,
+from .membership import (Connect, Fail, NodeDead, NodeMembership, Ready, Refused, ReleaseBarrier,
                          SchedulerMembership,
                          Send, Stop, barrier_request, group_members, terminate_message)
 from .message import (ALL_GROUP, K_EMPTY, SCHEDULER_ID, Message, Node, id_to_rank)
@@ -60,6 +60,10 @@ class HandlerThread:
     def accept(self, message: Message) -> None:
         self._queue.put(message)
 
+    def post(self, work: Callable[[], None]) -> None:
+        """Run ``work()`` on this thread, after the messages already queued."""
+        self._queue.put(work)
+
     def stop(self, timeout: float) -> None:
         self._queue.put(None)
         self._thread.join(timeout)
@@ -69,6 +73,13 @@ class HandlerThread:
             message = self._queue.get()
             if message is None:
                 return
+            if callable(message):
+                try:
+                    message()
+                except Exception:
+                    log.exception("app %d customer %d: posted work failed", self.app_id,
+                                  self.customer_id)
+                continue
             try:
                 self.handler(message)
             except Exception:  # a bad message must not kill the app
@@ -100,6 +111,7 @@ class Postoffice:
         self._resender: Optional[Resender] = None     # PS_RESEND, once ready
         self._member_ids: frozenset = frozenset()   # looked up per request: a set
         self._failure_hooks: List[Callable[[BaseException], None]] = []
+        self._tick_hooks: List[Callable[[float], None]] = []
         self._peer_log = PeerLog(log)
         #: data messages dropped on purpose (PS_DROP_MSG)
         self.dropped_messages = 0
@@ -214,6 +226,11 @@ class Postoffice:
         now = time.monotonic()
         if not self._execute(self.membership.tick(now)):
             raise self._error or PeerError("the membership stopped this node")
+        for hook in self._tick_hooks:
+            try:
+                hook(now)
+            except Exception:   # a hook's bug must not stop the node
+                log.exception("a tick hook failed")
         if self._resender is not None:
             with self._resend_lock:
                 again = self._resender.due(now)
@@ -272,6 +289,10 @@ class Postoffice:
                 log.error("%s: %s", self.my_node.describe() if self.my_node else "node", error)
                 self._error = self._error or error
                 keep_running = False
+            elif isinstance(action, Fail):
+                log.error("%s", action.error)
+                self._error = self._error or action.error
+                keep_running = False
             elif isinstance(action, Refused):
                 log.warning("%s: %s", self.my_node.describe() if self.my_node else "node",
                             action.reason)
@@ -314,6 +335,11 @@ class Postoffice:
         """Call ``hook(error)`` once if the receive loop ends with an error (a dead node, a
         broken van): the KV layer fails every pending request with it."""
         self._failure_hooks.append(hook)
+
+    def on_tick(self, hook: Callable[[float], None]) -> None:
+        """Call ``hook(monotonic now)`` on the receive thread at every tick (every 50 ms):
+        how the KV layer's deadlines are kept, with no thread of their own. Keep it short."""
+        self._tick_hooks.append(hook)
 
     def send(self, message: Message) -> int:
         """Send a message to ``message.meta.recver`` (thread-safe)."""
