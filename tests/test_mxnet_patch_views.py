@@ -5,28 +5,37 @@ import numpy as np
 from mxnet_patch.kvstore import _ViewCache
 
 
-def handles(arrays):
-    return tuple(a.handle.value for a in arrays)
-
-
 def test_same_arrays_reuse_views_and_see_current_values():
     cache = _ViewCache()
     arrays = [mx.nd.ones((4,)), mx.nd.zeros((4,))]
     mx.nd.waitall()
-    first = cache.host_views(7, handles(arrays), arrays)
+    first = cache.host_views(7, arrays)
     arrays[0][:] = 5
     mx.nd.waitall()
-    again = cache.host_views(7, handles(arrays), arrays)
+    again = cache.host_views(7, list(arrays))
     assert again is first and again[0][0] == 5
 
 
-def test_other_shape_or_dtype_rebuilds():
+def test_other_arrays_rebuild_even_at_a_reused_address():
     cache = _ViewCache()
     a = mx.nd.ones((4,))
     mx.nd.waitall()
-    views = cache.host_views(1, handles([a]), [a])
+    views = cache.host_views(1, [a])
     b = mx.nd.ones((2, 2), dtype="float16")
     mx.nd.waitall()
-    rebuilt = cache.host_views(1, handles([b]), [b])
+    rebuilt = cache.host_views(1, [b])
     assert rebuilt is not views and rebuilt[0].shape == (2, 2)
     assert rebuilt[0].dtype == np.float16
+    # an array with the same shape (possibly the memory of a freed one): its own views
+    c = mx.nd.full((2, 2), 3, dtype="float16")
+    mx.nd.waitall()
+    assert cache.host_views(1, [c])[0][0, 0] == 3
+
+
+def test_the_cache_keeps_its_arrays_alive():
+    cache = _ViewCache()
+    cache.host_views(3, [mx.nd.full((8,), 2)])     # the caller drops its reference
+    mx.nd.waitall()
+    junk = [mx.nd.full((8,), 9) for _ in range(50)]   # would reuse freed memory
+    mx.nd.waitall()
+    assert cache[3].views[0][0] == 2 and len(junk) == 50
