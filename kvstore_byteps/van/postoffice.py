@@ -192,8 +192,7 @@ class Postoffice:
                                              heartbeat_timeout=cfg.heartbeat_timeout)
         self._thread = threading.Thread(target=self._receive_loop, daemon=True,
                                         name="van-receive")
-        self._thread.start()
-        self._execute(self.membership.start(time.monotonic()))
+        self._thread.start()      # it starts the membership: one thread owns that state
         self._ready.wait(max(0.0, deadline - time.monotonic()) + 1.0)
         if self._error is not None:
             raise self._error
@@ -204,6 +203,7 @@ class Postoffice:
     # ------------------------------------------------------------------ receive side
     def _receive_loop(self) -> None:
         try:
+            self._execute(self.membership.start(time.monotonic()))
             self.van.run(self._on_message, self._on_tick, _TICK_SECONDS)
         except BaseException as exc:  # reaches start()/barrier() callers
             if exc is not self._error:    # (a dead node was logged when it was declared)
