@@ -42,6 +42,8 @@ def forbidden(module):
         return ours_below + ["kvstore_byteps.mxproto", "mxnet", "zmq"]
     if module == "kvstore_byteps.mxproto":     # MXNet's protocol: no transport, no MXNet
         return ours_below + ["mxnet", "zmq"]
+    if module.startswith("kvstore_byteps.compress"):   # pure numpy codecs
+        return ours_below + ["kvstore_byteps.mxproto", "mxnet", "zmq"]
     if module.startswith("kvstore_byteps.van"):    # the transport knows nothing of MXNet
         return ["kvstore_byteps.engine"] + server + ["kvstore_byteps.mxproto", "mxnet_patch",
                                                     "mxnet"]
