@@ -33,6 +33,7 @@ class RequestType(enum.IntEnum):
     ROW_SPARSE = 1    # kRowSparsePushPull
     COMPRESSED = 2    # kCompressedPushPull (2-bit gradient compression)
     BYTEPS = 3        # ours: the BytePS data path
+    BYTEPS_COMPRESSED = 4   # ours: the BytePS data path, values compressed (kvstore_byteps.compress)
 
 
 class MShadowType(enum.IntEnum):
@@ -65,6 +66,8 @@ class ServerCommand(enum.IntEnum):
     #: ours: "which server are you?" Our server answers PROBE_ANSWER; MXNet's server
     #: ignores unknown commands and answers with an empty body.
     BYTEPS_PROBE = 100
+    #: ours: body = the JSON of set_gradient_compression's dict; sent by rank 0 before init
+    BYTEPS_COMPRESSION = 101
 
 
 PROBE_ANSWER = b"byteps"

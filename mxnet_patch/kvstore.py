@@ -244,9 +244,9 @@ class KVStoreBytePS(KVStoreBase):
             "sets update_on_kvstore=False by itself) or Module.fit, not set_optimizer")
 
     def set_gradient_compression(self, compression_params):
-        raise NotImplementedError(
-            "dist_byteps does not compress gradients yet (a later issue); drop "
-            "compression_params, or use MXNet's dist_sync store, which our server also serves")
+        """BytePS's compression dict (``{"compressor": "onebit", "ef": "vanilla", ...}``) or
+        MXNet's ``{"type": "2bit", "threshold": t}``; before the first ``init``."""
+        self._engine.set_compression(compression_params)
 
     def save_optimizer_states(self, fname, dump_optimizer=False):
         raise NotImplementedError("dist_byteps keeps no optimizer: save the Trainer's states "

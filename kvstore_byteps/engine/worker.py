@@ -23,12 +23,15 @@ Two kinds of servers are spoken to, found out at start by a probe command:
 """
 import dataclasses
 import enum
+import json
 import logging
 import threading
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..compress.params import CompressionSpec, parse_compression_params
+from ..compress.state import PartitionCompressor
 from ..config import Config
 from ..errors import KVStoreBytePSError, PeerError
 from ..logs import announce
@@ -49,6 +52,7 @@ log = logging.getLogger(__name__)
 
 #: Partitions up to this size are sent together, one request per server (BytePS servers).
 SMALL_PARTITION_BYTES = 65536
+_COMPRESSED_CMD = encode_cmd(RequestType.BYTEPS_COMPRESSED, np.float32)
 
 
 def group_small(items, server_of, small: int, limit: int) -> List[list]:
@@ -141,6 +145,12 @@ class WorkerEngine:
         self.pipeline: Optional[Pipeline] = None
         self._closed = False
         self.failure: Optional[BaseException] = None   # set once a request failed for good
+        self.compression: Optional[CompressionSpec] = None
+        self._compressors: Dict[int, PartitionCompressor] = {}    # per compressed ps key
+        self._push_rounds: Dict[int, int] = {}      # PUSH thread only
+        self._pull_rounds: Dict[int, int] = {}      # PULL thread only
+        #: payload bytes of compressed pushes so far (PUSH thread only)
+        self.compressed_bytes_pushed = 0
 
     def start(self) -> "WorkerEngine":
         """Join the cluster and get ready to push: postoffice start and MXNet's start-up
@@ -344,11 +354,78 @@ class WorkerEngine:
 
     def _requests(self, items) -> List[list]:
         """Items grouped into requests: small partitions of one server and cmd share one
-        (BytePS servers only: upstream's take exactly one key per request)."""
+        (BytePS servers only: upstream's take exactly one key per request); a compressed
+        partition always goes alone."""
         if self.flavor is not ServerFlavor.BYTEPS:
             return [[item] for item in items]
-        return group_small(items, self._server_of, SMALL_PARTITION_BYTES,
-                           self.config.partition_bytes)
+        plain = [item for item in items if not self._compressed(item)]
+        return (group_small(plain, self._server_of, SMALL_PARTITION_BYTES,
+                            self.config.partition_bytes)
+                + [[item] for item in items if self._compressed(item)])
+
+    # ------------------------------------------------------------------ compression
+    def set_compression(self, params) -> None:
+        """``kv.set_gradient_compression(params)``: check ``params`` (ConfigError naming a bad
+        key), tell the servers (rank 0), and compress every float32 partition of at least
+        ``min_compress_bytes`` from now on. Only before the first key is initialised."""
+        spec = parse_compression_params(params)
+        if self.flavor is not ServerFlavor.BYTEPS:
+            raise KVStoreBytePSError("gradient compression needs kvstore-byteps servers; these "
+                                     "are MXNet's")
+        if self.config.enable_async:
+            raise KVStoreBytePSError("gradient compression needs synchronous training "
+                                     "(unset BYTEPS_ENABLE_ASYNC)")
+        with self._layout_lock:
+            if self._layouts:
+                raise KVStoreBytePSError("set_gradient_compression must come before the first "
+                                         "init of a key (as gluon.Trainer does it)")
+        if self.rank == 0:
+            body = json.dumps(dict(params)).encode("utf-8")
+            self._wait(self.kv.command(ServerCommand.BYTEPS_COMPRESSION, body),
+                       "setting gradient compression")
+        self.compression = spec
+
+    def _compressed(self, item) -> bool:
+        spec = self.compression
+        return (spec is not None and item.task.context.layout.dtype == np.float32
+                and item.partition.nbytes >= spec.min_compress_bytes)
+
+    def _compressor(self, ps_key: int) -> PartitionCompressor:
+        compressor = self._compressors.get(ps_key)
+        if compressor is None:
+            compressor = self._compressors[ps_key] = PartitionCompressor(self.compression,
+                                                                         salt=ps_key)
+        return compressor
+
+    def _push_compressed(self, item, done) -> None:
+        ps_key = item.partition.ps_key
+        r = self._push_rounds.get(ps_key, 0)
+        self._push_rounds[ps_key] = r + 1
+        data = self._compressor(ps_key).encode(self._send_buffer(item).view(np.float32), r)
+        self.compressed_bytes_pushed += data.size
+        self.kv.push([ps_key], data, [data.size], cmd=_COMPRESSED_CMD, priority=item.priority,
+                     extra={"round": r}, callback=lambda request: done(request.error, [item]))
+
+    def _pull_compressed(self, item, done) -> None:
+        ps_key = item.partition.ps_key
+        r = self._pull_rounds.get(ps_key, 0)
+        self._pull_rounds[ps_key] = r + 1
+
+        def on_answer(request):
+            error = request.error
+            if error is None:
+                try:
+                    data = np.frombuffer(split_answer(request.result, 1)[0], np.uint8)
+                    values = self._compressor(ps_key).decode(data, item.partition.nbytes // 4, r)
+                    self._local_broadcast(item, memoryview(values.view(np.uint8)))
+                except KVStoreBytePSError as exc:
+                    error = exc
+                except (ValueError, IndexError) as exc:   # bytes that do not decode
+                    error = PeerError("ps key %d: the server's compressed answer does not "
+                                      "decode: %s" % (ps_key, exc))
+            done(error, [item])
+        self.kv.pull([ps_key], cmd=_COMPRESSED_CMD, priority=item.priority,
+                     extra={"round": r}, callback=on_answer)
 
     @staticmethod
     def _server_of(item) -> tuple:
@@ -373,6 +450,9 @@ class WorkerEngine:
     def _push(self, items, done) -> None:
         # Each request's partitions move on (and return their credit) when it is answered.
         for group in self._requests(items):
+            if self._compressed(group[0]):
+                self._push_compressed(group[0], done)
+                continue
             buffers = [self._send_buffer(item) for item in group]
             vals = buffers[0] if len(buffers) == 1 else np.concatenate(buffers)
             self.kv.push([item.partition.ps_key for item in group], vals,
@@ -383,6 +463,10 @@ class WorkerEngine:
 
     def _pull(self, items, done) -> None:
         for group in self._requests(items):
+            if self._compressed(group[0]):
+                self._pull_compressed(group[0], done)
+                continue
+
             def on_answer(request, group=group):
                 error = request.error
                 if error is None:

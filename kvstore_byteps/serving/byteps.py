@@ -25,17 +25,19 @@ BytePS path, one key per request, ``lens=[nbytes]`` like a default push:
   current weights (async).
 """
 import dataclasses
+import json
 import logging
 import threading
 from typing import Callable, Dict, Optional
 
 import numpy as np
 
-from ..errors import ProtocolError
+from ..compress.params import parse_compression_params
+from ..errors import ConfigError, ProtocolError
+from ..mxproto import PROBE_ANSWER, Cmd, RequestType, ServerCommand, decode_cmd
 from .rounds import KeyRounds
 from .dist import KVStoreDistServer
 from .engine import SumEngine
-from ..mxproto import PROBE_ANSWER, Cmd
 from .protocol import parse_dense
 from .store import Entry, StorageKind, publish
 from .batch import BatchAnswer, BatchSlot, split_values
@@ -69,6 +71,10 @@ class BytePSServer(KVStoreDistServer):
         #: Called with (ps key, bytes per push) when a key is initialised, so a
         #: receive-into-place van can set up the buffers its pushes will land in.
         self.expect_pushes: Callable[[int, int], None] = lambda ps_key, nbytes: None
+        self.compression = None                 # CompressionSpec, once a worker set one
+        self._codecs: Dict[int, object] = {}
+        self._handlers[RequestType.BYTEPS_COMPRESSED] = self._handle_compressed
+        self._commands[ServerCommand.BYTEPS_COMPRESSION] = self._cmd_compression_spec
 
     def close(self, timeout: float = 10.0) -> None:
         """Finish queued summations and stop the engine threads."""
@@ -82,6 +88,52 @@ class BytePSServer(KVStoreDistServer):
 
     def _cmd_probe(self, body: bytes) -> bytes:
         return PROBE_ANSWER
+
+    def _cmd_compression_spec(self, body: bytes) -> None:
+        """BYTEPS_COMPRESSION: the workers' compression dict, as JSON (checked here again)."""
+        if self.enable_async:
+            raise ProtocolError("gradient compression needs synchronous training "
+                                "(BYTEPS_ENABLE_ASYNC is on)")
+        try:
+            params = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise ProtocolError("BYTEPS_COMPRESSION body is not JSON: %s" % exc) from None
+        try:
+            self.compression = parse_compression_params(params)
+        except ConfigError as exc:
+            raise ProtocolError(str(exc)) from None
+        self._codecs.clear()
+
+    def _codec(self, ps_key: int):
+        codec = self._codecs.get(ps_key)
+        if codec is None:
+            codec = self._codecs[ps_key] = self.compression.codec(salt=ps_key)
+        return codec
+
+    # -- compressed BytePS requests (one key each) -----------------------------------------
+    def _handle_compressed(self, req, server, cmd: Cmd) -> None:
+        """A push of compressed values (decoded, then summed as usual) or a pull answered
+        with the round's sum compressed; the round (the seeded codecs' step) is claimed."""
+        if self.compression is None:
+            raise ProtocolError("a compressed request, but no worker set gradient compression")
+        if req.keys is None or len(req.keys) != 1 or req.meta.push == req.meta.pull:
+            raise ProtocolError("a compressed request has one key and is a push or a pull")
+        r = _claimed_round(req)
+        if r is None:
+            raise ProtocolError("a compressed request must say its round")
+        key = self._batch_key(int(req.keys[0]), cmd)    # initialised by rank 0's init push
+        if req.meta.pull:
+            self._pull(req, server, key)
+            return
+        codec = self._codec(key.ps_key)
+        data = np.frombuffer(req.vals, np.uint8)
+        if data.size != codec.wire_bytes(key.value.size):
+            raise ProtocolError("compressed push of key %d has %d bytes, expected %d"
+                                % (key.ps_key, data.size, codec.wire_bytes(key.value.size)))
+        values = codec.decode(data, key.value.size, r)
+        r = key.rounds.begin_push(req.sender, r)
+        self._respond(server, req)
+        self._engine.submit(key.thread, lambda: self._accumulate(key, r, values))
 
     # -- dispatch ---------------------------------------------------------------------------
     def _handle_byteps(self, req, server, cmd: Cmd) -> None:
@@ -229,6 +281,8 @@ class BytePSServer(KVStoreDistServer):
             self._answer(req, server, key.value)
 
     def _answer(self, req, server, value: np.ndarray) -> None:
+        if decode_cmd(req.meta.head).request_type is RequestType.BYTEPS_COMPRESSED:
+            value = self._codec(int(req.keys[0])).encode(value, _claimed_round(req))
         lens = np.array([value.nbytes], dtype=np.int32)
         self._respond(server, req, keys=req.keys, vals=value, lens=lens)
 
