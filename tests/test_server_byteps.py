@@ -11,6 +11,7 @@ from kvstore_byteps.serving.byteps import BytePSServer
 from kvstore_byteps.serving.engine import SumEngine
 from kvstore_byteps.mxproto import RequestType, ServerCommand
 from tests.server_fakes import WORKER0, WORKER1, WORKER2, FakeServer, command, pull, push, \
+    request, \
     vector_request
 
 BP = RequestType.BYTEPS
@@ -242,3 +243,41 @@ def test_our_workers_protocol_default_init_then_byteps_pushpull_rounds(server):
     late = pull(WORKER1, 6)
     srv.handle_request(late, fake)
     assert list(_ok(fake, late).values()) == [5.0] * 4
+
+
+def test_compressed_requests_are_refused_cleanly_until_the_workers_set_compression(server):
+    import json
+    from kvstore_byteps.compress.codecs import OneBit
+    from kvstore_byteps.mxproto import encode_cmd
+    srv, fake = server
+    srv.handle_request(push(WORKER0, 7, np.zeros(64, np.float32)), fake)        # the init
+    cmd = encode_cmd(RequestType.BYTEPS_COMPRESSED, np.float32)
+    code = OneBit(scaling=True)
+
+    def cpush(sender, values, r, data=None):
+        data = code.encode(np.asarray(values, np.float32), r) if data is None else data
+        return request(sender, [7], data, [data.size], push=True, head=cmd, extra={"round": r})
+    early = cpush(WORKER0, np.ones(64), 0)
+    srv.handle_request(early, fake)
+    assert "no worker set gradient compression" in fake.wait_for(early).error
+    for body, error in ((b"{not json", "not JSON"), (b'{"compressor": "twobits"}', "twobits"),
+                        (json.dumps({"compressor": "onebit", "scaling": True}).encode(), None)):
+        answer = fake.wait_for(srv_command(srv, fake, body))
+        assert (answer.error is None) if error is None else (error in answer.error), answer.error
+    short = cpush(WORKER0, None, 0, data=np.zeros(3, np.uint8))
+    srv.handle_request(short, fake)
+    assert "has 3 bytes, expected 12" in fake.wait_for(short).error
+    x0, x1 = np.linspace(-1, 1, 64), np.linspace(2, -2, 64)
+    for sender, x in ((WORKER0, x0), (WORKER1, x1)):
+        srv.handle_request(cpush(sender, x, 0), fake)
+    back = request(WORKER1, [7], pull=True, head=cmd, extra={"round": 0})
+    srv.handle_request(back, fake)
+    got = code.decode(np.frombuffer(_ok(fake, back).vals, np.uint8), 64, 0)
+    total = code.decode(code.encode(x0, 0), 64, 0) + code.decode(code.encode(x1, 0), 64, 0)
+    np.testing.assert_allclose(got, code.decode(code.encode(total, 0), 64, 0))
+
+
+def srv_command(srv, fake, body):
+    req = command(WORKER0, ServerCommand.BYTEPS_COMPRESSION, body)
+    srv.handle_command(req, fake)
+    return req

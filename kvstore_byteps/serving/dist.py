@@ -69,6 +69,7 @@ class KVStoreDistServer:
             RequestType.ROW_SPARSE: self._handle_row_sparse,
             RequestType.COMPRESSED: self._handle_compressed,
             RequestType.BYTEPS: self._handle_byteps,
+            RequestType.BYTEPS_COMPRESSED: self._handle_byteps,   # BytePSServer: its own
         }
         self._commands = {
             ServerCommand.CONTROLLER: self._cmd_controller,
