@@ -13,6 +13,7 @@ workers check, through the store, that they all hold identical parameters.
 Lines start with ``[digits]``; ``launch.py`` adds ``[worker 0]`` in front.
 """
 import argparse
+import json
 import sys
 import time
 
@@ -40,6 +41,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=42, help="parameter initialisation seed")
     parser.add_argument("--kvstore", default="dist_byteps",
                         help="the store's type (dist_sync: MXNet's own, for comparison)")
+    parser.add_argument("--compression", metavar="JSON",
+                        help="gradient compression, gluon.Trainer's compression_params as JSON, "
+                             "e.g. '{\"compressor\": \"onebit\", \"ef\": \"vanilla\", "
+                             "\"scaling\": true}'")
     parser.add_argument("--save-params", metavar="FILE",
                         help="rank 0 saves the trained parameters here (gluon's format), e.g. to "
                              "compare runs on different clusters")
@@ -147,7 +152,9 @@ def main(argv=None) -> int:
     # the servers plain summers, so the metrics keys below are sums there too).
     trainer = gluon.Trainer(net.collect_params(), "sgd",
                             {"learning_rate": args.lr, "momentum": args.momentum}, kvstore=kv,
-                            update_on_kvstore=False)
+                            update_on_kvstore=False,
+                            compression_params=json.loads(args.compression)
+                            if args.compression else None)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     rng = np.random.RandomState(args.seed + kv.rank)    # each worker shuffles its shard its own way
     metrics_key = EXTRA_KEYS                             # [loss sum, samples] per epoch

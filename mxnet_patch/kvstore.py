@@ -245,7 +245,7 @@ class KVStoreBytePS(KVStoreBase):
 
     def set_gradient_compression(self, compression_params):
         """BytePS's compression dict (``{"compressor": "onebit", "ef": "vanilla", ...}``) or
-        MXNet's ``{"type": "2bit", "threshold": t}``; before the first ``init``."""
+        MXNet's ``{"type": "2bit", "threshold": t}``; before the first ``pushpull``."""
         self._engine.set_compression(compression_params)
 
     def save_optimizer_states(self, fname, dump_optimizer=False):

@@ -103,7 +103,7 @@ def test_byteps_and_mxnet_forms_are_accepted():
                                      "momentum": "nesterov", "scaling": True})
     assert spec == CompressionSpec("onebit", ef="vanilla", momentum="nesterov", scaling=True)
     assert parse_compression_params({"type": "2bit", "threshold": 0.25}) == CompressionSpec(
-        "twobit", ef="vanilla", threshold=0.25)
+        "twobit", ef="vanilla", threshold=0.25, min_compress_bytes=0)
     dither = parse_compression_params({"compressor": "dithering", "k": 8,
                                        "partition": "natural", "normalize": "l2", "seed": 4})
     assert dither.codec(salt=3) == Dithering(8, "natural", "l2", 4, 3)

@@ -275,6 +275,9 @@ def test_compressed_requests_are_refused_cleanly_until_the_workers_set_compressi
     got = code.decode(np.frombuffer(_ok(fake, back).vals, np.uint8), 64, 0)
     total = code.decode(code.encode(x0, 0), 64, 0) + code.decode(code.encode(x1, 0), 64, 0)
     np.testing.assert_allclose(got, code.decode(code.encode(total, 0), 64, 0))
+    again = request(WORKER0, [7], pull=True, head=cmd, extra={"round": 0})
+    srv.handle_request(again, fake)
+    assert _ok(fake, again).vals == _ok(fake, back).vals     # one compression per round
 
 
 def srv_command(srv, fake, body):

@@ -4,7 +4,6 @@
 * :mod:`.params`  - ``set_gradient_compression``'s dict: parsed, checked, one clear error
 * :mod:`.state`   - per-partition error feedback and Nesterov momentum around a codec
 
-Status: the compressors, the parameters and the per-partition state are built and tested;
-they are **not wired into the worker's or the server's data path yet**, and
-``kv.set_gradient_compression`` still refuses (see the README).
+The worker engine compresses each large float32 partition's push and decodes its pull; the
+BytePS server decodes pushes, sums, and compresses each round's sum once for the pulls.
 """

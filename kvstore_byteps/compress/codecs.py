@@ -5,8 +5,6 @@ Each compressor turns one float32 partition into the bytes that would travel and
 ``wire_bytes(n)`` the exact size of ``encode``'s output. ``step`` is the round number: the
 seeded compressors (randomk, dithering) draw from ``(seed, salt, step)``, so every worker and
 the server draw the same numbers for the same partition and round without sending them.
-
-Not wired into the data path yet (see the README's status of gradient compression).
 """
 import abc
 import dataclasses

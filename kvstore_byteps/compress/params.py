@@ -4,8 +4,8 @@ BytePS's names: ``{"compressor": "onebit" | "topk" | "randomk" | "dithering", "e
 "momentum": "nesterov", "momentum_mu": 0.9, "scaling": bool (onebit), "k": count or fraction
 (topk, randomk) or levels (dithering), "seed": int (randomk, dithering), "partition": "linear" |
 "natural", "normalize": "max" | "l2" (dithering), "min_compress_bytes": int}``; and MXNet's
-``{"type": "2bit", "threshold": t}``, which becomes twobit with error feedback (MXNet's
-semantics). Anything else is one ConfigError naming the key and what is accepted. Pure.
+``{"type": "2bit", "threshold": t}``, which becomes twobit with error feedback on every
+gradient (MXNet's semantics). Anything else is one ConfigError naming the key and what is accepted. Pure.
 """
 import dataclasses
 from typing import Any, Mapping, Optional
@@ -81,7 +81,9 @@ def parse_compression_params(params: Mapping[str, Any]) -> CompressionSpec:
         _choice(params, "type", ("2bit",))
         threshold = _number(params, "threshold", float, 0.5, lambda v: v > 0,
                             "a positive number")
-        return CompressionSpec("twobit", ef="vanilla", threshold=threshold)
+        # MXNet compresses every gradient, however small
+        return CompressionSpec("twobit", ef="vanilla", threshold=threshold,
+                               min_compress_bytes=0)
     unknown = sorted(set(params) - _BYTEPS_KEYS)
     if unknown:
         raise ConfigError("gradient compression: unknown key %r; accepted: %s"

@@ -6,6 +6,7 @@ step becomes the next residual: e = x + r; c = encode(e); r = e - decode(c). Ove
 nothing is lost, only delayed: the decoded values sum to the inputs' sum minus the residual
 left at the end. One :class:`PartitionCompressor` per partition and worker. Pure.
 """
+import dataclasses
 from typing import Optional
 
 import numpy as np
@@ -13,7 +14,13 @@ import numpy as np
 from .codecs import Codec
 from .params import CompressionSpec
 
-__all__ = ["PartitionCompressor"]
+__all__ = ["PartitionCompressor", "server_side"]
+
+
+def server_side(spec: CompressionSpec) -> CompressionSpec:
+    """What the server applies to a round's sum before the pull: the same codec and error
+    feedback, no momentum (that belongs to the gradient, on the worker)."""
+    return dataclasses.replace(spec, momentum=None)
 
 
 class PartitionCompressor:

@@ -367,7 +367,8 @@ class WorkerEngine:
     def set_compression(self, params) -> None:
         """``kv.set_gradient_compression(params)``: check ``params`` (ConfigError naming a bad
         key), tell the servers (rank 0), and compress every float32 partition of at least
-        ``min_compress_bytes`` from now on. Only before the first key is initialised."""
+        ``min_compress_bytes`` from now on. Only before the first pushpull (the rounds of
+        worker and server are counted from it)."""
         spec = parse_compression_params(params)
         if self.flavor is not ServerFlavor.BYTEPS:
             raise KVStoreBytePSError("gradient compression needs kvstore-byteps servers; these "
@@ -376,9 +377,9 @@ class WorkerEngine:
             raise KVStoreBytePSError("gradient compression needs synchronous training "
                                      "(unset BYTEPS_ENABLE_ASYNC)")
         with self._layout_lock:
-            if self._layouts:
+            if self._last_task:
                 raise KVStoreBytePSError("set_gradient_compression must come before the first "
-                                         "init of a key (as gluon.Trainer does it)")
+                                         "pushpull (gluon.Trainer calls it in time)")
         if self.rank == 0:
             body = json.dumps(dict(params)).encode("utf-8")
             self._wait(self.kv.command(ServerCommand.BYTEPS_COMPRESSION, body),

@@ -33,6 +33,7 @@ from typing import Callable, Dict, Optional
 import numpy as np
 
 from ..compress.params import parse_compression_params
+from ..compress.state import PartitionCompressor, server_side
 from ..errors import ConfigError, ProtocolError
 from ..mxproto import PROBE_ANSWER, Cmd, RequestType, ServerCommand, decode_cmd
 from .rounds import KeyRounds
@@ -73,6 +74,9 @@ class BytePSServer(KVStoreDistServer):
         self.expect_pushes: Callable[[int, int], None] = lambda ps_key, nbytes: None
         self.compression = None                 # CompressionSpec, once a worker set one
         self._codecs: Dict[int, object] = {}
+        self._sum_compressors: Dict[int, PartitionCompressor] = {}
+        self._compressed_sums: Dict[int, tuple] = {}     # ps key -> (round, bytes)
+        self._compress_lock = threading.Lock()
         self._handlers[RequestType.BYTEPS_COMPRESSED] = self._handle_compressed
         self._commands[ServerCommand.BYTEPS_COMPRESSION] = self._cmd_compression_spec
 
@@ -103,6 +107,8 @@ class BytePSServer(KVStoreDistServer):
         except ConfigError as exc:
             raise ProtocolError(str(exc)) from None
         self._codecs.clear()
+        self._sum_compressors.clear()
+        self._compressed_sums.clear()
 
     def _codec(self, ps_key: int):
         codec = self._codecs.get(ps_key)
@@ -280,9 +286,25 @@ class BytePSServer(KVStoreDistServer):
         if pull:
             self._answer(req, server, key.value)
 
+    def _compressed_sum(self, ps_key: int, r: int, total: np.ndarray) -> np.ndarray:
+        """Round ``r``'s sum as pulled: compressed once per round (with error feedback when
+        the workers use it, so what this compression drops is sent with later rounds) and the
+        same bytes for every worker. Rounds are answered in order (see rounds.py)."""
+        with self._compress_lock:
+            cached = self._compressed_sums.get(ps_key)
+            if cached is not None and cached[0] == r:
+                return cached[1]
+            compressor = self._sum_compressors.get(ps_key)
+            if compressor is None:
+                compressor = self._sum_compressors[ps_key] = PartitionCompressor(
+                    server_side(self.compression), salt=ps_key)
+            data = compressor.encode(total, r)
+            self._compressed_sums[ps_key] = (r, data)
+            return data
+
     def _answer(self, req, server, value: np.ndarray) -> None:
         if decode_cmd(req.meta.head).request_type is RequestType.BYTEPS_COMPRESSED:
-            value = self._codec(int(req.keys[0])).encode(value, _claimed_round(req))
+            value = self._compressed_sum(int(req.keys[0]), _claimed_round(req), value)
         lens = np.array([value.nbytes], dtype=np.int32)
         self._respond(server, req, keys=req.keys, vals=value, lens=lens)
 

@@ -162,7 +162,7 @@ def check_compress(kv, params_json, contexts):
     the same compression simulated here for every rank and the server; and that the pushed
     payload really shrank."""
     from kvstore_byteps.compress.params import parse_compression_params
-    from kvstore_byteps.compress.state import PartitionCompressor
+    from kvstore_byteps.compress.state import PartitionCompressor, server_side
     params = json.loads(params_json)
     kv.set_gradient_compression(params)
     n, rounds = 100000, 4
@@ -171,7 +171,7 @@ def check_compress(kv, params_json, contexts):
     spec = parse_compression_params(params)
     [slot] = kv._engine.layout(0, (n,), np.float32).slots
     workers = [PartitionCompressor(spec, salt=slot.ps_key) for _ in range(kv.num_workers)]
-    server = spec.codec(salt=slot.ps_key)
+    server = PartitionCompressor(server_side(spec), salt=slot.ps_key)
 
     def gradient(rank, r, device):
         return np.random.default_rng([rank, r, device]).standard_normal(n).astype(np.float32)
