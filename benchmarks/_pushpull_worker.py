@@ -37,6 +37,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--mode", choices=[Mode.PUSHPULL, Mode.PUSH_PULL], default=Mode.PUSHPULL)
+    p.add_argument("--compression", metavar="JSON", help="set_gradient_compression(JSON)")
     return p.parse_args(argv)
 
 
@@ -88,6 +89,8 @@ def main(argv=None) -> int:
     with open(args.shapes) as f:
         shapes = [tuple(s) for s in json.load(f)]
     kv = mx.kv.create(args.kvstore)
+    if args.compression:
+        kv.set_gradient_compression(json.loads(args.compression))
     rank = kv.rank
     grads = [mx.nd.full(s, rank + 1, dtype=np.float32) for s in shapes]
     outs = [mx.nd.zeros(s, dtype=np.float32) for s in shapes]

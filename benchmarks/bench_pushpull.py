@@ -124,6 +124,8 @@ def child_env() -> Dict[str, str]:
 NETWORK_OPTIONS: List[str] = []
 #: launch.py options of the dist_byteps jobs only (set by main from --van).
 BYTEPS_OPTIONS: List[str] = []
+#: worker arguments of the dist_byteps jobs only (e.g. --compression JSON)
+BYTEPS_WORKER_OPTIONS: List[str] = []
 
 
 def launch(workers: int, servers: int, kvstore: str, server: str, shapes_file: str,
@@ -131,12 +133,13 @@ def launch(workers: int, servers: int, kvstore: str, server: str, shapes_file: s
     """Run one job through launch.py; returns (exit status, combined output)."""
     scheduler = "mxnet" if kvstore == "dist_sync" else "byteps"
     ours = BYTEPS_OPTIONS if kvstore != "dist_sync" else []
+    ours_worker = BYTEPS_WORKER_OPTIONS if kvstore != "dist_sync" else []
     argv = [sys.executable, LAUNCH, "-n", str(workers), "-s", str(servers), *NETWORK_OPTIONS,
             *ours,
             "--scheduler", scheduler, "--server", server, "--timeout", str(timeout),
             "--grace", "20", sys.executable, WORKER, "--kvstore", kvstore,
             "--shapes", shapes_file, "--warmup", str(warmup), "--iters", str(iters),
-            "--mode", mode]
+            "--mode", mode, *ours_worker]
     try:
         proc = subprocess.run(argv, env=child_env(), cwd=ROOT, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, timeout=timeout + 30)
@@ -251,6 +254,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--byteps-env", action="append", default=[], metavar="NAME=VALUE",
                    help="environment of the dist_byteps jobs only (repeatable), e.g. "
                         "BYTEPS_PARTITION_BYTES=1024000")
+    p.add_argument("--compression", metavar="JSON",
+                   help="gradient compression of the dist_byteps jobs (set_gradient_compression; "
+                        "the inputs are constant per tensor, so onebit's sums stay exact and "
+                        "are checked), e.g. '{\"compressor\": \"onebit\", \"scaling\": true}'")
     p.add_argument("--van", choices=["zmq", "byteps_tcp"], default="zmq",
                    help="DMLC_PS_VAN_TYPE of the dist_byteps jobs (default zmq; byteps_tcp "
                         "needs our servers: upstream MXNet only speaks zmq)")
@@ -378,7 +385,7 @@ def write_json(rows, path: str, byteps_server: str, args) -> None:
             "load_before_after": args.loads,
             "command": " ".join(masked(sys.argv)), "byteps_server": byteps_server, "quick": args.quick,
             "repeats": args.repeats, "network": args.network, "van": args.van,
-            "byteps_env": masked(args.byteps_env),
+            "byteps_env": masked(args.byteps_env), "compression": args.compression,
             "link_rate_bytes_per_s": args.measured_rate, "gloo_allreduce": args.gloo_note,
             "gloo_runs": [{"case": c, "workers": w, **dataclasses.asdict(r)}
                           for (c, w), r in sorted(getattr(args, "gloo_runs", {}).items())],
@@ -408,6 +415,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         BYTEPS_OPTIONS.extend(["--env", item])
     network += "; dist_byteps van %s%s" % (args.van, "".join(" " + e
                                                              for e in masked(args.byteps_env)))
+    if args.compression:
+        BYTEPS_WORKER_OPTIONS[:] = ["--compression", args.compression]
+        network += "; dist_byteps compression %s" % args.compression
     args.gloo_note = gloo_note()
     byteps_server = probe_byteps_server(args)
     jobs = [(c, w, s) for c in args.cases for w, s in args.topologies]
