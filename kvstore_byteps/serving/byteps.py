@@ -32,7 +32,7 @@ from typing import Callable, Dict, Optional
 
 import numpy as np
 
-from ..compress.params import parse_compression_params
+from ..compress.params import parse_compression_params as parse_byteps_compression
 from ..compress.state import PartitionCompressor, server_side
 from ..errors import ConfigError, ProtocolError
 from ..mxproto import PROBE_ANSWER, Cmd, RequestType, ServerCommand, decode_cmd
@@ -72,12 +72,13 @@ class BytePSServer(KVStoreDistServer):
         #: Called with (ps key, bytes per push) when a key is initialised, so a
         #: receive-into-place van can set up the buffers its pushes will land in.
         self.expect_pushes: Callable[[int, int], None] = lambda ps_key, nbytes: None
-        self.compression = None                 # CompressionSpec, once a worker set one
+        #: the dist_byteps workers' CompressionSpec, once set (``compression`` is MXNet's 2-bit)
+        self.byteps_compression = None
         self._codecs: Dict[int, object] = {}
         self._sum_compressors: Dict[int, PartitionCompressor] = {}
         self._compressed_sums: Dict[int, tuple] = {}     # ps key -> (round, bytes)
         self._compress_lock = threading.Lock()
-        self._handlers[RequestType.BYTEPS_COMPRESSED] = self._handle_compressed
+        self._handlers[RequestType.BYTEPS_COMPRESSED] = self._handle_byteps_compressed
         self._commands[ServerCommand.BYTEPS_COMPRESSION] = self._cmd_compression_spec
 
     def close(self, timeout: float = 10.0) -> None:
@@ -103,7 +104,7 @@ class BytePSServer(KVStoreDistServer):
         except (UnicodeDecodeError, ValueError) as exc:
             raise ProtocolError("BYTEPS_COMPRESSION body is not JSON: %s" % exc) from None
         try:
-            self.compression = parse_compression_params(params)
+            self.byteps_compression = parse_byteps_compression(params)
         except ConfigError as exc:
             raise ProtocolError(str(exc)) from None
         self._codecs.clear()
@@ -113,14 +114,15 @@ class BytePSServer(KVStoreDistServer):
     def _codec(self, ps_key: int):
         codec = self._codecs.get(ps_key)
         if codec is None:
-            codec = self._codecs[ps_key] = self.compression.codec(salt=ps_key)
+            codec = self._codecs[ps_key] = self.byteps_compression.codec(salt=ps_key)
         return codec
 
     # -- compressed BytePS requests (one key each) -----------------------------------------
-    def _handle_compressed(self, req, server, cmd: Cmd) -> None:
-        """A push of compressed values (decoded, then summed as usual) or a pull answered
+    def _handle_byteps_compressed(self, req, server, cmd: Cmd) -> None:
+        """(Not ``_handle_compressed``: that is MXNet's 2-bit path of the base class.)
+        A push of compressed values (decoded, then summed as usual) or a pull answered
         with the round's sum compressed; the round (the seeded codecs' step) is claimed."""
-        if self.compression is None:
+        if self.byteps_compression is None:
             raise ProtocolError("a compressed request, but no worker set gradient compression")
         if req.keys is None or len(req.keys) != 1 or req.meta.push == req.meta.pull:
             raise ProtocolError("a compressed request has one key and is a push or a pull")
@@ -297,7 +299,7 @@ class BytePSServer(KVStoreDistServer):
             compressor = self._sum_compressors.get(ps_key)
             if compressor is None:
                 compressor = self._sum_compressors[ps_key] = PartitionCompressor(
-                    server_side(self.compression), salt=ps_key)
+                    server_side(self.byteps_compression), salt=ps_key)
             data = compressor.encode(total, r)
             self._compressed_sums[ps_key] = (r, data)
             return data
