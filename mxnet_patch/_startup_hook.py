@@ -105,18 +105,6 @@ def _register_or_warn():
                       % (type(exc).__name__, exc), RuntimeWarning)
 
 
-def _stub_server_module(module):
-    """What ``from .kvstore_server import *`` needs when upstream's body must not run."""
-    module.__all__ = []
-
-    class KVStoreServer:
-        """Placeholder: this process runs kvstore-byteps' server instead of MXNet's."""
-
-        def __init__(self, *args, **kwargs):
-            raise RuntimeError("MXNET_KVSTORE_SERVER=byteps: MXNet's KVStoreServer is replaced")
-    module.KVStoreServer = KVStoreServer
-
-
 class _WrappedLoader:
     """Delegates to the real loader and adds our steps around ``exec_module``."""
 
@@ -144,7 +132,8 @@ def _exec_server_module(loader, module):
         loader.exec_module(module)
         _register_or_warn()
         return
-    _stub_server_module(module)
+    from kvstore_byteps.serving.unpickle import stub_server_module
+    stub_server_module(module)
     if _package_wrapped:
         _pending_route = route        # run once mxnet/__init__ has finished
     else:

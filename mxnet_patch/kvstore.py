@@ -35,10 +35,10 @@ def _placement(key, arrays):
 
 
 class _CachedViews:
-    __slots__ = ("arrays", "views", "on_gpu")
+    __slots__ = ("arrays", "views")
 
-    def __init__(self, arrays, views, on_gpu):
-        self.arrays, self.views, self.on_gpu = arrays, views, on_gpu
+    def __init__(self, arrays, views):
+        self.arrays, self.views = arrays, views
 
     def same_arrays(self, arrays) -> bool:
         return len(arrays) == len(self.arrays) and all(
@@ -62,7 +62,7 @@ class _ViewCache(dict):
         if cached is not None and cached.same_arrays(arrays):
             return cached.views
         views = [host_view(a) for a in arrays]
-        self[key] = _CachedViews(tuple(arrays), views, False)
+        self[key] = _CachedViews(tuple(arrays), views)
         return views
 
 
@@ -216,9 +216,8 @@ class KVStoreBytePS(KVStoreBase):
         same = [o for o in outs if any(o is v for v in values)]
         const = [v for v in values if not any(v is o for o in same)]
         arrays = values + outs
-        cached = self._views.get(ikey)
-        on_gpu = cached.on_gpu if cached and cached.same_arrays(arrays) else \
-            _placement(ikey, arrays)
+        cached = self._views.get(ikey)     # only CPU arrays get cached views
+        on_gpu = not (cached and cached.same_arrays(arrays)) and _placement(ikey, arrays)
 
         def run(done):
             if on_gpu:

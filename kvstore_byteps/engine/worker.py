@@ -358,10 +358,14 @@ class WorkerEngine:
         partition always goes alone."""
         if self.flavor is not ServerFlavor.BYTEPS:
             return [[item] for item in items]
-        plain = [item for item in items if not self._compressed(item)]
+        if self.compression is None:
+            return group_small(items, self._server_of, SMALL_PARTITION_BYTES,
+                               self.config.partition_bytes)
+        plain, alone = [], []
+        for item in items:
+            (alone if self._compressed(item) else plain).append(item)
         return (group_small(plain, self._server_of, SMALL_PARTITION_BYTES,
-                            self.config.partition_bytes)
-                + [[item] for item in items if self._compressed(item)])
+                            self.config.partition_bytes) + [[item] for item in alone])
 
     # ------------------------------------------------------------------ compression
     def set_compression(self, params) -> None:

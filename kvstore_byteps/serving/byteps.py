@@ -35,7 +35,8 @@ import numpy as np
 from ..compress.params import parse_compression_params as parse_byteps_compression
 from ..compress.state import PartitionCompressor, server_side
 from ..errors import ConfigError, ProtocolError
-from ..mxproto import PROBE_ANSWER, Cmd, RequestType, ServerCommand, decode_cmd
+from ..mxproto import (PROBE_ANSWER, SERVER_DTYPES, Cmd, RequestType, ServerCommand,
+                       encode_cmd)
 from .rounds import KeyRounds
 from .dist import KVStoreDistServer
 from .engine import SumEngine
@@ -45,6 +46,10 @@ from .batch import BatchAnswer, BatchSlot, split_values
 from .updater import Updater, load_mxnet_updater
 
 __all__ = ["BytePSServer"]
+
+#: Request heads of the compressed BytePS path (request type 4, any server dtype).
+_COMPRESSED_HEADS = frozenset(encode_cmd(RequestType.BYTEPS_COMPRESSED, dtype)
+                              for dtype in SERVER_DTYPES.values())
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +79,9 @@ class BytePSServer(KVStoreDistServer):
         self.expect_pushes: Callable[[int, int], None] = lambda ps_key, nbytes: None
         #: the dist_byteps workers' CompressionSpec, once set (``compression`` is MXNet's 2-bit)
         self.byteps_compression = None
-        self._codecs: Dict[int, object] = {}
-        self._sum_compressors: Dict[int, PartitionCompressor] = {}
+        self._sum_compressors: Dict[int, PartitionCompressor] = {}   # per compressed ps key
         self._compressed_sums: Dict[int, tuple] = {}     # ps key -> (round, bytes)
-        self._compress_lock = threading.Lock()
+        self._compress_lock = threading.RLock()   # _compressed_sum -> _sum_compressor
         self._handlers[RequestType.BYTEPS_COMPRESSED] = self._handle_byteps_compressed
         self._commands[ServerCommand.BYTEPS_COMPRESSION] = self._cmd_compression_spec
 
@@ -107,15 +111,18 @@ class BytePSServer(KVStoreDistServer):
             self.byteps_compression = parse_byteps_compression(params)
         except ConfigError as exc:
             raise ProtocolError(str(exc)) from None
-        self._codecs.clear()
         self._sum_compressors.clear()
         self._compressed_sums.clear()
 
-    def _codec(self, ps_key: int):
-        codec = self._codecs.get(ps_key)
-        if codec is None:
-            codec = self._codecs[ps_key] = self.byteps_compression.codec(salt=ps_key)
-        return codec
+    def _sum_compressor(self, ps_key: int) -> PartitionCompressor:
+        """The key's compressor: its codec decodes pushes, and it compresses the rounds' sums
+        (with its own error feedback). Built on first use, after the workers' spec."""
+        with self._compress_lock:
+            compressor = self._sum_compressors.get(ps_key)
+            if compressor is None:
+                compressor = self._sum_compressors[ps_key] = PartitionCompressor(
+                    server_side(self.byteps_compression), salt=ps_key)
+            return compressor
 
     # -- compressed BytePS requests (one key each) -----------------------------------------
     def _handle_byteps_compressed(self, req, server, cmd: Cmd) -> None:
@@ -133,7 +140,7 @@ class BytePSServer(KVStoreDistServer):
         if req.meta.pull:
             self._pull(req, server, key)
             return
-        codec = self._codec(key.ps_key)
+        codec = self._sum_compressor(key.ps_key).codec
         data = np.frombuffer(req.vals, np.uint8)
         if data.size != codec.wire_bytes(key.value.size):
             raise ProtocolError("compressed push of key %d has %d bytes, expected %d"
@@ -296,16 +303,12 @@ class BytePSServer(KVStoreDistServer):
             cached = self._compressed_sums.get(ps_key)
             if cached is not None and cached[0] == r:
                 return cached[1]
-            compressor = self._sum_compressors.get(ps_key)
-            if compressor is None:
-                compressor = self._sum_compressors[ps_key] = PartitionCompressor(
-                    server_side(self.byteps_compression), salt=ps_key)
-            data = compressor.encode(total, r)
+            data = self._sum_compressor(ps_key).encode(total, r)
             self._compressed_sums[ps_key] = (r, data)
             return data
 
     def _answer(self, req, server, value: np.ndarray) -> None:
-        if decode_cmd(req.meta.head).request_type is RequestType.BYTEPS_COMPRESSED:
+        if req.meta.head in _COMPRESSED_HEADS:      # every answer passes here: no decoding
             value = self._compressed_sum(int(req.keys[0]), _claimed_round(req), value)
         lens = np.array([value.nbytes], dtype=np.int32)
         self._respond(server, req, keys=req.keys, vals=value, lens=lens)

@@ -84,23 +84,28 @@ def import_mxnet():
     imports from it; its real body never runs. (Nothing else changes: no environment variable
     is touched, which from a request thread would race every other thread of the process.)
     """
-    if "mxnet" not in sys.modules and _SERVER_MODULE not in sys.modules:
-        sys.modules[_SERVER_MODULE] = _server_module_stub()
+    if "mxnet" not in sys.modules and SERVER_MODULE not in sys.modules:
+        stub = types.ModuleType(SERVER_MODULE, "kvstore-byteps: MXNet's server is not started")
+        sys.modules[SERVER_MODULE] = stub_server_module(stub)
     return importlib.import_module("mxnet")
 
 
-_SERVER_MODULE = "mxnet.kvstore.kvstore_server"
+SERVER_MODULE = "mxnet.kvstore.kvstore_server"
 
 
-def _server_module_stub() -> types.ModuleType:
-    stub = types.ModuleType(_SERVER_MODULE, "kvstore-byteps: MXNet's server is not started here")
-    stub.__all__ = ["KVStoreServer"]
+def stub_server_module(module: types.ModuleType) -> types.ModuleType:
+    """Give ``module`` what ``from .kvstore_server import *`` needs, without MXNet's body
+    (which would start MXNet's server): used here and by mxnet_patch's start-up hook."""
+    module.__all__ = []
 
     class KVStoreServer:
+        """Placeholder: this process runs kvstore-byteps' server instead of MXNet's."""
+
         def __init__(self, *args, **kwargs):
-            raise RuntimeError("this process runs kvstore-byteps' server, not MXNet's")
-    stub.KVStoreServer = KVStoreServer
-    return stub
+            raise RuntimeError("this process runs kvstore-byteps' server; MXNet's "
+                               "KVStoreServer is replaced")
+    module.KVStoreServer = KVStoreServer
+    return module
 
 
 def load_optimizer(body: bytes):

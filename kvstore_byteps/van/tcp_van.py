@@ -200,18 +200,13 @@ class TcpVan(Van):
             sock.settimeout(_HANDSHAKE_SECONDS)
             _tune(sock)
             peer_id = exchange_hellos(sock, self.my_id, self._mac_key, auth.ACCEPTOR, what)
-        except AuthenticationError as exc:
-            # whoever failed to prove the key is a stranger: it must not stop the cluster
-            self._peer_log.error(address.rsplit(":", 1)[0], "refused a connection: %s", exc)
+        except ConfigError as exc:   # AuthenticationError, or a ZeroMQ peer
             sock.close()
-            return
-        except ConfigError as exc:
-            if self._mac_key is not None:   # (an unauthenticated peer, however it speaks)
+            if isinstance(exc, AuthenticationError) or self._mac_key is not None:
+                # a peer that did not prove the key is a stranger: it must not stop the cluster
                 self._peer_log.error(address.rsplit(":", 1)[0], "refused a connection: %s", exc)
-                sock.close()
                 return
             log.error("%s", exc)
-            sock.close()
             if self._forming:
                 self._accepted.put(exc)
                 self._wake()
