@@ -88,6 +88,7 @@ class Env:
     GC_FREEZE = "BYTEPS_GC_FREEZE"
     AUTH_KEY = "BYTEPS_AUTH_KEY"
     AUTH_KEY_FILE = "BYTEPS_AUTH_KEY_FILE"
+    SERVER_RECOVERY = "BYTEPS_SERVER_RECOVERY"
 
 
 KEY_HASH_FNS = ("balanced", "djb2", "sdbm", "built_in", "mixed")
@@ -132,6 +133,8 @@ class Config:
     trace_end_step: int = 20
     trace_dir: str = "./trace"
     gc_freeze: bool = True
+    #: dist_byteps workers keep what a restarted server needs to rebuild its rounds
+    server_recovery: bool = False
     #: the cluster's shared secret (BYTEPS_AUTH_KEY or the BYTEPS_AUTH_KEY_FILE's content);
     #: None: no authentication. Kept out of repr so it never lands in a log.
     auth_key: Optional[bytes] = dataclasses.field(default=None, repr=False)
@@ -184,6 +187,7 @@ class Config:
             trace_end_step=env.get(Env.TRACE_END_STEP, _nonnegative_int, 20),
             trace_dir=env.get(Env.TRACE_DIR, _nonempty, "./trace"),
             gc_freeze=env.flag(Env.GC_FREEZE, True),
+            server_recovery=env.flag(Env.SERVER_RECOVERY, False),
             auth_key=_auth_key(env),
         )
 

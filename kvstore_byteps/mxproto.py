@@ -34,6 +34,7 @@ class RequestType(enum.IntEnum):
     COMPRESSED = 2    # kCompressedPushPull (2-bit gradient compression)
     BYTEPS = 3        # ours: the BytePS data path
     BYTEPS_COMPRESSED = 4   # ours: the BytePS data path, values compressed (kvstore_byteps.compress)
+    BYTEPS_RECOVERY = 5     # ours: a worker's report to a restarted server (serving.recovery)
 
 
 class MShadowType(enum.IntEnum):

@@ -13,6 +13,7 @@ split by job, all pure or testable without sockets (``protocol``, ``compression`
 """
 import logging
 import sys
+import time
 from typing import Optional
 
 from .config import Config, Role
@@ -49,15 +50,31 @@ def run_server(config: Config) -> int:
         # registered before start, as upstream does, so no early request finds no handler
         KVServer(postoffice, app_id=0, request_handler=server.handle_request,
                  command_handler=server.handle_command)
+
+        def restarted(node, epoch):     # this server took over a dead one's id
+            if node.id == postoffice.my_id:
+                server.key_begin = postoffice.server_key_ranges()[postoffice.my_rank].begin
+                server.begin_recovery(epoch, time.monotonic() + config.start_timeout)
+        postoffice.on_recovery(restarted)
         postoffice.start()
         # requests come only after the start-up barrier, which needs this server: safe to set
         server.key_begin = postoffice.server_key_ranges()[postoffice.my_rank].begin
-        postoffice.barrier(ALL_GROUP)
+        if postoffice.recovery_epoch:   # the others passed the start-up barrier long ago
+            log.warning("server rank %d restarted in place of a dead one: waiting for the "
+                        "workers' recovery reports", postoffice.my_rank)
+        else:
+            postoffice.barrier(ALL_GROUP)
         log.info("server rank %d serving %d worker(s)", postoffice.my_rank, config.num_workers)
         while not server.wait_stopped(_POLL_SECONDS):
             if postoffice.stopped:     # the van died (its error was logged): stop serving
                 raise PeerError("server rank %d: the van stopped before kStopServer: %s"
                                 % (postoffice.my_rank, postoffice.error))
+            if server.recovery_error is not None:
+                raise PeerError("server rank %d: %s" % (postoffice.my_rank,
+                                                        server.recovery_error))
+            if server.restore_overdue(time.monotonic()):
+                raise PeerError("server rank %d: %s" % (postoffice.my_rank,
+                                                        server.describe_restore_wait()))
     except BaseException:
         server.close()
         postoffice.stop()

@@ -3,7 +3,8 @@ import pytest
 
 from kvstore_byteps.config import Role
 from kvstore_byteps.errors import ClusterStartError
-from kvstore_byteps.van.membership import (Connect, Fail, NodeDead, NodeMembership, Ready, Refused,
+from kvstore_byteps.van.membership import (Connect, Fail, NodeDead, NodeMembership, NodeRecovered,
+                                           Ready, Refused,
                                            ReleaseBarrier, SchedulerMembership, Send, Stop,
                                            assign_ids, barrier_request, control_message,
                                            group_members, terminate_message, VanClock)
@@ -297,3 +298,100 @@ def test_a_node_declares_a_silent_scheduler_dead():
     assert not [a for a in worker.tick(7.5) if isinstance(a, NodeDead)]
     dead = [a for a in worker.tick(8.5) if isinstance(a, NodeDead)]
     assert len(dead) == 1 and dead[0].node.role == Role.SCHEDULER
+
+
+# ------------------------------------------------------------------ restarted servers
+def restarted_server(port, heartbeat_ms=1000):
+    member = node(Role.SERVER, "127.0.0.1", port)
+    member.heartbeat_ms = heartbeat_ms
+    return add_node_request(member)
+
+
+def test_a_restarted_server_at_the_dead_ones_address_takes_its_id_at_once():
+    sched = formed_scheduler()
+    actions = sched.handle(restarted_server(2000), 11.0)
+    recovered = [a for a in actions if isinstance(a, NodeRecovered)]
+    assert [(a.node.id, a.node.is_recovery, a.epoch) for a in recovered] == [(8, True, 1)]
+    assert [a.node.port for a in actions if isinstance(a, Connect)] == [2000]
+    notices = {m.meta.recver: m for m in sends(actions)}
+    assert sorted(notices) == [8, 9, 11]
+    assert all(m.meta.extra == {"epoch": 1} for m in notices.values())
+    assert len(notices[8].meta.control.nodes) == 4        # the newcomer: everyone
+    assert [n.id for n in notices[9].meta.control.nodes] == [8]     # the others: just it
+    again = sched.handle(restarted_server(2000), 12.0)      # a second restart: epoch 2
+    assert [a.epoch for a in again if isinstance(a, NodeRecovered)] == [2]
+
+
+def test_a_restarted_server_elsewhere_waits_until_a_server_misses_two_heartbeats():
+    sched = formed_scheduler(timeout=30.0)
+    for t in (10.5, 11.5):
+        for node_id, port in ((9, 1000), (11, 3000)):
+            sched.handle(heartbeat_from(node_id, port), t)
+    assert sched.handle(restarted_server(5000), 11.6) == []   # server 8 heard at 10.0
+    assert not [a for a in sched.tick(11.9) if isinstance(a, NodeRecovered)]
+    recovered = [a for a in sched.tick(12.1) if isinstance(a, NodeRecovered)]
+    assert [(a.node.id, a.node.port) for a in recovered] == [(8, 5000)]
+    assert not [a for a in sched.tick(12.2) if isinstance(a, NodeDead)]
+
+
+def test_a_restarted_server_replacing_no_silent_server_is_refused_in_the_end():
+    sched = formed_scheduler(timeout=5.0)
+    sched.handle(restarted_server(5000), 10.5)
+    for t in range(11, 17):
+        for node_id, port, role in ((9, 1000, Role.WORKER), (11, 3000, Role.WORKER),
+                                    (8, 2000, Role.SERVER)):
+            sched.handle(heartbeat_from(node_id, port, role), float(t))
+        actions = sched.tick(t + 0.1)
+        assert not [a for a in actions if isinstance(a, NodeRecovered)]
+    assert any(isinstance(a, Refused) and "replaces none" in a.reason for a in actions)
+    assert sched.replacements == []
+
+
+@pytest.mark.parametrize("case", ["upstream server", "upstream worker", "a worker"])
+def test_late_joiners_that_cannot_restore_a_server_are_refused(case):
+    sched = formed_scheduler(heartbeating=(2000, 3000) if case == "upstream worker"
+                             else (1000, 2000, 3000))
+    if case == "upstream server":
+        request = restarted_server(2000, heartbeat_ms=None)
+    elif case == "a worker":
+        request = add_node_request(node(Role.WORKER, "127.0.0.1", 7000))
+    else:
+        request = restarted_server(2000)
+    actions = sched.handle(request, 11.0)
+    assert len(actions) == 1 and isinstance(actions[0], Refused), actions
+
+
+def formed_worker():
+    worker = NodeMembership(node(Role.WORKER, "127.0.0.1", 4000),
+                            node(Role.SCHEDULER, "127.0.0.1", 9091), 10.0)
+    reply = control_message(ControlCommand.ADD_NODE, 9, nodes=[
+        node(Role.SERVER, "127.0.0.1", 2000, 8), node(Role.WORKER, "127.0.0.1", 4000, 9),
+        node(Role.SCHEDULER, "127.0.0.1", 9091, 1)])
+    worker.handle(from_sender(reply, 1), 1.0)
+    return worker
+
+
+def test_a_node_reconnects_to_a_restarted_server_on_the_schedulers_word_only():
+    worker = formed_worker()
+    moved = node(Role.SERVER, "127.0.0.1", 5000, 8)
+    moved.is_recovery = True
+    notice = control_message(ControlCommand.ADD_NODE, 9, nodes=[moved])
+    notice.meta.extra = {"epoch": 3}
+    refused = worker.handle(from_sender(notice, 11), 2.0)
+    assert len(refused) == 1 and isinstance(refused[0], Refused)
+    actions = worker.handle(from_sender(notice, 1), 2.0)
+    assert [type(a) for a in actions] == [Connect, NodeRecovered]
+    assert actions[0].node.port == 5000 and actions[1].epoch == 3
+    assert [n.port for n in worker.nodes if n.id == 8] == [5000]
+
+
+def test_the_restarted_server_learns_its_epoch_from_the_reply():
+    server = NodeMembership(node(Role.SERVER, "127.0.0.1", 5000),
+                            node(Role.SCHEDULER, "127.0.0.1", 9091), 10.0)
+    me = node(Role.SERVER, "127.0.0.1", 5000, 8)
+    me.is_recovery = True
+    reply = control_message(ControlCommand.ADD_NODE, 8, nodes=[
+        me, node(Role.WORKER, "127.0.0.1", 4000, 9), node(Role.SCHEDULER, "127.0.0.1", 9091, 1)])
+    reply.meta.extra = {"epoch": 2}
+    ready = [a for a in server.handle(from_sender(reply, 1), 1.0) if isinstance(a, Ready)]
+    assert ready[0].epoch == 2 and ready[0].my_node.id == 8

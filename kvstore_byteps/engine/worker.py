@@ -35,12 +35,14 @@ from ..compress.state import PartitionCompressor
 from ..config import Config
 from ..errors import KVStoreBytePSError, PeerError
 from ..logs import announce
-from ..mxproto import PROBE_ANSWER, RequestType, ServerCommand, encode_cmd
+from ..mxproto import PROBE_ANSWER, SERVER_DTYPES, RequestType, ServerCommand, encode_cmd
+from ..recovery_report import REPORT_CMD, encode_report
 from ..van.kv import KVWorker
 from ..van.kv_keys import server_of_key
-from ..van.message import ALL_GROUP, WORKER_GROUP
+from ..van.message import ALL_GROUP, WORKER_GROUP, Node, id_to_rank
 from ..van.postoffice import Postoffice
 from .partition import KeyLayoutError, Partitioner
+from .recovery import KeptRounds
 from .reduce import cpu_sum
 from .stages import Pipeline, Stage, StageSpec, Task
 from .trace import Phase, Tracer, now_ns
@@ -53,6 +55,8 @@ log = logging.getLogger(__name__)
 #: Partitions up to this size are sent together, one request per server (BytePS servers).
 SMALL_PARTITION_BYTES = 65536
 _COMPRESSED_CMD = encode_cmd(RequestType.BYTEPS_COMPRESSED, np.float32)
+#: heads of plain BytePS round requests (a push of one of these is in a recovery report)
+_ROUND_CMDS = frozenset(encode_cmd(RequestType.BYTEPS, dtype) for dtype in SERVER_DTYPES)
 
 
 def group_small(items, server_of, small: int, limit: int) -> List[list]:
@@ -151,6 +155,8 @@ class WorkerEngine:
         self._pull_rounds: Dict[int, int] = {}      # PULL thread only
         #: payload bytes of compressed pushes so far (PUSH thread only)
         self.compressed_bytes_pushed = 0
+        #: ps key -> its rounds and last two pushes, for a restarted server (None: not kept)
+        self._kept: Optional[Dict[int, KeptRounds]] = {} if config.server_recovery else None
 
     def start(self) -> "WorkerEngine":
         """Join the cluster and get ready to push: postoffice start and MXNet's start-up
@@ -161,6 +167,10 @@ class WorkerEngine:
         self.kv = KVWorker(self.po)
         self.rank, self.num_workers = self.po.my_rank, self.po.num_workers
         self.flavor = self._probe_servers()
+        if self.flavor is not ServerFlavor.BYTEPS:
+            self._kept = None        # MXNet's servers keep weights: nothing to restore them
+        self.po.on_recovery(lambda node, epoch: self.kv.post(
+            lambda: self._restore_server(node, epoch)))
         if self.rank == 0:
             self._wait(self.kv.command(ServerCommand.SYNC_MODE), "kSyncMode")
         self.tracer = Tracer.from_config(config, self.rank)
@@ -250,6 +260,8 @@ class WorkerEngine:
         layout = self.layout(key, value.shape, value.dtype)
         for slot in layout.slots:    # where this key's answers will land, every round
             self.po.van.register_recv_buffer(slot.ps_key, slot.nbytes)
+            if self._kept is not None:
+                self._kept_rounds(slot, layout.dtype)
         if self.rank == 0:
             flat = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
             requests = [self.kv.push([s.ps_key], flat[s.offset:s.offset + s.nbytes], [s.nbytes],
@@ -374,6 +386,10 @@ class WorkerEngine:
         ``min_compress_bytes`` from now on. Only before the first pushpull (the rounds of
         worker and server are counted from it)."""
         spec = parse_compression_params(params)
+        if self.config.server_recovery:
+            raise KVStoreBytePSError("gradient compression and BYTEPS_SERVER_RECOVERY cannot be "
+                                     "used together yet: a restarted server could not rebuild "
+                                     "the compressors' error feedback")
         if self.flavor is not ServerFlavor.BYTEPS:
             raise KVStoreBytePSError("gradient compression needs kvstore-byteps servers; these "
                                      "are MXNet's")
@@ -460,11 +476,20 @@ class WorkerEngine:
                 continue
             buffers = [self._send_buffer(item) for item in group]
             vals = buffers[0] if len(buffers) == 1 else np.concatenate(buffers)
-            self.kv.push([item.partition.ps_key for item in group], vals,
-                         [item.partition.nbytes for item in group],
-                         cmd=group[0].task.context.layout.round_cmd,
-                         priority=group[0].priority,
-                         callback=lambda request, group=group: done(request.error, group))
+            if self._kept is None:
+                self._push_group(group, vals, done)
+                continue
+            with self.kv.send_lock:      # kept and sent together: see engine/recovery.py
+                for item, data in zip(group, buffers):
+                    self._kept_rounds(item.partition, item.task.context.layout.dtype
+                                      ).record_push(data)
+                self._push_group(group, vals, done)
+
+    def _push_group(self, group, vals, done) -> None:
+        self.kv.push([item.partition.ps_key for item in group], vals,
+                     [item.partition.nbytes for item in group],
+                     cmd=group[0].task.context.layout.round_cmd, priority=group[0].priority,
+                     callback=lambda request: done(request.error, group))
 
     def _pull(self, items, done) -> None:
         for group in self._requests(items):
@@ -475,6 +500,9 @@ class WorkerEngine:
             def on_answer(request, group=group):
                 error = request.error
                 if error is None:
+                    if self._kept is not None:     # on the thread completing requests
+                        for item in group:
+                            self._kept[item.partition.ps_key].record_answer()
                     try:
                         for item, vals in zip(group, split_answer(request.result, len(group))):
                             self._local_broadcast(item, vals)
@@ -484,6 +512,52 @@ class WorkerEngine:
             self.kv.pull([item.partition.ps_key for item in group],
                          cmd=group[0].task.context.layout.round_cmd,
                          priority=group[0].priority, callback=on_answer)
+
+    # ------------------------------------------------------------------ restarted servers
+    def _kept_rounds(self, slot, dtype) -> KeptRounds:
+        kept = self._kept.get(slot.ps_key)
+        if kept is None:
+            kept = self._kept[slot.ps_key] = KeptRounds(slot.ps_key, dtype, slot.nbytes,
+                                                        slot.server)
+        return kept
+
+    def _why_not_restorable(self) -> Optional[str]:
+        if self.flavor is not ServerFlavor.BYTEPS:
+            return ("this worker talks to MXNet's own servers, which kept the weights and the "
+                    "optimizer state")
+        if self.config.enable_async:
+            return "with BYTEPS_ENABLE_ASYNC the server kept the weights"
+        if self._kept is None:
+            return ("this worker did not keep its last pushes: set BYTEPS_SERVER_RECOVERY=1 on "
+                    "every worker to make a restarted server restorable")
+        return None
+
+    def _restore_server(self, node: Node, epoch: int) -> None:
+        """On the thread that completes requests: ``node`` is a restarted server. Send it
+        this worker's report of every ps key it holds, then re-send what it never answered."""
+        reason = self._why_not_restorable()
+        if reason is not None:
+            error = PeerError("%s was restarted and lost what it held; worker rank %s cannot "
+                              "restore it: %s" % (node.describe_rank(), self.rank, reason))
+            log.error("%s", error)
+            self.failure = self.failure or error
+            self.kv.fail_server(node.id, error)
+            return
+        rank = id_to_rank(node.id)
+
+        def reported(request):
+            if request.error is not None:
+                log.error("worker rank %d: the restarted %s refused this worker's report: %s",
+                          self.rank, node.describe_rank(), request.error)
+                self.failure = self.failure or request.error
+        with self.kv.send_lock:
+            reports = [kept.report() for kept in self._kept.values() if kept.server == rank]
+            body, keys, vals, lens = encode_report(reports)
+            self.kv.restore_server(node.id, epoch, (REPORT_CMD, body, keys, vals, lens),
+                                   lambda meta: meta.push and not meta.pull
+                                   and meta.head in _ROUND_CMDS, callback=reported)
+        log.warning("worker rank %d: sent the restarted %s its report (%d ps keys, %d bytes)",
+                    self.rank, node.describe_rank(), len(reports), vals.nbytes)
 
     def _local_broadcast(self, item, result: memoryview) -> None:
         """Copy one partition's sum into every output."""

@@ -23,6 +23,10 @@ BytePS path, one key per request, ``lens=[nbytes]`` like a default push:
   thread and acked at once; a pull is answered at once with the weights as they are then;
 * a default-type (cmd 0/2/5) pull of a BytePS key returns its initial value (sync) or the
   current weights (async).
+
+A server restarted in place of a dead one (:meth:`BytePSServer.begin_recovery`) drops requests
+meant for the dead process, waits for every worker's report and rebuilds each key's rounds
+from them (:mod:`.recovery`); the keys' initial values are lost.
 """
 import dataclasses
 import json
@@ -37,6 +41,8 @@ from ..compress.state import PartitionCompressor, server_side
 from ..errors import ConfigError, ProtocolError
 from ..mxproto import (PROBE_ANSWER, SERVER_DTYPES, Cmd, RequestType, ServerCommand,
                        encode_cmd)
+from ..recovery_report import REPORT_CMD, decode_report
+from .recovery import RecoveryGate
 from .rounds import KeyRounds
 from .dist import KVStoreDistServer
 from .engine import SumEngine
@@ -58,7 +64,9 @@ log = logging.getLogger(__name__)
 class _BytePSKey:
     ps_key: int
     dtype: np.dtype
-    value: np.ndarray               # init value (sync) / current weights (async); published
+    #: init value (sync) / current weights (async); published. None on a restarted server
+    value: Optional[np.ndarray]
+    size: int                       # elements
     thread: int                     # engine thread the key is bound to
     rounds: Optional[KeyRounds]     # sync mode only
 
@@ -84,6 +92,109 @@ class BytePSServer(KVStoreDistServer):
         self._compress_lock = threading.RLock()   # _compressed_sum -> _sum_compressor
         self._handlers[RequestType.BYTEPS_COMPRESSED] = self._handle_byteps_compressed
         self._commands[ServerCommand.BYTEPS_COMPRESSION] = self._cmd_compression_spec
+        self._handlers[RequestType.BYTEPS_RECOVERY] = self._unexpected_report
+        #: > 0: this server was restarted in place of a dead one (the scheduler's count)
+        self.epoch = 0
+        self._recovery: Optional[RecoveryGate] = None
+        #: why restoring failed (the server must exit); None while all is well
+        self.recovery_error: Optional[str] = None
+        #: requests dropped because they were meant for the process before the restart
+        self.stale_requests = 0
+
+    # -- restarted server ---------------------------------------------------------------------
+    def begin_recovery(self, epoch: int, deadline: float) -> None:
+        """This server took over a dead one's id (its ``epoch``-th restart): hold every request
+        until all workers' reports arrived, before monotonic time ``deadline``."""
+        self.epoch = epoch
+        self._recovery = RecoveryGate(epoch, self.num_workers, deadline)
+
+    @property
+    def restoring(self) -> bool:
+        """Whether reports are still awaited."""
+        return self._recovery is not None
+
+    def describe_restore_wait(self) -> str:
+        gate = self._recovery
+        return ("restarted server (restart %d) still lacks the recovery reports of worker "
+                "node(s) %s; every worker needs BYTEPS_SERVER_RECOVERY=1"
+                % (self.epoch, gate.missing() if gate else []))
+
+    def restore_overdue(self, now: float) -> bool:
+        gate = self._recovery
+        return gate is not None and now > gate.deadline
+
+    def handle_request(self, req, server) -> None:
+        if self.epoch and not self._admit(req, server, is_command=False):
+            return
+        super().handle_request(req, server)
+
+    def handle_command(self, req, server) -> None:
+        if self.epoch and not self._admit(req, server, is_command=True):
+            return
+        super().handle_command(req, server)
+
+    def _admit(self, req, server, is_command: bool) -> bool:
+        """On a restarted server: drop what was sent to the dead process (no epoch or an
+        older one: its data is in the reports, or it is re-sent), take reports, and hold the
+        rest until every report is in."""
+        if (req.meta.extra or {}).get("epoch") != self.epoch:
+            self.stale_requests += 1
+            if self.stale_requests == 1:
+                log.warning("restarted server: dropping requests sent to the server before "
+                            "it (first from node %s); their senders re-send them", req.sender)
+            return False
+        gate = self._recovery
+        if gate is None:
+            return True
+        if not is_command and req.meta.head == REPORT_CMD:
+            self._take_report(gate, req, server)
+        else:
+            gate.held.append((is_command, req, server))
+        return False
+
+    def _take_report(self, gate: RecoveryGate, req, server) -> None:
+        try:
+            if not self._is_worker(req.sender):
+                raise ProtocolError("node %s is not a worker of this cluster" % req.sender)
+            complete = gate.add(req.sender, decode_report(req.meta.body, req.keys, req.vals,
+                                                          req.lens))
+        except ProtocolError as exc:
+            self._refuse(req, server, str(exc))
+            return
+        self._respond(server, req)
+        if complete:
+            self._restore(gate)
+
+    def _unexpected_report(self, req, server, cmd: Cmd) -> None:
+        raise ProtocolError("a recovery report, but this server is not waiting for one (it "
+                            "was not restarted, or every worker reported already)")
+
+    def _restore(self, gate: RecoveryGate) -> None:
+        """Every report is in: rebuild the keys, then run the held requests."""
+        try:
+            restored = {}
+            for ps_key, (dtype, nbytes, states) in gate.keys().items():
+                size = nbytes // dtype.itemsize
+                rounds = KeyRounds.restored(ps_key, self.num_workers, size, dtype, states)
+                restored[ps_key] = (dtype, size, nbytes, rounds)
+        except ProtocolError as exc:
+            self.recovery_error = "the workers' recovery reports do not fit together: %s" % exc
+            log.error("restarted server: %s", self.recovery_error)
+            return
+        with self._keys_lock:
+            for ps_key, (dtype, size, nbytes, rounds) in restored.items():
+                self._keys[ps_key] = _BytePSKey(ps_key, dtype, None, size,
+                                                self._engine.bind(nbytes), rounds)
+                self.expect_pushes(ps_key, nbytes)
+        self._recovery = None
+        log.warning("restarted server (restart %d): rebuilt the rounds of %d ps key(s) from %d "
+                    "workers' reports; serving again", self.epoch, len(restored),
+                    self.num_workers)
+        for is_command, req, server in gate.held:
+            if is_command:
+                super().handle_command(req, server)
+            else:
+                super().handle_request(req, server)
 
     def close(self, timeout: float = 10.0) -> None:
         """Finish queued summations and stop the engine threads."""
@@ -142,10 +253,10 @@ class BytePSServer(KVStoreDistServer):
             return
         codec = self._sum_compressor(key.ps_key).codec
         data = np.frombuffer(req.vals, np.uint8)
-        if data.size != codec.wire_bytes(key.value.size):
+        if data.size != codec.wire_bytes(key.size):
             raise ProtocolError("compressed push of key %d has %d bytes, expected %d"
-                                % (key.ps_key, data.size, codec.wire_bytes(key.value.size)))
-        values = codec.decode(data, key.value.size, r)
+                                % (key.ps_key, data.size, codec.wire_bytes(key.size)))
+        values = codec.decode(data, key.size, r)
         r = key.rounds.begin_push(req.sender, r)
         self._respond(server, req)
         self._engine.submit(key.thread, lambda: self._accumulate(key, r, values))
@@ -165,6 +276,10 @@ class BytePSServer(KVStoreDistServer):
         if not req.meta.push and req.keys is not None and len(req.keys) == 1:
             key = self._keys.get(int(req.keys[0]))
             if key is not None:
+                if key.value is None:
+                    raise ProtocolError("key %d: its initial value was lost when this server "
+                                        "was restarted (only the rounds in flight were "
+                                        "restored)" % key.ps_key)
                 self._answer(req, server, key.value)
                 return
         super()._handle_default(req, server, cmd)
@@ -206,6 +321,10 @@ class BytePSServer(KVStoreDistServer):
             if key is not None:
                 return key, False
             initial = self._initial_value(ps_key)
+            if initial is None and self.epoch:
+                # a first push here would be taken as the key's initial value: a wrong sum
+                raise ProtocolError("BytePS push of ps key %d, which no worker's recovery "
+                                    "report named" % ps_key)
             key = self._init_key(ps_key, values if initial is None else initial)
             self._keys[ps_key] = key
             return key, initial is None
@@ -225,7 +344,8 @@ class BytePSServer(KVStoreDistServer):
         self.expect_pushes(ps_key, values.nbytes)
         log.debug("BytePS key %d: %d bytes of %s on engine thread %d", ps_key, values.nbytes,
                   values.dtype, thread)
-        return _BytePSKey(ps_key, values.dtype, publish(values.copy()), thread, rounds)
+        return _BytePSKey(ps_key, values.dtype, publish(values.copy()), values.size, thread,
+                          rounds)
 
     def _known(self, ps_key: int, cmd: Cmd) -> _BytePSKey:
         key = self._keys.get(ps_key)
@@ -315,9 +435,9 @@ class BytePSServer(KVStoreDistServer):
 
 
 def _check_matches(key: _BytePSKey, values: np.ndarray) -> None:
-    if values.dtype != key.dtype or values.size != key.value.size:
+    if values.dtype != key.dtype or values.size != key.size:
         raise ProtocolError("key %d holds %d x %s, push has %d x %s"
-                            % (key.ps_key, key.value.size, key.dtype, values.size, values.dtype))
+                            % (key.ps_key, key.size, key.dtype, values.size, values.dtype))
 
 
 def _claimed_round(req) -> Optional[int]:

@@ -49,6 +49,54 @@ class KeyRounds:
         self._pulled: Dict[int, int] = {}     # sender -> pulls requested
         self._answered: Dict[int, int] = {}   # sender -> pulls answered
 
+    @classmethod
+    def restored(cls, ps_key: int, num_workers: int, size: int, dtype,
+                 states: Dict[int, tuple]) -> "KeyRounds":
+        """The rounds of a key rebuilt on a restarted server from the workers' reports:
+        ``states`` maps each worker to ``(pushed, answered, latest, previous)``, the data of
+        its pushes of rounds pushed-1 and pushed-2 (None where absent). ProtocolError if the
+        reports cannot come from one cluster (see recovery_report.py for why they suffice).
+
+        With P the most rounds anyone pushed, every worker pushed P-1 or P rounds. Round
+        P-1's sum gets the pushes of those who made it; round P-2's is summed again only if
+        someone still waits for its answer, else its slot counts as fully answered."""
+        rounds = cls(ps_key, num_workers, size, dtype)
+        if len(states) != num_workers:
+            raise ProtocolError("key %d: reports of %d workers, expected %d"
+                                % (ps_key, len(states), num_workers))
+        top = max(pushed for pushed, _, _, _ in states.values())
+        for sender, (pushed, answered, _, _) in states.items():
+            if pushed not in (top, top - 1) or not pushed - 1 <= answered <= pushed:
+                raise ProtocolError("key %d: node %d reports %d pushes and %d answers, others "
+                                    "%d pushes" % (ps_key, sender, pushed, answered, top))
+            if answered == top and any(p < top for p, _, _, _ in states.values()):
+                raise ProtocolError("key %d: node %d reports round %d answered, but not every "
+                                    "worker pushed it" % (ps_key, sender, top - 1))
+            rounds._pushed[sender] = pushed
+            rounds._pulled[sender] = rounds._answered[sender] = answered
+        if top >= 1:
+            rounds._restore_slot(top - 1, [(latest, answered == top) for pushed, answered,
+                                           latest, _ in states.values() if pushed == top])
+        if top >= 2:
+            behind = [state for state in states.values() if state[1] == top - 2]
+            if behind:
+                parts = [(latest if pushed == top - 1 else previous, answered >= top - 1)
+                         for pushed, answered, latest, previous in states.values()]
+            else:       # all answered: only its place in the double buffer matters
+                parts = [(None, True)] * num_workers
+            rounds._restore_slot(top - 2, parts)
+        return rounds
+
+    def _restore_slot(self, r: int, parts: list) -> None:
+        slot = self._slots[r % 2]
+        slot.round, slot.summed = r, len(parts)
+        slot.answered = sum(1 for _, answered in parts if answered)
+        data = [values for values, _ in parts if values is not None]
+        if data:
+            slot.buffer = np.zeros(self._size, dtype=self._dtype)
+            for values in data:
+                np.add(slot.buffer, values, out=slot.buffer)
+
     def begin_push(self, sender: int, claimed_round: Optional[int] = None) -> int:
         """Register ``sender``'s next push; return its round. ProtocolError if out of order."""
         with self._lock:

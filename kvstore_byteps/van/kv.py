@@ -10,6 +10,10 @@ without pickling and, above a small size, without copying.
 
 Thread-safety: every KVWorker and KVServer method is thread-safe. Request callbacks and server
 handlers run on the customer's thread: keep them short.
+
+Restarted servers (BYTEPS_SERVER_RECOVERY): requests to a server that took over a dead one's id
+carry its ``epoch``, so it can tell them from requests meant for the dead process;
+:meth:`KVWorker.restore_server` re-sends what the dead one never answered.
 """
 import logging
 import threading
@@ -96,6 +100,12 @@ class Request:
         self.result: Optional[KVPairs] = None
         self.head: Optional[int] = None
         self.bodies: Dict[int, bytes] = {}      # server id -> body of its answer
+        #: server id -> the message sent there (re-sent if that server is restarted)
+        self.messages: Dict[int, Message] = {}
+
+    def waits_for(self, server: int) -> bool:
+        with self._lock:
+            return server in self._waiting
 
     @property
     def done(self) -> bool:
@@ -184,6 +194,12 @@ class KVWorker:
         self._pending: Dict[int, Request] = {}       # in the order sent: oldest first
         self._customer = postoffice.register_customer(app_id, customer_id, self._on_message)
         postoffice.on_failure(self._fail_pending)
+        #: held while a request is stamped and sent, and while a restarted server is restored:
+        #: a request is either in the restoring worker's report or sent after it, never both
+        self.send_lock = threading.RLock()
+        self._epochs: Dict[int, int] = {}            # server id -> restarts (when > 0)
+        self._park_unreachable = postoffice.config.server_recovery
+        self._parked_logged: set = set()
         # Requests completed by callback (no one calls wait) still get a deadline: the
         # postoffice's tick notices an overdue request and the customer thread, which also
         # completes requests with their answers, fails it.
@@ -238,15 +254,72 @@ class KVWorker:
         """A SimpleApp command to every server (e.g. MXNet's kSyncMode = 3)."""
         servers = self.po.group_ids(2)
         request = self._new_request("command %d" % head, servers, callback)
-        for server in servers:
-            meta = Meta(head=head, body=body, request=True, simple_app=True, app_id=self.app_id,
-                        customer_id=self.customer_id, timestamp=request.timestamp,
-                        recver=server)
-            self._send(request, Message(meta))
+        with self.send_lock:
+            for server in servers:
+                meta = Meta(head=head, body=body, request=True, simple_app=True,
+                            app_id=self.app_id, customer_id=self.customer_id,
+                            timestamp=request.timestamp, recver=server)
+                self._send(request, self._stamped(Message(meta)))
         return request
 
     def wait(self, request: Request) -> KVPairs:
         return request.wait(self.request_timeout)
+
+    def post(self, work: Callable[[], None]) -> None:
+        """Run ``work()`` on the thread that completes requests, after the answers queued."""
+        self._customer.post(work)
+
+    # -------------------------------------------------------------- restarted servers
+    def restore_server(self, server: int, epoch: int, report: Optional[tuple],
+                       answered_by_report: Callable[[Meta], bool],
+                       callback=None) -> Optional[Request]:
+        """``server`` was restarted (its ``epoch``-th time): send it ``report``, a push of
+        ``(head, body, keys, vals, lens)`` (what it must rebuild; None: nothing), then, for
+        every request still waiting on it, count the part sent there as answered when
+        ``answered_by_report(meta)`` (a push the report carries) and re-send it otherwise.
+        Call on the customer thread, holding ``send_lock`` since the report was built.
+        Returns the report's request (``callback`` runs when it is answered)."""
+        with self.send_lock:
+            self._epochs[server] = epoch
+            sent = None
+            if report is not None:
+                head, body, keys, vals, lens = report
+                sent = self._new_request("recovery report to node %d" % server, [server],
+                                         callback)
+                data, types = _frames(keys, vals, lens, with_empty_vals=True)
+                meta = Meta(head=head, body=body, request=True, push=True, app_id=self.app_id,
+                            customer_id=self.customer_id, timestamp=sent.timestamp,
+                            data_type=types, recver=server)
+                self._send(sent, self._stamped(Message(meta, data)))
+            with self._lock:
+                waiting = [r for r in self._pending.values()
+                           if r is not sent and r.waits_for(server) and server in r.messages]
+            for request in waiting:
+                message = request.messages[server]
+                if answered_by_report(message.meta):
+                    request._on_response(server, Meta(), KVPairs(np.empty(0, np.uint64),
+                                                                 memoryview(b""), None))
+                    if request.done:
+                        with self._lock:
+                            self._pending.pop(request.timestamp, None)
+                else:
+                    self._send(request, self._stamped(message))
+        return sent
+
+    def fail_server(self, server: int, error: BaseException) -> None:
+        """Fail every request waiting on ``server`` with ``error``."""
+        with self._lock:
+            failing = [r for r in self._pending.values() if r.waits_for(server)]
+            for request in failing:
+                self._pending.pop(request.timestamp, None)
+        for request in failing:
+            request._fail(error)
+
+    def _stamped(self, message: Message) -> Message:
+        epoch = self._epochs.get(message.meta.recver)
+        if epoch:
+            message.meta.extra = dict(message.meta.extra or {}, epoch=epoch)
+        return message
 
     # -------------------------------------------------------------- internals
     def _request(self, keys, vals, lens, cmd, push, pull, priority, callback, extra) -> Request:
@@ -257,14 +330,15 @@ class KVWorker:
         what = "%s of %d key(s) [%d..]" % (op, len(keys), int(keys[0]) if len(keys) else -1)
         request = self._new_request(what, [server_rank_to_id(s.server_rank) for s in slices],
                                     callback)
-        for part in slices:
-            data, types = _frames(part.keys, part.vals if push else None, part.lens,
-                                  with_empty_vals=True)
-            meta = Meta(head=cmd, request=True, push=push, pull=pull, app_id=self.app_id,
-                        customer_id=self.customer_id, timestamp=request.timestamp,
-                        priority=priority, data_type=types, extra=extra,
-                        recver=server_rank_to_id(part.server_rank))
-            self._send(request, Message(meta, data))
+        with self.send_lock:
+            for part in slices:
+                data, types = _frames(part.keys, part.vals if push else None, part.lens,
+                                      with_empty_vals=True)
+                meta = Meta(head=cmd, request=True, push=push, pull=pull, app_id=self.app_id,
+                            customer_id=self.customer_id, timestamp=request.timestamp,
+                            priority=priority, data_type=types, extra=extra,
+                            recver=server_rank_to_id(part.server_rank))
+                self._send(request, self._stamped(Message(meta, data)))
         return request
 
     def _new_request(self, what, servers, callback) -> Request:
@@ -280,14 +354,28 @@ class KVWorker:
         return request
 
     def _send(self, request: Request, message: Message) -> None:
+        request.messages[message.meta.recver] = message
         try:
             self.po.send(message)
+        except PeerError as exc:
+            if not (self._park_unreachable and message.meta.recver % 2 == 0
+                    and not self.po.stopped):
+                self._fail_send(request, message, exc)
+            # a server may be restarted (BYTEPS_SERVER_RECOVERY): the request waits for it,
+            # and is re-sent then; its deadline and the server's heartbeat timeout still hold
+            if message.meta.recver not in self._parked_logged:
+                self._parked_logged.add(message.meta.recver)
+                log.warning("%s: server node %d is unreachable (%s); requests to it wait for "
+                            "it to be restarted", request.what, message.meta.recver, exc)
         except Exception as exc:
-            with self._lock:
-                self._pending.pop(request.timestamp, None)
-            request._fail(PeerError("%s: sending to node %d failed: %s"
-                                    % (request.what, message.meta.recver, exc)))
-            raise request.error from exc
+            self._fail_send(request, message, exc)
+
+    def _fail_send(self, request: Request, message: Message, exc: Exception) -> None:
+        with self._lock:
+            self._pending.pop(request.timestamp, None)
+        request._fail(PeerError("%s: sending to node %d failed: %s"
+                                % (request.what, message.meta.recver, exc)))
+        raise request.error from exc
 
     def _on_message(self, message: Message) -> None:
         meta = message.meta

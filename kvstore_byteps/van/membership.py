@@ -16,10 +16,16 @@ Rules (spec/pslite-wire.md §3), kept in the order the protocol runs:
   when the count reaches the group's size, resets it and answers every member.
 * HEARTBEAT: nodes send one every interval; the scheduler records the time and answers.
 * TERMINATE is only ever sent by a node to itself; receiving it stops the receive loop.
+* Recovery (ps-lite's ``is_recovery``): an anonymous ADD_NODE from one of our servers after the
+  cluster formed is a restarted server. It takes the id of the server at the same host:port, or
+  else of the server silent longest once that one missed two heartbeat intervals; it gets the
+  full node list, its own entry flagged ``is_recovery`` and the meta's ``epoch`` (how many times
+  that id was restarted); every other node gets an ADD_NODE carrying just that entry, and
+  reconnects. Our workers then rebuild the server's rounds (serving/recovery.py).
 """
 import dataclasses
 import threading
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from ..config import Role
 from ..errors import ClusterStartError
@@ -44,10 +50,21 @@ class Send:
 
 @dataclasses.dataclass
 class Ready:
-    """Membership is complete; ``nodes`` is the cluster as the scheduler announced it."""
+    """Membership is complete; ``nodes`` is the cluster as the scheduler announced it.
+    ``epoch`` > 0: this node is a restarted server that took over a dead one's id."""
 
     my_node: Node
     nodes: List[Node]
+    epoch: int = 0
+
+
+@dataclasses.dataclass
+class NodeRecovered:
+    """``node``, a restarted server, took over the id of one that died (its ``epoch``-th
+    restart): it has been connected to; what the dead one held must be restored."""
+
+    node: Node
+    epoch: int
 
 
 @dataclasses.dataclass
@@ -189,6 +206,8 @@ class SchedulerMembership:
         self.ready = False
         self.barrier_arrived: Dict[int, set] = {}
         self.last_heartbeat: Dict[int, float] = {}
+        self.replacements: List[Tuple[Node, float]] = []   # restarted servers, since when
+        self.epochs: Dict[int, int] = {}     # node id -> how many times it was restarted
 
     def start(self, now: float) -> List:
         """The scheduler's DEALER to itself (identity ps1)."""
@@ -211,7 +230,7 @@ class SchedulerMembership:
     def tick(self, now: float) -> List:
         if not self.ready and now > self.start_deadline:
             return [Fail(ClusterStartError(self.describe_missing()))]
-        actions: List = []
+        actions: List = self._place_replacements(now) if self.replacements else []
         for node_id in self.dead_nodes(now, self.heartbeat_timeout):
             if node_id in self.dead:
                 continue
@@ -249,9 +268,10 @@ class SchedulerMembership:
                    ", ".join(n.describe() for n in self.pending) or "none"))
 
     def _on_add_node(self, msg: Message, now: float) -> List:
-        if msg.meta.sender != K_EMPTY or self.ready:
-            # upstream: only anonymous ADD_NODEs register; recovery is a later feature
-            return []
+        if msg.meta.sender != K_EMPTY:
+            return []       # upstream: only anonymous ADD_NODEs register
+        if self.ready:
+            return self._on_late_add_node(msg, now)
         self.pending += [n for n in msg.meta.control.nodes if n.role != Role.SCHEDULER]
         if len(self.pending) < self.num_workers + self.num_servers:
             return []
@@ -267,6 +287,73 @@ class SchedulerMembership:
             if node.heartbeat_ms:
                 self.last_heartbeat.setdefault(node.id, now)
         actions.append(Ready(self.my_node, announced))
+        return actions
+
+    # -- recovery of a restarted server -------------------------------------------------------
+    def _on_late_add_node(self, msg: Message, now: float) -> List:
+        nodes = msg.meta.control.nodes
+        node = nodes[0] if len(nodes) == 1 else None
+        if node is None or node.role != Role.SERVER:
+            return [Refused("ignored an ADD_NODE after the cluster formed (%s): only a restarted "
+                            "server may join late" % ", ".join(n.describe() for n in nodes))]
+        if not node.heartbeat_ms:
+            return [Refused("ignored the restarted server at %s: it does not heartbeat, so it "
+                            "is not a kvstore-byteps server (upstream MXNet servers cannot "
+                            "rejoin)" % node.address)]
+        upstream = [n.describe() for n in self.nodes if n.role == Role.WORKER
+                    and not n.heartbeat_ms]
+        if upstream:
+            return [Refused("ignored the restarted server at %s: upstream MXNet workers (%s) "
+                            "kept their weights on the server that died; they cannot restore "
+                            "it" % (node.address, ", ".join(upstream)))]
+        self.replacements = [(n, t) for n, t in self.replacements if n.address != node.address]
+        self.replacements.append((node, now))
+        return self._place_replacements(now)
+
+    def _place_replacements(self, now: float) -> List:
+        """Give each waiting restarted server the id of the server it replaces: the one at its
+        address (that process cannot be alive: the port is taken), else the server silent
+        longest once it missed two heartbeats. One waits at most the heartbeat timeout."""
+        actions: List = []
+        waiting, self.replacements = self.replacements, []
+        for node, since in waiting:
+            old = self._replaced_server(node, now)
+            if old is not None:
+                actions += self._recover(old, node, now)
+            elif now - since > max(self.heartbeat_timeout, 1.0):
+                actions.append(Refused("ignored the restarted server at %s: no server fell "
+                                       "silent within %.0f s, so it replaces none"
+                                       % (node.address, now - since)))
+            else:
+                self.replacements.append((node, since))
+        return actions
+
+    def _replaced_server(self, node: Node, now: float) -> Optional[Node]:
+        servers = [n for n in self.nodes if n.role == Role.SERVER and n.id not in self.dead]
+        for server in servers:
+            if server.address == node.address:
+                return server
+        silent = [(self.last_heartbeat[s.id], s) for s in servers
+                  if s.heartbeat_ms and s.id in self.last_heartbeat
+                  and now - self.last_heartbeat[s.id] > 2 * s.heartbeat_ms / 1000.0]
+        return min(silent, key=lambda pair: pair[0])[1] if silent else None
+
+    def _recover(self, old: Node, node: Node, now: float) -> List:
+        epoch = self.epochs[old.id] = self.epochs.get(old.id, 0) + 1
+        new = dataclasses.replace(node, id=old.id, is_recovery=True)
+        self.nodes = [new if n.id == old.id else n for n in self.nodes]
+        self.last_heartbeat[old.id] = now
+        actions: List = [Connect(new)]
+        for other in group_members(WORKER_GROUP | SERVER_GROUP, self.num_workers,
+                                   self.num_servers):
+            if other in self.dead:
+                continue
+            nodes = self.nodes + [self.my_node] if other == old.id else [new]
+            notice = control_message(ControlCommand.ADD_NODE, other, self.clock.tick(),
+                                     nodes=nodes)
+            notice.meta.extra = {"epoch": epoch}
+            actions.append(Send(notice))
+        actions.append(NodeRecovered(new, epoch))
         return actions
 
     def _on_barrier(self, msg: Message) -> List:
@@ -334,8 +421,10 @@ class NodeMembership:
 
     def handle(self, msg: Message, now: float) -> List:
         cmd = msg.meta.control.cmd
-        if cmd == ControlCommand.ADD_NODE and not self.ready:
-            return self._on_add_node_reply(msg, now)
+        if cmd == ControlCommand.ADD_NODE:
+            if not self.ready:
+                return self._on_add_node_reply(msg, now)
+            return self._on_recovery_notice(msg)
         if cmd == ControlCommand.BARRIER and not msg.meta.request:
             return [ReleaseBarrier(msg.meta.app_id)]
         if cmd == ControlCommand.HEARTBEAT:
@@ -379,6 +468,7 @@ class NodeMembership:
             return [Fail(ClusterStartError("%s: the scheduler's node list does not contain "
                                            "this node" % self.my_node.describe()))]
         self.my_node = dataclasses.replace(self.my_node, id=mine[0].id)
+        epoch = int((msg.meta.extra or {}).get("epoch", 0)) if mine[0].is_recovery else 0
         self.nodes = list(nodes)
         actions: List = []
         connected = set()
@@ -391,7 +481,24 @@ class NodeMembership:
         if self.heartbeat_interval > 0:
             self.next_heartbeat = now + self.heartbeat_interval
             self.last_heartbeat_reply = now
-        actions.append(Ready(self.my_node, self.nodes))
+        actions.append(Ready(self.my_node, self.nodes, epoch))
+        return actions
+
+    def _on_recovery_notice(self, msg: Message) -> List:
+        """The scheduler says a restarted server took over a dead one's id: reconnect to it."""
+        if msg.meta.sender != SCHEDULER_ID:
+            return [Refused("ignored an ADD_NODE from node %s: only the scheduler announces "
+                            "nodes" % msg.meta.sender)]
+        epoch = int((msg.meta.extra or {}).get("epoch", 0))
+        known = {node.id for node in self.nodes}
+        actions: List = []
+        for node in msg.meta.control.nodes:
+            if not node.is_recovery or node.id not in known or node.id == self.my_node.id:
+                continue
+            self.nodes = [node if n.id == node.id else n for n in self.nodes]
+            if node.role != self.my_node.role:
+                actions.append(Connect(node))
+            actions.append(NodeRecovered(node, epoch))
         return actions
 
 
@@ -406,7 +513,7 @@ def terminate_message(my_id: int) -> Message:
     return control_message(ControlCommand.TERMINATE, my_id, customer_id=0)
 
 
-__all__ = ["Connect", "Send", "Ready", "ReleaseBarrier", "Stop", "NodeDead", "Fail", "Refused",
+__all__ = ["Connect", "Send", "Ready", "NodeRecovered", "ReleaseBarrier", "Stop", "NodeDead", "Fail", "Refused",
            "VanClock",
            "SchedulerMembership",
            "NodeMembership", "assign_ids", "group_members", "barrier_request",

@@ -51,6 +51,9 @@ _META_FIELDS = [
     ("round", 103, _F.TYPE_INT64, _F.LABEL_OPTIONAL, {}),
     # the scheduler's notice that the node in control.node fell silent (on a HEARTBEAT)
     ("dead_node", 104, _F.TYPE_BOOL, _F.LABEL_OPTIONAL, {}),
+    # how many times the server this request goes to (or the recovered node of an ADD_NODE)
+    # was restarted: a restarted server drops requests meant for the process before it
+    ("epoch", 105, _F.TYPE_INT32, _F.LABEL_OPTIONAL, {}),
 ]
 
 

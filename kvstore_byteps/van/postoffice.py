@@ -17,7 +17,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 from ..config import Config, Role, VanType
 from ..errors import ConfigError, DeadlineError, PeerError, ProtocolError
 from ..logs import PeerLog
-from .membership import (Connect, Fail, NodeDead, NodeMembership, Ready, Refused, ReleaseBarrier,
+from .membership import (Connect, Fail, NodeDead, NodeMembership, NodeRecovered, Ready, Refused,
+                         ReleaseBarrier,
                          SchedulerMembership,
                          Send, Stop, barrier_request, group_members, terminate_message)
 from .message import (ALL_GROUP, K_EMPTY, SCHEDULER_ID, Message, Node, id_to_rank)
@@ -30,6 +31,9 @@ log = logging.getLogger(__name__)
 _TICK_SECONDS = 0.05
 _STOP_SECONDS = 10.0
 _PROGRESS_LOG_SECONDS = 30.0
+#: data messages kept while the node is not ready yet (a restarted server hears from workers
+#: that learnt of it before its own ADD_NODE answer arrived); more are dropped
+_EARLY_DATA_LIMIT = 100000
 
 
 def make_van(config: Config):
@@ -112,6 +116,10 @@ class Postoffice:
         self._member_ids: frozenset = frozenset()   # looked up per request: a set
         self._failure_hooks: List[Callable[[BaseException], None]] = []
         self._tick_hooks: List[Callable[[float], None]] = []
+        self._recovery_hooks: List[Callable[[Node, int], None]] = []
+        self._before_ready: List[Message] = []
+        #: > 0: this node is a restarted server, the epoch-th one to take over its id
+        self.recovery_epoch = 0
         self._peer_log = PeerLog(log)
         #: data messages dropped on purpose (PS_DROP_MSG)
         self.dropped_messages = 0
@@ -255,6 +263,10 @@ class Postoffice:
                 return True
         if message.meta.is_control:
             return self._execute(self.membership.handle(message, time.monotonic()))
+        if not self._ready.is_set():     # its sender may know this node before it does
+            if len(self._before_ready) < _EARLY_DATA_LIMIT:
+                self._before_ready.append(message)
+            return True
         self._dispatch_data(message)
         return True
 
@@ -273,11 +285,22 @@ class Postoffice:
                                            action.message.meta.recver, exc)
             elif isinstance(action, Ready):
                 self.my_node, self.nodes = action.my_node, action.nodes
+                self.recovery_epoch = action.epoch
                 self._member_ids = frozenset(node.id for node in action.nodes)
                 if self.config.resend:
                     self._resender = Resender(self.my_node.id, self.config.resend_timeout_ms)
                 self.van.on_ready()
+                if action.epoch:     # before any request reaches the restarted server's app
+                    self._run_recovery_hooks(self.my_node, action.epoch)
                 self._ready.set()
+                early, self._before_ready = self._before_ready, []
+                for message in early:
+                    self._dispatch_data(message)
+            elif isinstance(action, NodeRecovered):
+                self.nodes = [action.node if n.id == action.node.id else n for n in self.nodes]
+                log.warning("%s: %s restarted and rejoined (restart %d of that node id)",
+                            self.my_node.describe(), action.node.describe_rank(), action.epoch)
+                self._run_recovery_hooks(action.node, action.epoch)
             elif isinstance(action, ReleaseBarrier):
                 with self._barrier_cond:
                     self._barrier_released += 1
@@ -335,6 +358,20 @@ class Postoffice:
         """Call ``hook(error)`` once if the receive loop ends with an error (a dead node, a
         broken van): the KV layer fails every pending request with it."""
         self._failure_hooks.append(hook)
+
+    def on_recovery(self, hook: Callable[[Node, int], None]) -> None:
+        """Call ``hook(node, epoch)`` on the receive thread when a restarted server took over
+        ``node.id`` for the ``epoch``-th time: another node (already connected to; the KV
+        layer restores what the dead one held), or this one, as it becomes ready and before
+        any data message is handed on. Register before :meth:`start`."""
+        self._recovery_hooks.append(hook)
+
+    def _run_recovery_hooks(self, node: Node, epoch: int) -> None:
+        for hook in list(self._recovery_hooks):
+            try:
+                hook(node, epoch)
+            except Exception:
+                log.exception("a recovery hook failed")
 
     def on_tick(self, hook: Callable[[float], None]) -> None:
         """Call ``hook(monotonic now)`` on the receive thread at every tick (every 50 ms):

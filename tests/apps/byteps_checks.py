@@ -18,6 +18,9 @@ compress PARAMS_JSON CONTEXTS  set_gradient_compression(PARAMS), 4 rounds checke
           the compression simulated locally; prints "COMPRESS OK ... (ratio)".
 until FILE  rounds as above until FILE exists (rank 0 looks; all ranks stop at the same
           round), then "ROUNDS OK".
+varied N  N rounds of three keys (one cut into partitions, one small enough to be batched),
+          every rank and round pushing different values, each sum checked exactly; "round N"
+          every 20, then "VARIED OK". (A server may be killed and restarted meanwhile.)
 """
 import json
 import os
@@ -156,6 +159,31 @@ def check_endless(kv, limit=None, stop_file=None):
     return expect_error(kv, action)
 
 
+def check_varied(kv, limit):
+    sizes = {0: 300000, 1: 10, 2: 5000}
+    for key, size in sizes.items():
+        kv.init(key, mx.nd.zeros((size,)))
+    workers = kv.num_workers
+    for r in range(limit):
+        grads = {key: mx.nd.arange(size) + (kv.rank + 1) * (r + 1) + key
+                 for key, size in sizes.items()}
+        for key in sizes:
+            kv.pushpull(key, grads[key], priority=-key)
+        for key, size in sizes.items():
+            want = (workers * np.arange(size, dtype=np.float32)
+                    + workers * (workers + 1) // 2 * (r + 1) + workers * key)
+            got = grads[key].asnumpy()
+            if not np.array_equal(got, want):
+                bad = np.flatnonzero(got != want)
+                print("WRONG SUM key %d round %d at %d positions, e.g. [%d] %s != %s"
+                      % (key, r, bad.size, bad[0], got[bad[0]], want[bad[0]]), flush=True)
+                return 1
+        if (r + 1) % 20 == 0:
+            print("round %d" % (r + 1), flush=True)
+    print("VARIED OK after %d rounds" % limit, flush=True)
+    return 0
+
+
 def check_compress(kv, params_json, contexts):
     """Gradient compression end to end: every rank sets ``params``, pushes 4 rounds of known
     gradients (summed over ``contexts`` CPU contexts first) and checks each result against
@@ -209,6 +237,8 @@ def main():
         return check_endless(kv, int(sys.argv[2]))
     elif mode == "compress":
         return check_compress(kv, sys.argv[2], int(sys.argv[3]))
+    elif mode == "varied":
+        return check_varied(kv, int(sys.argv[2]))
     elif mode == "until":
         return check_endless(kv, stop_file=sys.argv[2])
     else:

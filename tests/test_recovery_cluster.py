@@ -1,0 +1,52 @@
+"""A server killed (-9) during dist_byteps training and restarted with the same environment
+rejoins, the workers restore its rounds, and every sum stays exact (BYTEPS_SERVER_RECOVERY)."""
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from tests.cluster import SCHEDULER_OURS, Cluster, app
+from tests.conftest import free_port
+
+SERVER_KNOB = [sys.executable, "-c", "import mxnet"]
+ENV = {"MXNET_KVSTORE_SERVER": "byteps", "BYTEPS_SERVER_RECOVERY": "1",
+       "PS_HEARTBEAT_INTERVAL": "1", "PS_HEARTBEAT_TIMEOUT": "20",
+       "BYTEPS_PARTITION_BYTES": "400000"}
+
+
+def _wait_for(cluster, name, text, timeout):
+    deadline = time.monotonic() + timeout
+    while text not in cluster.output(name):
+        assert time.monotonic() < deadline, cluster.dump()
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("van,same_port", [("zmq", False), ("byteps_tcp", True)])
+def test_a_restarted_server_is_restored_and_the_sums_stay_exact(van, same_port):
+    env = dict(ENV, DMLC_PS_VAN_TYPE=van)
+    ports = [free_port(), free_port()]
+    with Cluster(num_workers=2, num_servers=2, env=env) as cluster:
+        cluster.start("scheduler", SCHEDULER_OURS)
+        for rank in range(2):
+            cluster.start("server", SERVER_KNOB,
+                          env={"PORT": str(ports[rank])} if same_port else None)
+        for _ in range(2):
+            cluster.start("worker", app("byteps_checks.py", "varied", 150))
+        _wait_for(cluster, "worker0", "round 20", 90)
+        victim = cluster.procs["server1"][0]
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait(10)
+        cluster.start("server", SERVER_KNOB, name="server1-restarted",
+                      env={"PORT": str(ports[1])} if same_port else None)
+        results = cluster.wait_all(150)
+    for name, (code, out) in results.items():
+        if name == "server1":
+            assert code == -signal.SIGKILL
+            continue
+        assert code == 0, "%s exited %s\n%s" % (name, code, cluster.dump())
+    for name in ("worker0", "worker1"):
+        assert "VARIED OK after 150 rounds" in results[name][1], results[name][1]
+        assert "sent the restarted server rank" in results[name][1], results[name][1]
+    assert "rebuilt the rounds of" in results["server1-restarted"][1]
