@@ -50,3 +50,32 @@ def test_a_restarted_server_is_restored_and_the_sums_stay_exact(van, same_port):
         assert "VARIED OK after 150 rounds" in results[name][1], results[name][1]
         assert "sent the restarted server rank" in results[name][1], results[name][1]
     assert "rebuilt the rounds of" in results["server1-restarted"][1]
+
+
+def test_without_server_recovery_a_restarted_server_ends_the_job_saying_what_to_set():
+    """Workers that did not keep their pushes cannot restore the restarted server: they fail
+    naming BYTEPS_SERVER_RECOVERY, the restarted server stops waiting for their reports (at its
+    deadline, or when the workers that left are declared dead), and every process exits
+    non-zero in bounded time instead of summing wrong."""
+    env = dict(ENV, BYTEPS_SERVER_RECOVERY="0", PS_HEARTBEAT_TIMEOUT="5")
+    with Cluster(num_workers=2, num_servers=2, env=env) as cluster:
+        cluster.start("scheduler", SCHEDULER_OURS)
+        for _ in range(2):
+            cluster.start("server", SERVER_KNOB)
+        for _ in range(2):
+            cluster.start("worker", app("byteps_checks.py", "varied", 150))
+        _wait_for(cluster, "worker0", "round 20", 90)
+        victim = cluster.procs["server1"][0]
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait(10)
+        cluster.start("server", SERVER_KNOB, name="server1-restarted",
+                      env={"BYTEPS_START_TIMEOUT": "8"})
+        results = cluster.wait_all(60)
+    for name, (code, out) in results.items():
+        assert code != 0, "%s exited 0\n%s" % (name, cluster.dump())
+    for name in ("worker0", "worker1"):
+        out = results[name][1]
+        assert "cannot restore it" in out and "BYTEPS_SERVER_RECOVERY=1" in out, out
+        assert "VARIED OK" not in out and "WRONG SUM" not in out, out
+    restarted = results["server1-restarted"][1]
+    assert "lacks the recovery reports" in restarted or "is dead" in restarted, restarted

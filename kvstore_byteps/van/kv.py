@@ -15,6 +15,7 @@ Restarted servers (BYTEPS_SERVER_RECOVERY): requests to a server that took over 
 carry its ``epoch``, so it can tell them from requests meant for the dead process;
 :meth:`KVWorker.restore_server` re-sends what the dead one never answered.
 """
+import dataclasses
 import logging
 import threading
 import time
@@ -316,10 +317,14 @@ class KVWorker:
             request._fail(error)
 
     def _stamped(self, message: Message) -> Message:
+        """``message`` as it goes to a restarted server now: with its epoch. A copy, so a copy
+        kept for PS_RESEND still says what it was (a restarted server drops it)."""
         epoch = self._epochs.get(message.meta.recver)
-        if epoch:
-            message.meta.extra = dict(message.meta.extra or {}, epoch=epoch)
-        return message
+        if not epoch:
+            return message
+        meta = dataclasses.replace(message.meta, extra=dict(message.meta.extra or {},
+                                                            epoch=epoch))
+        return Message(meta, message.data)
 
     # -------------------------------------------------------------- internals
     def _request(self, keys, vals, lens, cmd, push, pull, priority, callback, extra) -> Request:
