@@ -6,7 +6,10 @@
 Every worker initialises one key per tensor of the shape list, then times iterations of
 "pushpull every tensor (priority = -index), then ``mx.nd.waitall()``". The inputs hold
 ``rank + 1``, so each output must hold ``W * (W + 1) / 2``; one extra iteration after the timed
-ones starts from zeroed outputs and checks that sum, so a fast but wrong run is caught.
+ones starts from zeroed outputs and checks that sum, so a fast but wrong run is caught. With
+``--compression`` rank 0 checks the partitions the store compresses against the same
+compression simulated here for every rank and the server over every round (lossy compressors
+are not exact even on constant inputs); the other ranks leave the check to it.
 
 Prints one line ``BENCH_RESULT {json}`` (iteration times in seconds, the check, what the store
 talked to); exits 3 if the sums were wrong.
@@ -65,16 +68,58 @@ def one_iteration(kv, grads, outs, mode: str) -> float:
     return time.perf_counter() - started
 
 
-def check_sums(kv, grads, outs, mode: str) -> dict:
-    """One iteration from zeroed outputs; every element must be the sum of (rank + 1)."""
+def check_sums(kv, grads, outs, mode: str, compression=None, rounds: int = 0) -> dict:
+    """One iteration from zeroed outputs; every element must be the sum of (rank + 1), or
+    under ``compression`` what :func:`compressed_sums` says after ``rounds`` rounds."""
     for out in outs:
         out[:] = 0
     one_iteration(kv, grads, outs, mode)
     workers = kv.num_workers
     expected = workers * (workers + 1) / 2.0
-    wrong = [i for i, out in enumerate(outs) if not np.all(out.asnumpy() == expected)]
-    first = None if not wrong else float(outs[wrong[0]].asnumpy().reshape(-1)[0])
-    return {"expected": expected, "wrong_tensors": len(wrong), "first_wrong_value": first}
+    if compression is None:
+        wrong = [i for i, out in enumerate(outs) if not np.all(out.asnumpy() == expected)]
+        first = None if not wrong else float(outs[wrong[0]].asnumpy().reshape(-1)[0])
+        return {"expected": expected, "wrong_tensors": len(wrong), "first_wrong_value": first}
+    if kv.rank != 0:
+        return {"expected": "checked by rank 0", "wrong_tensors": 0, "first_wrong_value": None}
+    wrong, first, want = [], None, None
+    for i, (out, sim) in enumerate(zip(outs, compressed_sums(kv, outs, compression, rounds))):
+        got = out.asnumpy().reshape(-1)
+        # the server sums in arrival order: equal up to float rounding
+        if not np.allclose(got, sim, rtol=1e-5, atol=1e-5):
+            wrong.append(i)
+            if first is None:
+                at = int(np.flatnonzero(~np.isclose(got, sim, rtol=1e-5, atol=1e-5))[0])
+                first, want = float(got[at]), float(sim[at])
+    return {"expected": want if wrong else "the simulated compression", "compressed": True,
+            "wrong_tensors": len(wrong), "first_wrong_value": first}
+
+
+def compressed_sums(kv, outs, params, rounds: int):
+    """Per tensor, what the last of ``rounds`` rounds must return: each partition the engine
+    compresses goes through every rank's compressor (input ``rank + 1`` each round: seeds,
+    error feedback and momentum evolve as on the workers) and the server's; the rest is the
+    exact sum. Untimed."""
+    from kvstore_byteps.compress.params import parse_compression_params
+    from kvstore_byteps.compress.state import PartitionCompressor, server_side
+    spec = parse_compression_params(params)
+    workers = kv.num_workers
+    for key, out in enumerate(outs):
+        flat = np.full(int(np.prod(out.shape)), workers * (workers + 1) / 2.0, np.float32)
+        for slot in kv._engine.layout(key, out.shape, np.float32).slots:
+            if slot.nbytes < spec.min_compress_bytes:
+                continue
+            n = slot.nbytes // 4
+            ranks = [PartitionCompressor(spec, salt=slot.ps_key) for _ in range(workers)]
+            server = PartitionCompressor(server_side(spec), salt=slot.ps_key)
+            for r in range(rounds):
+                total = np.zeros(n, np.float32)
+                for rank, part in enumerate(ranks):
+                    x = np.full(n, rank + 1, np.float32)
+                    total += part.decode(part.encode(x, r), n, r)
+                result = server.decode(server.encode(total, r), n, r)
+            flat[slot.offset // 4:slot.offset // 4 + n] = result
+        yield flat
 
 
 def store_flavor(kv) -> str:
@@ -103,7 +148,8 @@ def main(argv=None) -> int:
         one_iteration(kv, grads, outs, args.mode)
     kv._barrier()           # every worker starts the timed iterations together
     times = [one_iteration(kv, grads, outs, args.mode) for _ in range(args.iters)]
-    check = check_sums(kv, grads, outs, args.mode)
+    compression = json.loads(args.compression) if args.compression else None
+    check = check_sums(kv, grads, outs, args.mode, compression, args.warmup + args.iters + 1)
     result = {"rank": rank, "workers": kv.num_workers, "kvstore": args.kvstore,
               "flavor": store_flavor(kv), "mode": args.mode, "init_s": init_s,
               "times_s": times, "check": check,
