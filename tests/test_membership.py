@@ -395,3 +395,16 @@ def test_the_restarted_server_learns_its_epoch_from_the_reply():
     reply.meta.extra = {"epoch": 2}
     ready = [a for a in server.handle(from_sender(reply, 1), 1.0) if isinstance(a, Ready)]
     assert ready[0].epoch == 2 and ready[0].my_node.id == 8
+
+
+def test_a_node_forwards_its_own_posted_barrier_and_refuses_others():
+    from kvstore_byteps.van.membership import barrier_post
+    worker = formed_worker()
+    before = worker.clock.tick()
+    forwarded = sends(worker.handle(from_sender(barrier_post(4, 0, 9), 9), 2.0))
+    assert len(forwarded) == 1
+    sent = forwarded[0].meta
+    assert (sent.recver, sent.request, sent.control.barrier_group) == (1, True, 4)
+    assert sent.timestamp == before + 1           # stamped on the receive loop
+    refused = worker.handle(from_sender(barrier_post(4, 0, 9), 11), 2.0)
+    assert len(refused) == 1 and isinstance(refused[0], Refused)

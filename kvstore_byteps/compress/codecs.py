@@ -139,23 +139,52 @@ class Dithering(Codec):
         x = _f32(x)
         norm = float(np.max(np.abs(x)) if self.normalize == "max" else np.linalg.norm(x)) \
             if x.size else 0.0
-        levels = self._levels()
         if norm == 0.0:
             return np.concatenate([_scalar(0.0), np.zeros(x.size, np.uint8)])
-        y = np.minimum(np.abs(x) / norm, 1.0)
-        upper = np.clip(np.searchsorted(levels, y, side="left"), 1, len(levels) - 1)
-        low, high = levels[upper - 1], levels[upper]
-        chance = (y - low) / (high - low)
-        u = np.random.default_rng([self.seed, self.salt, step]).random(x.size)
-        index = np.where(u < chance, upper, upper - 1).astype(np.int8)
-        signed = np.where(x < 0, -index, index).astype(np.int8)
-        return np.concatenate([_scalar(norm), signed.view(np.uint8)])
+        rng = np.random.default_rng([self.seed, self.salt, step])
+        y = np.abs(x)
+        y *= np.float32(1.0 / norm)
+        np.minimum(y, np.float32(1.0), out=y)
+        index = self._linear_levels(y) if self.partition == "linear" else self._natural_levels(y)
+        # up with probability the fraction of the way from the lower level to the next one
+        index += rng.random(x.size, dtype=np.float32) < y
+        np.negative(index, out=index, where=x < 0)
+        return np.concatenate([_scalar(norm), index.astype(np.int8).view(np.uint8)])
+
+    def _linear_levels(self, y: np.ndarray) -> np.ndarray:
+        """Level index l/k at or below each y (|x| / norm, in [0, 1]); ``y`` becomes the
+        fraction of the way to the next level. float32 throughout: no table search."""
+        y *= np.float32(self.k)
+        low = np.floor(y)
+        y -= low
+        return low
+
+    def _natural_levels(self, y: np.ndarray) -> np.ndarray:
+        """As :meth:`_linear_levels` for the levels 0, 2^-(k-1), ..., 1/2, 1: y's float32
+        exponent bits give its level 2^e <= y < 2^(e+1); below 2^-(k-1), the level 0.
+        (2^-(k-1) >= 2^-126, the smallest normal float32, so no subnormal needs a level.)"""
+        smallest = np.float32(2.0 ** (1 - self.k))
+        small = y < smallest
+        bits = y.view(np.int32) & np.int32(0x7F800000)    # sign 0, exponent kept, mantissa 0
+        low = bits.view(np.float32)                      # 2^e
+        np.copyto(low, np.float32(0.0), where=small)
+        index = (bits >> 23).astype(np.float32)          # e + 127
+        index += np.float32(self.k - 127)
+        np.copyto(index, np.float32(0.0), where=small)
+        y -= low
+        np.copyto(low, smallest, where=small)            # now the width to the next level
+        y /= low
+        return index
 
     def decode(self, data, n, step):
         norm = np.frombuffer(data[:4].tobytes(), np.float32)[0]
-        signed = np.frombuffer(data[4:4 + n].tobytes(), np.int8).astype(np.int64)
-        values = self._levels()[np.abs(signed)] * norm
-        return np.where(signed < 0, -values, values).astype(np.float32)
+        signed = np.frombuffer(data[4:4 + n].tobytes(), np.int8)
+        if self.partition == "linear":
+            return signed.astype(np.float32) * np.float32(norm / self.k)
+        table = (self._levels() * norm).astype(np.float32)
+        values = table[np.abs(signed)]
+        np.negative(values, out=values, where=signed < 0)
+        return values
 
     def wire_bytes(self, n):
         return 4 + n

@@ -13,7 +13,9 @@ Rules (spec/pslite-wire.md §3), kept in the order the protocol runs:
 * A node adopts the id of the entry matching its own hostname and port, connects to the
   scheduler, itself and the nodes of the other role, and is ready.
 * BARRIER: the scheduler keeps a plain counter per group, counts every request (its own too) and,
-  when the count reaches the group's size, resets it and answers every member.
+  when the count reaches the group's size, resets it and answers every member. A node's owning
+  thread posts its barrier to its own receive loop (a BARRIER request to itself, as TERMINATE),
+  which stamps it and forwards it to the scheduler: control messages leave from one thread.
 * HEARTBEAT: nodes send one every interval; the scheduler records the time and answers.
 * TERMINATE is only ever sent by a node to itself; receiving it stops the receive loop.
 * Recovery (ps-lite's ``is_recovery``): an anonymous ADD_NODE from one of our servers after the
@@ -427,6 +429,12 @@ class NodeMembership:
             return self._on_recovery_notice(msg)
         if cmd == ControlCommand.BARRIER and not msg.meta.request:
             return [ReleaseBarrier(msg.meta.app_id)]
+        if cmd == ControlCommand.BARRIER:
+            if msg.meta.sender != self.my_node.id or not self.ready:
+                return [Refused("ignored a barrier request from node %s: only the scheduler "
+                                "counts barriers" % msg.meta.sender)]
+            return [Send(barrier_request(msg.meta.control.barrier_group, msg.meta.customer_id,
+                                         self.clock))]
         if cmd == ControlCommand.HEARTBEAT:
             if (msg.meta.extra or {}).get("dead_node"):
                 if msg.meta.sender != SCHEDULER_ID:
@@ -508,6 +516,13 @@ def barrier_request(group: int, customer_id: int, clock: VanClock) -> Message:
                            customer_id=customer_id, app_id=0, request=True)
 
 
+def barrier_post(group: int, customer_id: int, my_id: int) -> Message:
+    """The barrier request a node's owning thread sends to its own receive loop, which stamps
+    it and forwards it to the scheduler (the scheduler's loop counts it directly)."""
+    return control_message(ControlCommand.BARRIER, my_id, barrier_group=group,
+                           customer_id=customer_id, app_id=0, request=True)
+
+
 def terminate_message(my_id: int) -> Message:
     """The TERMINATE a node sends to itself in Stop (no timestamp, customer 0)."""
     return control_message(ControlCommand.TERMINATE, my_id, customer_id=0)
@@ -516,5 +531,5 @@ def terminate_message(my_id: int) -> Message:
 __all__ = ["Connect", "Send", "Ready", "NodeRecovered", "ReleaseBarrier", "Stop", "NodeDead", "Fail", "Refused",
            "VanClock",
            "SchedulerMembership",
-           "NodeMembership", "assign_ids", "group_members", "barrier_request",
+           "NodeMembership", "assign_ids", "group_members", "barrier_request", "barrier_post",
            "terminate_message", "control_message", "ALL_GROUP"]

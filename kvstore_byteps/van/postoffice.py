@@ -4,7 +4,9 @@ It owns the van, runs the membership state machine on the van's receive thread, 
 machine's actions, and hands data messages to customers (the KV apps), each of which runs its
 handler on its own thread so a slow handler never stalls the receive loop.
 
-Thread-safety: ``start``, ``barrier`` and ``finalize`` are for the owning thread; ``send`` and
+Thread-safety: ``start``, ``barrier`` and ``finalize`` are for the owning thread (the receive
+loop does their work: start runs the membership there, a barrier is posted to it through the
+node's connection to itself, finalize ends it with a TERMINATE to itself); ``send`` and
 ``register_customer`` are thread-safe.
 """
 import logging
@@ -20,7 +22,7 @@ from ..logs import PeerLog
 from .membership import (Connect, Fail, NodeDead, NodeMembership, NodeRecovered, Ready, Refused,
                          ReleaseBarrier,
                          SchedulerMembership,
-                         Send, Stop, barrier_request, group_members, terminate_message)
+                         Send, Stop, barrier_post, group_members, terminate_message)
 from .message import (ALL_GROUP, K_EMPTY, SCHEDULER_ID, Message, Node, id_to_rank)
 from .kv_keys import KeyRange, server_key_ranges
 from .netif import choose_host, pick_free_port
@@ -403,7 +405,8 @@ class Postoffice:
             return
         with self._barrier_cond:
             target = self._barrier_released + 1
-        self.send(barrier_request(group, customer_id, self.membership.clock))
+        # posted to the receive loop, which owns the membership and sends control messages
+        self.send(barrier_post(group, customer_id, self.my_id))
         started = time.monotonic()
         with self._barrier_cond:
             while self._barrier_released < target:
