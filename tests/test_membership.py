@@ -400,11 +400,12 @@ def test_the_restarted_server_learns_its_epoch_from_the_reply():
 def test_a_node_forwards_its_own_posted_barrier_and_refuses_others():
     from kvstore_byteps.van.membership import barrier_post
     worker = formed_worker()
+    post = barrier_post(4, 0, 9, worker.clock)
     before = worker.clock.tick()
-    forwarded = sends(worker.handle(from_sender(barrier_post(4, 0, 9), 9), 2.0))
+    forwarded = sends(worker.handle(from_sender(post, 9), 2.0))
     assert len(forwarded) == 1
     sent = forwarded[0].meta
     assert (sent.recver, sent.request, sent.control.barrier_group) == (1, True, 4)
     assert sent.timestamp == before + 1           # stamped on the receive loop
-    refused = worker.handle(from_sender(barrier_post(4, 0, 9), 11), 2.0)
+    refused = worker.handle(from_sender(barrier_post(4, 0, 9, VanClock()), 11), 2.0)
     assert len(refused) == 1 and isinstance(refused[0], Refused)

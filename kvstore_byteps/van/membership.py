@@ -516,10 +516,12 @@ def barrier_request(group: int, customer_id: int, clock: VanClock) -> Message:
                            customer_id=customer_id, app_id=0, request=True)
 
 
-def barrier_post(group: int, customer_id: int, my_id: int) -> Message:
-    """The barrier request a node's owning thread sends to its own receive loop, which stamps
-    it and forwards it to the scheduler (the scheduler's loop counts it directly)."""
-    return control_message(ControlCommand.BARRIER, my_id, barrier_group=group,
+def barrier_post(group: int, customer_id: int, my_id: int, clock: VanClock) -> Message:
+    """The barrier request a node's owning thread sends to its own receive loop, which
+    forwards it to the scheduler with a timestamp of its own (the scheduler's loop counts it
+    directly). It has a timestamp too: PS_RESEND tells messages apart by it, and would drop
+    a second post as a duplicate of the first."""
+    return control_message(ControlCommand.BARRIER, my_id, clock.tick(), barrier_group=group,
                            customer_id=customer_id, app_id=0, request=True)
 
 

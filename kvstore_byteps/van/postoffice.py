@@ -406,7 +406,7 @@ class Postoffice:
         with self._barrier_cond:
             target = self._barrier_released + 1
         # posted to the receive loop, which owns the membership and sends control messages
-        self.send(barrier_post(group, customer_id, self.my_id))
+        self.send(barrier_post(group, customer_id, self.my_id, self.membership.clock))
         started = time.monotonic()
         with self._barrier_cond:
             while self._barrier_released < target:
