@@ -142,3 +142,47 @@ def test_a_request_completes_once_when_the_last_answer_and_a_failure_race():
         assert request.done
         doubled += len(calls) != 1
     assert doubled == 0, "the callback ran twice in %d of 10 races" % doubled
+
+
+# ============================================================================ restarted server
+def test_restoring_a_server_resends_pulls_completes_reported_pushes_and_fences_stale_answers(
+        no_sockets):
+    """KVWorker.restore_server, as the worker engine calls it when a restarted server took over
+    node 8: the push the report carries counts as answered, the pull is re-sent stamped with
+    the epoch, and an answer from the process before the restart (no epoch) is dropped."""
+    held = []
+
+    def hold(req, server):
+        held.append((req, server))
+    network, nodes, workers = make_cluster(workers=1, servers=1, handler=hold)
+    worker, server_po = workers[0], nodes[1]
+    try:
+        push = worker.push([1], np.ones(2, np.float32), [8])
+        pull = worker.pull([1])
+        deadline = time.monotonic() + 5
+        while len(held) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        stale_pull = held[1]
+        done = threading.Event()
+        worker.post(lambda: (worker.restore_server(8, 1, None,
+                                                   lambda meta: meta.push and not meta.pull),
+                             done.set()))
+        assert done.wait(5)
+        assert push.wait(5).keys.size == 0                # answered by the report
+        while len(held) < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        resent = held[2][0]
+        assert resent.meta.pull and resent.meta.extra == {"epoch": 1}
+        stale_pull[1].respond(stale_pull[0], np.array([1], np.uint64),
+                              np.full(2, 9, np.float32), np.array([8], np.int32))
+        time.sleep(0.2)
+        assert not pull.done                              # the old process's answer: dropped
+        server_po.recovery_epoch = 1                      # as a restarted server answers
+        held[2][1].respond(resent, np.array([1], np.uint64), np.full(2, 2, np.float32),
+                           np.array([8], np.int32))
+        assert list(np.frombuffer(pull.wait(5).vals, np.float32)) == [2, 2]
+    finally:
+        for po in reversed(nodes):
+            po.finalize(barrier=False)

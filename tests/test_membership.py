@@ -409,3 +409,16 @@ def test_a_node_forwards_its_own_posted_barrier_and_refuses_others():
     assert sent.timestamp == before + 1           # stamped on the receive loop
     refused = worker.handle(from_sender(barrier_post(4, 0, 9, VanClock()), 11), 2.0)
     assert len(refused) == 1 and isinstance(refused[0], Refused)
+
+
+def test_the_replaced_process_is_not_heard_any_more():
+    """A server that only seemed dead (stalled) and comes back after its id was given to a
+    restarted one: its heartbeats go unanswered, so it declares the scheduler dead and stops."""
+    sched = formed_scheduler(timeout=30.0)
+    sched.handle(restarted_server(5000), 11.0)
+    recovered = [a for a in sched.tick(12.5) if isinstance(a, NodeRecovered)]
+    assert [a.node.port for a in recovered] == [5000]
+    old = sched.handle(heartbeat_from(8, 2000, Role.SERVER), 13.0)
+    assert len(old) == 1 and isinstance(old[0], Refused) and "restarted server" in old[0].reason
+    new = sched.handle(heartbeat_from(8, 5000, Role.SERVER), 13.0)
+    assert sends(new) and sends(new)[0].meta.recver == 8

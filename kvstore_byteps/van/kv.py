@@ -387,6 +387,13 @@ class KVWorker:
         if meta.request:
             log.warning("worker got a request from node %d; dropped", meta.sender)
             return
+        epoch = self._epochs.get(meta.sender)
+        if epoch and (meta.extra or {}).get("epoch") != epoch:
+            # from the process a restarted server replaced (it only seemed dead): not its
+            # answer to give any more
+            log.warning("dropped an answer of server node %d from before its restart %d",
+                        meta.sender, epoch)
+            return
         with self._lock:
             request = self._pending.get(meta.timestamp)
         if request is None:
@@ -442,11 +449,14 @@ class KVServer:
         is a SimpleApp answer's payload (upstream's answers carry none)."""
         data, types = _frames(keys, vals, lens, with_empty_vals=keys is not None)
         m = req.meta
+        extra = {"error": error} if error else {}
+        if self.po.recovery_epoch:    # a restarted server: its answers say so
+            extra["epoch"] = self.po.recovery_epoch
         meta = Meta(head=m.head, request=False, push=m.push, pull=m.pull,
                     simple_app=m.simple_app, app_id=self.app_id, customer_id=m.customer_id,
                     body=body,
                     timestamp=m.timestamp, data_type=types, recver=m.sender,
-                    extra={"error": error} if error else None)
+                    extra=extra or None)
         self.po.send(Message(meta, data))
 
     def _on_message(self, message: Message) -> None:

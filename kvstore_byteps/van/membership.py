@@ -382,6 +382,12 @@ class SchedulerMembership:
             if node.id != msg.meta.sender or node.id not in members:
                 return [Refused("ignored a heartbeat from node %s for node %s: only a node of "
                                 "the cluster heartbeats, for itself" % (msg.meta.sender, node.id))]
+            if node.id in self.epochs and node.address != self._node(node.id).address:
+                # the process a restarted server replaced: it only seemed dead. Unanswered, it
+                # declares the scheduler dead and stops.
+                return [Refused("ignored a heartbeat from %s: node %d is the restarted server "
+                                "at %s now" % (node.address, node.id,
+                                               self._node(node.id).address))]
             if node.id in self.dead:          # declared dead already: too late
                 continue
             self.last_heartbeat[node.id] = now
