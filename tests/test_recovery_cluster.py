@@ -23,29 +23,33 @@ def _wait_for(cluster, name, text, timeout):
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("van,same_port", [("zmq", False), ("byteps_tcp", True)])
-def test_a_restarted_server_is_restored_and_the_sums_stay_exact(van, same_port):
-    env = dict(ENV, DMLC_PS_VAN_TYPE=van)
-    ports = [free_port(), free_port()]
+def _train_kill_and_restart_a_server(env, ports=None, restarted_env=None, timeout=150):
+    """2 workers x 2 servers, 150 varied rounds; server1 is killed (-9) after round 20 and
+    started again with the same environment (and ``ports``' PORT, if given)."""
     with Cluster(num_workers=2, num_servers=2, env=env) as cluster:
         cluster.start("scheduler", SCHEDULER_OURS)
         for rank in range(2):
-            cluster.start("server", SERVER_KNOB,
-                          env={"PORT": str(ports[rank])} if same_port else None)
+            cluster.start("server", SERVER_KNOB, env={"PORT": str(ports[rank])} if ports else None)
         for _ in range(2):
             cluster.start("worker", app("byteps_checks.py", "varied", 150))
         _wait_for(cluster, "worker0", "round 20", 90)
         victim = cluster.procs["server1"][0]
         os.kill(victim.pid, signal.SIGKILL)
         victim.wait(10)
-        cluster.start("server", SERVER_KNOB, name="server1-restarted",
-                      env={"PORT": str(ports[1])} if same_port else None)
-        results = cluster.wait_all(150)
+        again = dict({"PORT": str(ports[1])} if ports else {}, **(restarted_env or {}))
+        cluster.start("server", SERVER_KNOB, name="server1-restarted", env=again)
+        return cluster.wait_all(timeout), cluster.dump()
+
+
+@pytest.mark.parametrize("van,same_port", [("zmq", False), ("byteps_tcp", True)])
+def test_a_restarted_server_is_restored_and_the_sums_stay_exact(van, same_port):
+    results, dump = _train_kill_and_restart_a_server(
+        dict(ENV, DMLC_PS_VAN_TYPE=van), [free_port(), free_port()] if same_port else None)
     for name, (code, out) in results.items():
         if name == "server1":
             assert code == -signal.SIGKILL
             continue
-        assert code == 0, "%s exited %s\n%s" % (name, code, cluster.dump())
+        assert code == 0, "%s exited %s\n%s" % (name, code, dump)
     for name in ("worker0", "worker1"):
         assert "VARIED OK after 150 rounds" in results[name][1], results[name][1]
         assert "sent the restarted server rank" in results[name][1], results[name][1]
@@ -57,22 +61,11 @@ def test_without_server_recovery_a_restarted_server_ends_the_job_saying_what_to_
     naming BYTEPS_SERVER_RECOVERY, the restarted server stops waiting for their reports (at its
     deadline, or when the workers that left are declared dead), and every process exits
     non-zero in bounded time instead of summing wrong."""
-    env = dict(ENV, BYTEPS_SERVER_RECOVERY="0", PS_HEARTBEAT_TIMEOUT="5")
-    with Cluster(num_workers=2, num_servers=2, env=env) as cluster:
-        cluster.start("scheduler", SCHEDULER_OURS)
-        for _ in range(2):
-            cluster.start("server", SERVER_KNOB)
-        for _ in range(2):
-            cluster.start("worker", app("byteps_checks.py", "varied", 150))
-        _wait_for(cluster, "worker0", "round 20", 90)
-        victim = cluster.procs["server1"][0]
-        os.kill(victim.pid, signal.SIGKILL)
-        victim.wait(10)
-        cluster.start("server", SERVER_KNOB, name="server1-restarted",
-                      env={"BYTEPS_START_TIMEOUT": "8"})
-        results = cluster.wait_all(60)
+    results, dump = _train_kill_and_restart_a_server(
+        dict(ENV, BYTEPS_SERVER_RECOVERY="0", PS_HEARTBEAT_TIMEOUT="5"),
+        restarted_env={"BYTEPS_START_TIMEOUT": "8"}, timeout=60)
     for name, (code, out) in results.items():
-        assert code != 0, "%s exited 0\n%s" % (name, cluster.dump())
+        assert code != 0, "%s exited 0\n%s" % (name, dump)
     for name in ("worker0", "worker1"):
         out = results[name][1]
         assert "cannot restore it" in out and "BYTEPS_SERVER_RECOVERY=1" in out, out
