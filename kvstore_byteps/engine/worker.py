@@ -261,7 +261,8 @@ class WorkerEngine:
         for slot in layout.slots:    # where this key's answers will land, every round
             self.po.van.register_recv_buffer(slot.ps_key, slot.nbytes)
             if self._kept is not None:
-                self._kept_rounds(slot, layout.dtype)
+                with self.kv.send_lock:    # a report may be iterating the kept keys
+                    self._kept_rounds(slot, layout.dtype)
         if self.rank == 0:
             flat = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
             requests = [self.kv.push([s.ps_key], flat[s.offset:s.offset + s.nbytes], [s.nbytes],
@@ -515,6 +516,7 @@ class WorkerEngine:
 
     # ------------------------------------------------------------------ restarted servers
     def _kept_rounds(self, slot, dtype) -> KeptRounds:
+        """``slot``'s kept rounds, made on first use (hold ``kv.send_lock``)."""
         kept = self._kept.get(slot.ps_key)
         if kept is None:
             kept = self._kept[slot.ps_key] = KeptRounds(slot.ps_key, dtype, slot.nbytes,

@@ -35,7 +35,7 @@ _STOP_SECONDS = 10.0
 _PROGRESS_LOG_SECONDS = 30.0
 #: data messages kept while the node is not ready yet (a restarted server hears from workers
 #: that learnt of it before its own ADD_NODE answer arrived); more are dropped
-_EARLY_DATA_LIMIT = 100000
+_EARLY_DATA_LIMIT = 10000
 
 
 def make_van(config: Config):
