@@ -19,7 +19,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from .errors import ProtocolError
-from .mxproto import SERVER_DTYPES, MShadowType, RequestType, encode_cmd
+from .mxproto import SERVER_DTYPES, MShadowType, RequestType, encode_cmd, mshadow_code
 
 __all__ = ["KeyReport", "REPORT_CMD", "encode_report", "decode_report"]
 
@@ -44,19 +44,12 @@ class KeyReport:
         return [s for s in (self.latest, self.previous) if s is not None]
 
 
-def _dtype_code(dtype: np.dtype) -> int:
-    for code, known in SERVER_DTYPES.items():
-        if known == dtype:
-            return int(code)
-    raise ValueError("dtype %s cannot be reported" % dtype)
-
-
 def encode_report(reports: List[KeyReport]) -> Tuple[bytes, np.ndarray, np.ndarray, np.ndarray]:
     """(body, keys, vals as uint8, lens) of a report."""
     entries, keys, segments = [], [], []
     for report in reports:
-        entries.append([report.ps_key, _dtype_code(report.dtype), report.nbytes, report.pushed,
-                        report.answered])
+        entries.append([report.ps_key, int(mshadow_code(report.dtype)), report.nbytes,
+                        report.pushed, report.answered])
         for segment in report.segments():
             keys.append(report.ps_key)
             segments.append(segment.reshape(-1).view(np.uint8))

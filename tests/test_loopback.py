@@ -26,7 +26,7 @@ def no_sockets(monkeypatch):
     monkeypatch.setattr(socket, "create_connection", refuse)
 
 
-def make_cluster(workers, servers, heartbeat=(0.0, 0.0), handler=None):
+def make_cluster(workers, servers, heartbeat=(0.0, 0.0), handler=None, server_recovery=False):
     network = LoopbackNetwork()
     roles = [Role.SCHEDULER] + [Role.SERVER] * servers + [Role.WORKER] * workers
     nodes = []
@@ -34,7 +34,8 @@ def make_cluster(workers, servers, heartbeat=(0.0, 0.0), handler=None):
         cfg = Config(role=role, num_workers=workers, num_servers=servers,
                      root_uri="127.0.0.1", root_port=ROOT_PORT, node_host="127.0.0.1",
                      port=ROOT_PORT + 1 + index, start_timeout=10.0, request_timeout=10.0,
-                     heartbeat_interval=heartbeat[0], heartbeat_timeout=heartbeat[1])
+                     heartbeat_interval=heartbeat[0], heartbeat_timeout=heartbeat[1],
+                     server_recovery=server_recovery)
         nodes.append(Postoffice(cfg, van=LoopbackVan(network)))
     stores = {}
 
@@ -154,7 +155,8 @@ def test_restoring_a_server_resends_pulls_completes_reported_pushes_and_fences_s
 
     def hold(req, server):
         held.append((req, server))
-    network, nodes, workers = make_cluster(workers=1, servers=1, handler=hold)
+    network, nodes, workers = make_cluster(workers=1, servers=1, handler=hold,
+                                           server_recovery=True)
     worker, server_po = workers[0], nodes[1]
     try:
         push = worker.push([1], np.ones(2, np.float32), [8])

@@ -162,7 +162,7 @@ def test_reports_that_cannot_come_from_one_cluster_are_refused():
 
 # ------------------------------------------------------------------ the gate
 def test_the_gate_fills_in_keys_a_worker_never_pushed_and_names_the_missing():
-    gate = RecoveryGate(1, 2, deadline=100.0)
+    gate = RecoveryGate(2, deadline=100.0)
     assert not gate.add(WORKER0, [KeyReport(4, F32, 8, 1, 0, np.ones(2, F32))])
     assert gate.missing() == [WORKER1]
     with pytest.raises(ProtocolError, match="second recovery report"):
@@ -173,7 +173,7 @@ def test_the_gate_fills_in_keys_a_worker_never_pushed_and_names_the_missing():
 
 
 def test_workers_disagreeing_on_a_keys_size_are_refused():
-    gate = RecoveryGate(1, 2, deadline=100.0)
+    gate = RecoveryGate(2, deadline=100.0)
     gate.add(WORKER0, [KeyReport(4, F32, 8, 0, 0)])
     gate.add(WORKER1, [KeyReport(4, F32, 12, 0, 0)])
     with pytest.raises(ProtocolError, match="ps key 4"):

@@ -106,7 +106,7 @@ class BytePSServer(KVStoreDistServer):
         """This server took over a dead one's id (its ``epoch``-th restart): hold every request
         until all workers' reports arrived, before monotonic time ``deadline``."""
         self.epoch = epoch
-        self._recovery = RecoveryGate(epoch, self.num_workers, deadline)
+        self._recovery = RecoveryGate(self.num_workers, deadline)
 
     @property
     def restoring(self) -> bool:

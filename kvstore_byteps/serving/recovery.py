@@ -12,21 +12,17 @@ import numpy as np
 
 from ..errors import ProtocolError
 from ..recovery_report import KeyReport
+from ..van.message import worker_rank_to_id
 
-__all__ = ["RecoveryGate", "worker_ids"]
-
-
-def worker_ids(num_workers: int) -> List[int]:
-    """ps-lite's worker node ids: 9, 11, ..."""
-    return [9 + 2 * rank for rank in range(num_workers)]
+__all__ = ["RecoveryGate"]
 
 
 class RecoveryGate:
     """The reports received so far, and the requests held until the last one arrives.
     Driven by one thread (the KV server's handler thread)."""
 
-    def __init__(self, epoch: int, num_workers: int, deadline: float):
-        self.epoch, self.num_workers, self.deadline = epoch, num_workers, deadline
+    def __init__(self, num_workers: int, deadline: float):
+        self.num_workers, self.deadline = num_workers, deadline
         self.reports: Dict[int, List[KeyReport]] = {}
         #: (is_command, request, responder), in arrival order
         self.held: List[tuple] = []
@@ -44,7 +40,8 @@ class RecoveryGate:
 
     def missing(self) -> List[int]:
         """The worker ids whose report has not arrived."""
-        return [w for w in worker_ids(self.num_workers) if w not in self.reports]
+        return [worker_rank_to_id(rank) for rank in range(self.num_workers)
+                if worker_rank_to_id(rank) not in self.reports]
 
     def keys(self) -> Dict[int, Tuple[np.dtype, int, Dict[int, tuple]]]:
         """ps key -> (dtype, bytes, {worker: (pushed, answered, latest, previous)}); a worker

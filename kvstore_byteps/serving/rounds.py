@@ -65,11 +65,12 @@ class KeyRounds:
             raise ProtocolError("key %d: reports of %d workers, expected %d"
                                 % (ps_key, len(states), num_workers))
         top = max(pushed for pushed, _, _, _ in states.values())
+        top_complete = all(pushed == top for pushed, _, _, _ in states.values())
         for sender, (pushed, answered, _, _) in states.items():
             if pushed not in (top, top - 1) or not pushed - 1 <= answered <= pushed:
                 raise ProtocolError("key %d: node %d reports %d pushes and %d answers, others "
                                     "%d pushes" % (ps_key, sender, pushed, answered, top))
-            if answered == top and any(p < top for p, _, _, _ in states.values()):
+            if answered == top and not top_complete:
                 raise ProtocolError("key %d: node %d reports round %d answered, but not every "
                                     "worker pushed it" % (ps_key, sender, top - 1))
             rounds._pushed[sender] = pushed
@@ -78,8 +79,7 @@ class KeyRounds:
             rounds._restore_slot(top - 1, [(latest, answered == top) for pushed, answered,
                                            latest, _ in states.values() if pushed == top])
         if top >= 2:
-            behind = [state for state in states.values() if state[1] == top - 2]
-            if behind:
+            if any(answered == top - 2 for _, answered, _, _ in states.values()):
                 parts = [(latest if pushed == top - 1 else previous, answered >= top - 1)
                          for pushed, answered, latest, previous in states.values()]
             else:       # all answered: only its place in the double buffer matters

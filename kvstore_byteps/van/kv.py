@@ -101,7 +101,8 @@ class Request:
         self.result: Optional[KVPairs] = None
         self.head: Optional[int] = None
         self.bodies: Dict[int, bytes] = {}      # server id -> body of its answer
-        #: server id -> the message sent there (re-sent if that server is restarted)
+        #: server id -> the message sent there, kept with BYTEPS_SERVER_RECOVERY (re-sent if
+        #: that server is restarted)
         self.messages: Dict[int, Message] = {}
 
     def waits_for(self, server: int) -> bool:
@@ -199,7 +200,9 @@ class KVWorker:
         #: a request is either in the restoring worker's report or sent after it, never both
         self.send_lock = threading.RLock()
         self._epochs: Dict[int, int] = {}            # server id -> restarts (when > 0)
-        self._park_unreachable = postoffice.config.server_recovery
+        #: BYTEPS_SERVER_RECOVERY: keep each request's messages (to re-send them to a restarted
+        #: server) and let requests to an unreachable server wait for it
+        self._restorable = postoffice.config.server_recovery
         self._parked_logged: set = set()
         # Requests completed by callback (no one calls wait) still get a deadline: the
         # postoffice's tick notices an overdue request and the customer thread, which also
@@ -359,11 +362,12 @@ class KVWorker:
         return request
 
     def _send(self, request: Request, message: Message) -> None:
-        request.messages[message.meta.recver] = message
+        if self._restorable:
+            request.messages[message.meta.recver] = message
         try:
             self.po.send(message)
         except PeerError as exc:
-            if not (self._park_unreachable and message.meta.recver % 2 == 0
+            if not (self._restorable and message.meta.recver % 2 == 0
                     and not self.po.stopped):
                 self._fail_send(request, message, exc)
             # a server may be restarted (BYTEPS_SERVER_RECOVERY): the request waits for it,
