@@ -12,8 +12,9 @@ from kvstore_byteps.engine.keyhash import KeyHash
 from kvstore_byteps.engine.partition import KeyLayoutError
 from kvstore_byteps.errors import ConfigError
 from kvstore_byteps.van.kv_keys import server_key_range, server_of_key
+from tests.vectors import VECTOR_DIR
 
-VECTORS = Path("/work/shared/spec/vectors")
+VECTORS = Path(VECTOR_DIR)
 
 
 # --- hash functions -----------------------------------------------------------------------

@@ -1,10 +1,11 @@
-"""Access to the golden wire vectors captured from MXNet 1.9.1 (../shared/spec/vectors)."""
+"""Access to the golden wire vectors captured from MXNet 1.9.1 (tests/data/vectors, whose
+README.md says how they were captured; ``KVSTORE_BYTEPS_VECTORS`` points elsewhere)."""
 import json
 import os
 
 VECTOR_DIR = os.environ.get(
     "KVSTORE_BYTEPS_VECTORS",
-    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "spec", "vectors"))
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "vectors"))
 
 
 def load_index():
