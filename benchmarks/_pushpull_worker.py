@@ -11,11 +11,12 @@ ones starts from zeroed outputs and checks that sum, so a fast but wrong run is 
 compression simulated here for every rank and the server over every round (lossy compressors
 are not exact even on constant inputs); the other ranks leave the check to it.
 
-Prints one line ``BENCH_RESULT {json}`` (iteration times in seconds, the check, what the store
-talked to); exits 3 if the sums were wrong.
+Prints one line ``BENCH_RESULT {json}`` (iteration times in seconds, this process's CPU per
+timed iteration, the check, what the store talked to); exits 3 if the sums were wrong.
 """
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -147,12 +148,18 @@ def main(argv=None) -> int:
     for _ in range(args.warmup):
         one_iteration(kv, grads, outs, args.mode)
     kv._barrier()           # every worker starts the timed iterations together
+    cpu_before = os.times()
     times = [one_iteration(kv, grads, outs, args.mode) for _ in range(args.iters)]
+    cpu_after = os.times()
     compression = json.loads(args.compression) if args.compression else None
     check = check_sums(kv, grads, outs, args.mode, compression, args.warmup + args.iters + 1)
     result = {"rank": rank, "workers": kv.num_workers, "kvstore": args.kvstore,
               "flavor": store_flavor(kv), "mode": args.mode, "init_s": init_s,
               "times_s": times, "check": check,
+              # this process's CPU per timed iteration (the untimed refill included): on a
+              # machine whose cores are all busy, CPU per step is what sets the speed
+              "cpu_user_s": (cpu_after.user - cpu_before.user) / max(args.iters, 1),
+              "cpu_system_s": (cpu_after.system - cpu_before.system) / max(args.iters, 1),
               "bytes": int(sum(int(np.prod(s)) for s in shapes) * 4)}
     print(RESULT_TAG + json.dumps(result), flush=True)
     kv._barrier()

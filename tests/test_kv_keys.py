@@ -6,8 +6,8 @@ from kvstore_byteps.van.kv_keys import as_keys, key_range_of, server_key_ranges,
 
 
 def test_ranges_match_upstream_for_two_servers():
-    assert server_key_ranges(2) == [(0, 9223372036854775807),
-                                    (9223372036854775807, 18446744073709551614)]
+    assert list(server_key_ranges(2)) == [(0, 9223372036854775807),
+                                          (9223372036854775807, 18446744073709551614)]
 
 
 def test_slice_by_lens_and_skip_empty_servers():
@@ -41,3 +41,15 @@ def test_keys_must_be_sorted_and_range_lookup():
         as_keys([3, 3])
     ranges = server_key_ranges(4)
     assert key_range_of(ranges[3].begin, ranges)[0] == 3
+
+
+def test_a_request_for_one_server_is_one_slice_and_still_checked():
+    ranges = server_key_ranges(2)
+    keys = as_keys([ranges[1].begin, ranges[1].begin + 3])
+    vals = np.arange(6, dtype=np.float32)
+    (part,) = slice_request(keys, vals, np.array([8, 16], np.int32), ranges)
+    assert part.server_rank == 1 and part.vals.nbytes == 24 and list(part.lens) == [8, 16]
+    with pytest.raises(ValueError, match="lens sum to 20"):
+        slice_request(keys, vals, np.array([8, 12], np.int32), ranges)
+    with pytest.raises(ValueError, match="cannot be split evenly"):
+        slice_request(keys, np.arange(5, dtype=np.uint8), None, ranges)

@@ -95,7 +95,10 @@ class Request:
         self._callback = callback
         self._lock = threading.Lock()
         self._finished = False
-        self._done = threading.Event()
+        self._completed = False
+        #: made only for a caller of wait(): most requests complete by callback, and an Event
+        #: per request cost as much as the rest of its bookkeeping
+        self._completed_event: Optional[threading.Event] = None
         self.error: Optional[BaseException] = None
         self.started = time.monotonic()
         self.result: Optional[KVPairs] = None
@@ -111,7 +114,7 @@ class Request:
 
     @property
     def done(self) -> bool:
-        return self._done.is_set()
+        return self._completed
 
     def _on_response(self, sender: int, meta: Meta, kvs: KVPairs) -> None:
         with self._lock:
@@ -152,7 +155,11 @@ class Request:
         """Runs once, by the thread that claimed the completion."""
         if self.error is None:
             self.result = _concat(self._parts)
-        self._done.set()
+        with self._lock:
+            self._completed = True
+            event = self._completed_event
+        if event is not None:
+            event.set()
         if self._callback is not None:
             try:
                 self._callback(self)
@@ -165,7 +172,11 @@ class Request:
         Raises PeerError if a server answered with an error, DeadlineError naming the servers
         that did not answer within ``timeout`` seconds.
         """
-        if not self._done.wait(timeout):
+        with self._lock:
+            event = None
+            if not self._completed:
+                event = self._completed_event = self._completed_event or threading.Event()
+        if event is not None and not event.wait(timeout):
             raise DeadlineError(self.describe_wait(timeout))
         if self.error is not None:
             raise self.error

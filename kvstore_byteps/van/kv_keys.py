@@ -1,4 +1,5 @@
 """Key ranges and key slicing of ps-lite's KV layer (spec §4.1). Pure."""
+import functools
 from typing import List, NamedTuple, Optional, Tuple
 
 import numpy as np
@@ -21,9 +22,10 @@ def server_key_range(rank: int, num_servers: int) -> KeyRange:
     return KeyRange(step * rank, step * (rank + 1))
 
 
-def server_key_ranges(num_servers: int) -> List[KeyRange]:
-    """Every server's :func:`server_key_range`, by rank."""
-    return [server_key_range(rank, num_servers) for rank in range(num_servers)]
+@functools.lru_cache(maxsize=None)
+def server_key_ranges(num_servers: int) -> Tuple[KeyRange, ...]:
+    """Every server's :func:`server_key_range`, by rank (asked for on every request: cached)."""
+    return tuple(server_key_range(rank, num_servers) for rank in range(num_servers))
 
 
 def server_of_key(ps_key: int, num_servers: int) -> int:
@@ -56,17 +58,18 @@ def slice_request(keys: np.ndarray, vals, lens: Optional[np.ndarray],
     With ``lens`` the vals are split by the per-key byte lengths; without, evenly per key.
     """
     vals = memoryview(vals).cast("B") if vals is not None else memoryview(b"")
+    if len(keys):
+        # the usual request: every key on one server (the worker groups them so); no numpy
+        first, last = int(keys[0]), int(keys[-1])
+        for rank, key_range in enumerate(ranges):
+            if key_range.begin <= first and last < key_range.end:
+                _check_split(keys, vals, lens)
+                return [Slice(rank, keys, vals, lens)]
     bounds = np.searchsorted(keys, np.array([r.begin for r in ranges] + [ranges[-1].end],
                                             dtype=np.uint64))
+    _check_split(keys, vals, lens)
     if lens is not None:
-        if len(lens) != len(keys):
-            raise ValueError("lens has %d entries for %d keys" % (len(lens), len(keys)))
         offsets = np.concatenate(([0], np.cumsum(lens, dtype=np.int64)))
-        if offsets[-1] != vals.nbytes:
-            raise ValueError("lens sum to %d bytes but vals has %d" % (offsets[-1], vals.nbytes))
-    elif len(keys) and vals.nbytes % len(keys):
-        raise ValueError("%d value bytes cannot be split evenly over %d keys"
-                         % (vals.nbytes, len(keys)))
     per_key = vals.nbytes // len(keys) if len(keys) else 0
     slices = []
     for rank in range(len(ranges)):
@@ -79,6 +82,19 @@ def slice_request(keys: np.ndarray, vals, lens: Optional[np.ndarray],
             part = vals[lo * per_key:hi * per_key]
         slices.append(Slice(rank, keys[lo:hi], part, None if lens is None else lens[lo:hi]))
     return slices
+
+
+def _check_split(keys: np.ndarray, vals: memoryview, lens: Optional[np.ndarray]) -> None:
+    """ValueError unless ``vals`` splits over ``keys`` (by ``lens``, or evenly)."""
+    if lens is not None:
+        if len(lens) != len(keys):
+            raise ValueError("lens has %d entries for %d keys" % (len(lens), len(keys)))
+        total = int(lens.sum(dtype=np.int64))
+        if total != vals.nbytes:
+            raise ValueError("lens sum to %d bytes but vals has %d" % (total, vals.nbytes))
+    elif len(keys) and vals.nbytes % len(keys):
+        raise ValueError("%d value bytes cannot be split evenly over %d keys"
+                         % (vals.nbytes, len(keys)))
 
 
 def key_range_of(key: int, ranges: List[KeyRange]) -> Tuple[int, KeyRange]:

@@ -159,7 +159,7 @@ class Postoffice:
     def error(self) -> Optional[BaseException]:
         return self._error
 
-    def server_key_ranges(self) -> List[KeyRange]:
+    def server_key_ranges(self) -> Tuple[KeyRange, ...]:
         return server_key_ranges(self.num_servers)
 
     def group_ids(self, group: int) -> List[int]:
