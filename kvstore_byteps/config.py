@@ -86,6 +86,7 @@ class Env:
     TRACE_END_STEP = "BYTEPS_TRACE_END_STEP"
     TRACE_DIR = "BYTEPS_TRACE_DIR"
     GC_FREEZE = "BYTEPS_GC_FREEZE"
+    KEEP_FREED_MEMORY = "BYTEPS_KEEP_FREED_MEMORY"
     AUTH_KEY = "BYTEPS_AUTH_KEY"
     AUTH_KEY_FILE = "BYTEPS_AUTH_KEY_FILE"
     SERVER_RECOVERY = "BYTEPS_SERVER_RECOVERY"
@@ -133,6 +134,8 @@ class Config:
     trace_end_step: int = 20
     trace_dir: str = "./trace"
     gc_freeze: bool = True
+    #: servers and dist_byteps workers raise glibc's mmap/trim thresholds (memory.py)
+    keep_freed_memory: bool = True
     #: dist_byteps workers keep what a restarted server needs to rebuild its rounds
     server_recovery: bool = False
     #: the cluster's shared secret (BYTEPS_AUTH_KEY or the BYTEPS_AUTH_KEY_FILE's content);
@@ -187,6 +190,7 @@ class Config:
             trace_end_step=env.get(Env.TRACE_END_STEP, _nonnegative_int, 20),
             trace_dir=env.get(Env.TRACE_DIR, _nonempty, "./trace"),
             gc_freeze=env.flag(Env.GC_FREEZE, True),
+            keep_freed_memory=env.flag(Env.KEEP_FREED_MEMORY, True),
             server_recovery=env.flag(Env.SERVER_RECOVERY, False),
             auth_key=_auth_key(env),
         )

@@ -43,6 +43,9 @@ def run_server(config: Config) -> int:
     from .van.kv import KVServer            # the transport is imported only to run for real
     from .van.message import ALL_GROUP
     from .van.postoffice import Postoffice
+    if config.keep_freed_memory:
+        from .memory import keep_freed_memory
+        keep_freed_memory()
     postoffice = Postoffice(config)
     server = build_server(config, config.num_workers, key_begin=0)
     server.expect_pushes = postoffice.van.register_recv_buffer

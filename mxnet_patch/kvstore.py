@@ -93,6 +93,9 @@ class KVStoreBytePS(KVStoreBase):
         from kvstore_byteps.logs import setup_library_logging
         config = Config.from_env()
         setup_library_logging(config, "[worker]")  # PS_VERBOSE / BYTEPS_LOG_LEVEL reach workers too
+        if config.keep_freed_memory:
+            from kvstore_byteps.memory import keep_freed_memory
+            keep_freed_memory()
         self._engine = WorkerEngine(config).start()
         self._str_keys = {}
         self._key_kind = None

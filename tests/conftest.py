@@ -30,6 +30,7 @@ KIND = {
     "test_engine_partition": "unit", "test_engine_reduce": "unit",
     "test_engine_credit": "unit", "test_engine_stages": "unit", "test_engine_trace": "unit",
     "test_kv_keys": "unit", "test_layers": "unit", "test_loopback": "unit",
+    "test_memory": "loopback",
     "test_membership": "unit", "test_mxnet_patch_engine_async": "unit",
     "test_mxnet_patch_views": "unit", "test_resend": "unit", "test_server_byteps": "unit",
     "test_server_dist": "unit", "test_server_pickle": "unit", "test_server_protocol": "unit",
