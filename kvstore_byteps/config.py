@@ -181,7 +181,8 @@ class Config:
             partition_spread_bytes=env.get(Env.PARTITION_SPREAD_BYTES, _nonnegative_int,
                                            262144),
             scheduling_credit=env.get(Env.SCHEDULING_CREDIT, _positive_int, 4),
-            server_engine_threads=env.get(Env.SERVER_ENGINE_THREAD, _positive_int, 4),
+            server_engine_threads=env.get(Env.SERVER_ENGINE_THREAD, _positive_int,
+                                          default_server_engine_threads(usable_cores())),
             enable_async=env.flag(Env.ENABLE_ASYNC, False),
             key_hash_fn=env.get(Env.KEY_HASH_FN, _choice(KEY_HASH_FNS), "balanced"),
             log_level=env.get(Env.LOG_LEVEL, _choice(LOG_LEVELS), "WARNING"),
@@ -263,6 +264,22 @@ def _int(text: str) -> int:
         return int(text)
     except ValueError:
         raise ValueError("expected an integer") from None
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, e.g. a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def default_server_engine_threads(cores: int) -> int:
+    """BytePS's 4 summing threads, but at most half the cores: the server's receive, request
+    and ZeroMQ threads need the rest. Measured on 2 cores shared by 2 workers and 2 servers
+    (loopback, ResNet-50's gradients): 1 thread 136 ms per step, 2 threads 138, 4 threads
+    140-149; one 100 MB tensor the same with 1, 2 or 4."""
+    return min(4, max(1, cores // 2))
 
 
 def _positive_int(text: str) -> int:
