@@ -130,7 +130,7 @@ class _Operation:
 
     def __init__(self, fn: Callable[[Done], None], arrays: Sequence[Any], name: bytes,
                  inline: bool):
-        self.fn, self.arrays, self.name, self.inline = fn, list(arrays), name, inline
+        self.fn, self.arrays, self.name, self.inline = fn, arrays, name, inline
         #: set by done(); made only for an operation run inside its push call (NaiveEngine),
         #: whose pusher waits on it (an Event per operation cost 1/7 of pushpull's own time)
         self.finished: Optional[threading.Event] = None
@@ -251,8 +251,13 @@ _register_error_types()
 _PUSHING = threading.local()
 
 
+_HANDLE_ARRAYS = [ctypes.c_void_p * n for n in range(4)]   # the usual sizes, made once
+
+
 def _handles(arrays: Sequence[Any]):
-    return (ctypes.c_void_p * len(arrays))(*[array.handle.value for array in arrays])
+    n = len(arrays)
+    kind = _HANDLE_ARRAYS[n] if n < len(_HANDLE_ARRAYS) else ctypes.c_void_p * n
+    return kind(*[array.handle.value for array in arrays])
 
 
 def _context(ctx: Any) -> _Context:
@@ -273,11 +278,11 @@ def push_async(fn: Callable[[Done], None], const_arrays: Sequence[Any] = (),
     ``done(exception)``. ``ctx`` is the mxnet.Context the engine schedules on (default CPU 0,
     whose start also waits for GPU producers of the inputs). Thread-safe.
     """
-    for array in list(const_arrays) + list(mutable_arrays):
+    arrays = [*const_arrays, *mutable_arrays]
+    for array in arrays:
         if not hasattr(array, "handle"):
             raise TypeError("push_async takes mxnet NDArrays, got %r" % type(array).__name__)
-    operation = _Operation(fn, list(const_arrays) + list(mutable_arrays),
-                           name.encode("utf-8"), inline)
+    operation = _Operation(fn, arrays, name.encode("utf-8"), inline)
     op_id = _REGISTRY.add(operation)
     context = _context(ctx)
     _PUSHING.active = True

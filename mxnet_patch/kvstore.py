@@ -35,14 +35,16 @@ def _placement(key, arrays):
 
 
 class _CachedViews:
-    __slots__ = ("arrays", "views")
+    __slots__ = ("arrays", "ids", "views")
 
     def __init__(self, arrays, views):
         self.arrays, self.views = arrays, views
+        self.ids = tuple(map(id, arrays))
 
     def same_arrays(self, arrays) -> bool:
-        return len(arrays) == len(self.arrays) and all(
-            a is b for a, b in zip(arrays, self.arrays))
+        # Identity, compared by id: the entry keeps its arrays alive, so no other object can
+        # have their ids meanwhile (one tuple compare instead of a generator per key).
+        return tuple(map(id, arrays)) == self.ids
 
 
 class _ViewCache(dict):

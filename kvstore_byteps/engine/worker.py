@@ -308,8 +308,11 @@ class WorkerEngine:
                  = None) -> Task:
         """Sum ``inputs`` over local devices and all workers into every output. Returns at once;
         ``on_done(error_or_None)`` runs on a pipeline thread when finished."""
-        layout = self.layout(key, inputs[0].shape, inputs[0].dtype)
-        for array in list(inputs) + list(outputs):
+        first = inputs[0]
+        layout = self._layouts.get(key)      # the usual case without the lock: a known key
+        if layout is None or layout.shape != first.shape or layout.dtype != first.dtype:
+            layout = self.layout(key, first.shape, first.dtype)
+        for array in (*inputs, *outputs):
             if array.shape != layout.shape or array.dtype != layout.dtype:
                 raise KeyLayoutError("%s: got an array of shape %s and dtype %s"
                                      % (layout.name, array.shape, array.dtype))
