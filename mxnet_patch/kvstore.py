@@ -218,8 +218,11 @@ class KVStoreBytePS(KVStoreBase):
     def _submit(self, ikey, values, outs, priority):
         from mxnet_patch.engine_async import push_async
         engine = self._engine
-        same = [o for o in outs if any(o is v for v in values)]
-        const = [v for v in values if not any(v is o for o in same)]
+        if outs is values:                  # in place
+            const = []
+        else:                               # an array both read and written is only written
+            written = set(map(id, outs))
+            const = [v for v in values if id(v) not in written]
         arrays = values + outs
         cached = self._views.get(ikey)     # only CPU arrays get cached views
         on_gpu = not (cached and cached.same_arrays(arrays)) and _placement(ikey, arrays)

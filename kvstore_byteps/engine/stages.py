@@ -213,6 +213,9 @@ class Pipeline:
         self._next = dict(zip(self._order, self._order[1:] + [None]))
         self._tracer = tracer if tracer is not None and tracer.enabled else None
         self._active: Dict[int, Task] = {}
+        #: stages whose thread must be woken once the lock's holder is done (one notify per
+        #: stage, not per item: a batch of answers moves many items at once)
+        self._to_wake: set = set()
         self._closing = False
         self._stopping = False
         self._threads = [threading.Thread(target=self._loop, args=(spec,), daemon=True,
@@ -316,6 +319,7 @@ class Pipeline:
                     self._retire_locked(item, resolved)
                 else:
                     self._advance_locked(spec.stage, item, resolved)
+            self._wake_locked()
         _resolve(resolved)
 
     def _drop(self, items: List[WorkItem]) -> None:
@@ -324,6 +328,7 @@ class Pipeline:
         with self._lock:
             for item in items:
                 self._retire_locked(item, resolved)
+            self._wake_locked()
         _resolve(resolved)
 
     def _advance_locked(self, stage: Stage, item: WorkItem, resolved: List[Task]) -> None:
@@ -334,13 +339,18 @@ class Pipeline:
             self._retire_locked(item, resolved)
             return
         self._queues[following].push(item, item.priority)
-        self._wake[following].notify()
+        self._to_wake.add(following)
 
     def _release_locked(self, item: WorkItem) -> None:
         if item.holds_credit:
             item.holds_credit = False
             self._queues[self._span[0]].release(self._cost(item))
-            self._wake[self._span[0]].notify()
+            self._to_wake.add(self._span[0])
+
+    def _wake_locked(self) -> None:
+        for stage in self._to_wake:
+            self._wake[stage].notify()
+        self._to_wake.clear()
 
     def _retire_locked(self, item: WorkItem, resolved: List[Task]) -> None:
         self._release_locked(item)
@@ -380,6 +390,7 @@ class Pipeline:
             while self._active and time.monotonic() < deadline:
                 self._idle.wait(max(deadline - time.monotonic(), 0.0))
             resolved = self._abort_locked()
+            self._to_wake.clear()                 # every thread is woken below
             self._stopping = True
             for wake in self._wake.values():
                 wake.notify_all()
