@@ -91,6 +91,9 @@ class Run:
     flavor: str = ""
     mode: str = ""
     detail: str = ""
+    #: a worker's CPU seconds (user + system) per timed iteration, refill included, mean over
+    #: the workers: on a machine whose cores are all busy this is what sets the speed
+    worker_cpu_s: Optional[float] = None
 
 
 def resnet50_shapes() -> List[Tuple[int, ...]]:
@@ -165,6 +168,8 @@ def summarise(run: Run, rc: int, output: str, workers: int) -> Run:
         per_iter = [max(times) for times in zip(*(r["times_s"] for r in results))]
         run.median_s = statistics.median(per_iter)
         run.flavor, run.mode = results[0]["flavor"], results[0]["mode"]
+        cpu = [r["cpu_user_s"] + r["cpu_system_s"] for r in results if "cpu_user_s" in r]
+        run.worker_cpu_s = statistics.mean(cpu) if cpu else None
     return run
 
 
