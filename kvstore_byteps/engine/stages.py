@@ -39,11 +39,11 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import DeadlineError, KVStoreBytePSError
+from ..future import Future
 from .credit import CreditScheduler
 from .trace import Tracer, now_ns
 
-__all__ = ["Stage", "StageSpec", "Task", "TaskFuture", "WorkItem", "Pipeline",
-           "PipelineClosedError"]
+__all__ = ["Stage", "StageSpec", "Task", "WorkItem", "Pipeline", "PipelineClosedError"]
 
 log = logging.getLogger(__name__)
 
@@ -74,75 +74,6 @@ class StageSpec:
     batch: bool = False
 
 
-class TaskFuture:
-    """A task's outcome, as ``concurrent.futures.Future`` offers it (``done``, ``result``,
-    ``exception``, ``add_done_callback``) without a Condition per task: a key's pushpull made
-    one, and notified it, every step. An Event is made only for a caller that waits."""
-
-    __slots__ = ("_lock", "_done", "_result", "_error", "_callbacks", "_event")
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._done = False
-        self._result: Any = None
-        self._error: Optional[BaseException] = None
-        self._callbacks: List[Callable[["TaskFuture"], None]] = []
-        self._event: Optional[threading.Event] = None
-
-    def done(self) -> bool:
-        return self._done
-
-    def add_done_callback(self, fn: Callable[["TaskFuture"], None]) -> None:
-        """Call ``fn(self)`` when finished (at once, on this thread, if it already is)."""
-        with self._lock:
-            if not self._done:
-                self._callbacks.append(fn)
-                return
-        fn(self)
-
-    def result(self, timeout: Optional[float] = None) -> Any:
-        """The task; raises its error, or TimeoutError after ``timeout`` seconds."""
-        self._wait(timeout)
-        if self._error is not None:
-            raise self._error
-        return self._result
-
-    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
-        self._wait(timeout)
-        return self._error
-
-    def set_result(self, result: Any) -> None:
-        self._finish(result, None)
-
-    def set_exception(self, error: BaseException) -> None:
-        self._finish(None, error)
-
-    def _finish(self, result: Any, error: Optional[BaseException]) -> None:
-        with self._lock:
-            if self._done:
-                raise RuntimeError("a task's future is finished once")
-            self._done, self._result, self._error = True, result, error
-            callbacks, self._callbacks = self._callbacks, []
-            event = self._event
-        if event is not None:
-            event.set()
-        for fn in callbacks:
-            try:
-                fn(self)
-            except Exception:  # as concurrent.futures: one callback's failure stops no other
-                log.exception("callback of a task's future failed")
-
-    def _wait(self, timeout: Optional[float]) -> None:
-        with self._lock:
-            if self._done:
-                return
-            if self._event is None:
-                self._event = threading.Event()
-            event = self._event
-        if not event.wait(timeout):
-            raise TimeoutError("task not finished within %s s" % timeout)
-
-
 class Task:
     """One tensor's trip through the pipeline. Stage functions read and write its fields."""
 
@@ -157,7 +88,7 @@ class Task:
         self.priority = priority
         self.name = name or "key %s" % (key,)
         self.context = context
-        self.future = TaskFuture()
+        self.future = Future()
         self.step = 0
         self._remaining = len(self.partitions)
         self._error: Optional[BaseException] = None
@@ -230,7 +161,7 @@ class Pipeline:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    def submit(self, task: Task) -> TaskFuture:
+    def submit(self, task: Task) -> Future:
         """Queue ``task``'s partitions at the first stage; return its future."""
         first = self._order[0]
         with self._lock:

@@ -220,6 +220,9 @@ class WorkerEngine:
 
     def layout(self, key: int, shape, dtype) -> KeyLayout:
         """The wire layout of ``key``; KeyLayoutError naming the key if shape/dtype changed."""
+        known = self._layouts.get(key)    # every pushpull asks: a known key needs no lock
+        if known is not None and known.shape == tuple(shape) and known.dtype == dtype:
+            return known
         shape, dtype = tuple(int(d) for d in shape), np.dtype(dtype)
         with self._layout_lock:
             known = self._layouts.get(key)
@@ -308,10 +311,7 @@ class WorkerEngine:
                  = None) -> Task:
         """Sum ``inputs`` over local devices and all workers into every output. Returns at once;
         ``on_done(error_or_None)`` runs on a pipeline thread when finished."""
-        first = inputs[0]
-        layout = self._layouts.get(key)      # the usual case without the lock: a known key
-        if layout is None or layout.shape != first.shape or layout.dtype != first.dtype:
-            layout = self.layout(key, first.shape, first.dtype)
+        layout = self.layout(key, inputs[0].shape, inputs[0].dtype)
         for array in (*inputs, *outputs):
             if array.shape != layout.shape or array.dtype != layout.dtype:
                 raise KeyLayoutError("%s: got an array of shape %s and dtype %s"

@@ -40,8 +40,8 @@ class RecoveryGate:
 
     def missing(self) -> List[int]:
         """The worker ids whose report has not arrived."""
-        return [worker_rank_to_id(rank) for rank in range(self.num_workers)
-                if worker_rank_to_id(rank) not in self.reports]
+        ids = (worker_rank_to_id(rank) for rank in range(self.num_workers))
+        return [node for node in ids if node not in self.reports]
 
     def keys(self) -> Dict[int, Tuple[np.dtype, int, Dict[int, tuple]]]:
         """ps key -> (dtype, bytes, {worker: (pushed, answered, latest, previous)}); a worker

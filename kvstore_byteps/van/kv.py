@@ -24,6 +24,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional
 import numpy as np
 
 from ..errors import DeadlineError, PeerError, ProtocolError
+from ..future import Future
 from ..logs import PeerLog
 from .kv_keys import as_keys, slice_request
 from .message import DataType, Message, Meta, server_rank_to_id
@@ -94,11 +95,8 @@ class Request:
         self._parts: List[KVPairs] = []
         self._callback = callback
         self._lock = threading.Lock()
-        self._finished = False
-        self._completed = False
-        #: made only for a caller of wait(): most requests complete by callback, and an Event
-        #: per request cost as much as the rest of its bookkeeping
-        self._completed_event: Optional[threading.Event] = None
+        self._finished = False           # completion claimed (answers are not taken any more)
+        self._outcome = Future()         # done once the result is set, before the callback
         self.error: Optional[BaseException] = None
         self.started = time.monotonic()
         self.result: Optional[KVPairs] = None
@@ -114,7 +112,7 @@ class Request:
 
     @property
     def done(self) -> bool:
-        return self._completed
+        return self._outcome.done()
 
     def _on_response(self, sender: int, meta: Meta, kvs: KVPairs) -> None:
         with self._lock:
@@ -155,11 +153,7 @@ class Request:
         """Runs once, by the thread that claimed the completion."""
         if self.error is None:
             self.result = _concat(self._parts)
-        with self._lock:
-            self._completed = True
-            event = self._completed_event
-        if event is not None:
-            event.set()
+        self._outcome.set_result(self.result)
         if self._callback is not None:
             try:
                 self._callback(self)
@@ -172,12 +166,10 @@ class Request:
         Raises PeerError if a server answered with an error, DeadlineError naming the servers
         that did not answer within ``timeout`` seconds.
         """
-        with self._lock:
-            event = None
-            if not self._completed:
-                event = self._completed_event = self._completed_event or threading.Event()
-        if event is not None and not event.wait(timeout):
-            raise DeadlineError(self.describe_wait(timeout))
+        try:
+            self._outcome.result(timeout)
+        except TimeoutError:
+            raise DeadlineError(self.describe_wait(timeout)) from None
         if self.error is not None:
             raise self.error
         return self.result
