@@ -258,7 +258,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="servers for dist_byteps (auto: ours if they answer the probe)")
     p.add_argument("--byteps-env", action="append", default=[], metavar="NAME=VALUE",
                    help="environment of the dist_byteps jobs only (repeatable), e.g. "
-                        "BYTEPS_PARTITION_BYTES=1024000")
+                        "BYTEPS_PARTITION_BYTES=384000")
     p.add_argument("--compression", metavar="JSON",
                    help="gradient compression of the dist_byteps jobs (set_gradient_compression; "
                         "the inputs are constant per tensor, so onebit's sums stay exact and "

@@ -78,6 +78,8 @@ class Env:
     PARTITION_SPREAD_BYTES = "BYTEPS_PARTITION_SPREAD_BYTES"
     SCHEDULING_CREDIT = "BYTEPS_SCHEDULING_CREDIT"
     SERVER_ENGINE_THREAD = "BYTEPS_SERVER_ENGINE_THREAD"
+    SERVER_PACING_BYTES = "BYTEPS_SERVER_PACING_BYTES"
+    SERVER_PACING_HOLD_MS = "BYTEPS_SERVER_PACING_HOLD_MS"
     ENABLE_ASYNC = "BYTEPS_ENABLE_ASYNC"
     KEY_HASH_FN = "BYTEPS_KEY_HASH_FN"
     LOG_LEVEL = "BYTEPS_LOG_LEVEL"
@@ -126,6 +128,11 @@ class Config:
     partition_spread_bytes: int = 262144
     scheduling_credit: int = 4
     server_engine_threads: int = 4
+    #: a worker's round pushes may run this far ahead of the slowest worker's before the
+    #: server holds their acknowledgements (serving/pacing.py); 0: no pacing
+    server_pacing_bytes: int = 1024000
+    #: no acknowledgement is held longer than this (milliseconds)
+    server_pacing_hold_ms: int = 200
     enable_async: bool = False
     key_hash_fn: str = "balanced"
     log_level: str = "WARNING"
@@ -183,6 +190,8 @@ class Config:
             scheduling_credit=env.get(Env.SCHEDULING_CREDIT, _positive_int, 4),
             server_engine_threads=env.get(Env.SERVER_ENGINE_THREAD, _positive_int,
                                           default_server_engine_threads(usable_cores())),
+            server_pacing_bytes=env.get(Env.SERVER_PACING_BYTES, _nonnegative_int, 1024000),
+            server_pacing_hold_ms=env.get(Env.SERVER_PACING_HOLD_MS, _positive_int, 200),
             enable_async=env.flag(Env.ENABLE_ASYNC, False),
             key_hash_fn=env.get(Env.KEY_HASH_FN, _choice(KEY_HASH_FNS), "balanced"),
             log_level=env.get(Env.LOG_LEVEL, _choice(LOG_LEVELS), "WARNING"),

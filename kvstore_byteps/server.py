@@ -33,7 +33,9 @@ def build_server(config: Config, num_workers: int, key_begin: int) -> BytePSServ
     """The server object for ``config`` (engine threads, async flag), not yet attached."""
     return BytePSServer(num_workers, key_begin=key_begin,
                         engine_threads=config.server_engine_threads,
-                        enable_async=config.enable_async)
+                        enable_async=config.enable_async,
+                        pacing_lead_bytes=config.server_pacing_bytes or None,
+                        pacing_hold_s=config.server_pacing_hold_ms / 1000.0)
 
 
 def run_server(config: Config) -> int:

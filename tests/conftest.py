@@ -32,7 +32,7 @@ KIND = {
     "test_kv_keys": "unit", "test_layers": "unit", "test_loopback": "unit",
     "test_memory": "loopback",
     "test_membership": "unit", "test_mxnet_patch_engine_async": "unit",
-    "test_mxnet_patch_views": "unit", "test_resend": "unit", "test_server_byteps": "unit",
+    "test_mxnet_patch_views": "unit", "test_resend": "unit", "test_server_byteps": "unit", "test_server_pacing": "unit",
     "test_server_dist": "unit", "test_server_pickle": "unit", "test_server_protocol": "unit",
     "test_auth": "unit", "test_tcp_van": "unit", "test_cuda_libs": "unit",
     "test_compress": "unit",

@@ -32,6 +32,7 @@ import dataclasses
 import json
 import logging
 import threading
+import time
 from typing import Callable, Dict, Optional
 
 import numpy as np
@@ -49,6 +50,7 @@ from .engine import SumEngine
 from .protocol import parse_dense
 from .store import Entry, StorageKind, publish
 from .batch import BatchAnswer, BatchSlot, split_values
+from .pacing import HoldExpiry, PushPacer
 from .updater import Updater, load_mxnet_updater
 
 __all__ = ["BytePSServer"]
@@ -76,9 +78,17 @@ class BytePSServer(KVStoreDistServer):
 
     def __init__(self, num_workers: int, key_begin: int = 0, engine_threads: int = 4,
                  enable_async: bool = False,
-                 updater_loader: Callable[[bytes], Updater] = load_mxnet_updater):
+                 updater_loader: Callable[[bytes], Updater] = load_mxnet_updater,
+                 pacing_lead_bytes: Optional[int] = None, pacing_hold_s: float = 0.2):
         super().__init__(num_workers, key_begin, updater_loader)
         self.enable_async = enable_async
+        #: holds the push acks of a worker far ahead of the others (sync rounds only;
+        #: see pacing.py); None: every push is acked at once
+        self.pacer: Optional[PushPacer] = None
+        self._hold_expiry: Optional[HoldExpiry] = None
+        if pacing_lead_bytes is not None and not enable_async:
+            self.pacer = PushPacer(num_workers, pacing_lead_bytes, pacing_hold_s)
+            self._hold_expiry = HoldExpiry(self.pacer, _send_all)
         self._engine = SumEngine(engine_threads)
         self._keys: Dict[int, _BytePSKey] = {}
         self._keys_lock = threading.Lock()
@@ -197,7 +207,16 @@ class BytePSServer(KVStoreDistServer):
                 super().handle_request(req, server)
 
     def close(self, timeout: float = 10.0) -> None:
-        """Finish queued summations and stop the engine threads."""
+        """Finish queued summations and stop the engine threads (and the pacing thread)."""
+        if self._hold_expiry is not None:
+            self._hold_expiry.close()
+            left = self.pacer.release_all()
+            if left:
+                log.warning("closing with %d push acknowledgement(s) still held by pacing",
+                            len(left))
+            if self.pacer.held_total:
+                log.info("pacing held %d push acknowledgement(s); the hold limit released %d",
+                         self.pacer.held_total, self.pacer.expired_total)
         self._engine.close(timeout)
 
     def __enter__(self) -> "BytePSServer":
@@ -258,7 +277,7 @@ class BytePSServer(KVStoreDistServer):
                                 % (key.ps_key, data.size, codec.wire_bytes(key.size)))
         values = codec.decode(data, key.size, r)
         r = key.rounds.begin_push(req.sender, r)
-        self._respond(server, req)
+        self._ack_push(req, server, key.size * key.dtype.itemsize)
         self._engine.submit(key.thread, lambda: self._accumulate(key, r, values))
 
     # -- dispatch ---------------------------------------------------------------------------
@@ -303,7 +322,7 @@ class BytePSServer(KVStoreDistServer):
         if pull:
             self._pull(req, server, key)
         else:
-            self._respond(server, req)
+            self._ack_push(req, server, values.nbytes)
         self._engine.submit(key.thread, lambda: self._accumulate(key, r, values))
 
     def _pull(self, req, server, key: _BytePSKey) -> None:
@@ -397,7 +416,18 @@ class BytePSServer(KVStoreDistServer):
                 continue
             r = key.rounds.begin_push(req.sender)
             self._engine.submit(key.thread, lambda k=key, r=r, v=part: self._accumulate(k, r, v))
-        self._respond(server, req)
+        if self.enable_async:
+            self._respond(server, req)
+        else:
+            self._ack_push(req, server, sum(part.nbytes for part in values))
+
+    def _ack_push(self, req, server, nbytes: int) -> None:
+        """Acknowledge a sync round push now, or once the other workers caught up (pacing)."""
+        if self.pacer is None:
+            self._respond(server, req)
+            return
+        _send_all(self.pacer.arrived(req.sender, nbytes, lambda: self._respond(server, req),
+                                     time.monotonic()))
 
     # -- engine tasks -----------------------------------------------------------------------
     def _accumulate(self, key: _BytePSKey, r: int, values: np.ndarray) -> None:
@@ -432,6 +462,11 @@ class BytePSServer(KVStoreDistServer):
             value = self._compressed_sum(int(req.keys[0]), _claimed_round(req), value)
         lens = np.array([value.nbytes], dtype=np.int32)
         self._respond(server, req, keys=req.keys, vals=value, lens=lens)
+
+
+def _send_all(acks) -> None:
+    for ack in acks:
+        ack()
 
 
 def _check_matches(key: _BytePSKey, values: np.ndarray) -> None:
