@@ -132,7 +132,7 @@ class Config:
     #: server holds their acknowledgements (serving/pacing.py); 0 (default): no pacing
     #: (it helped with fewer servers than workers on 1 Gbit/s links, cost 5% on loopback)
     server_pacing_bytes: int = 0
-    #: no acknowledgement is held longer than this (milliseconds)
+    #: a held acknowledgement is sent anyway after this long (milliseconds; checked every half)
     server_pacing_hold_ms: int = 200
     enable_async: bool = False
     key_hash_fn: str = "balanced"

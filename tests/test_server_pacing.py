@@ -18,10 +18,10 @@ class Acks:
     """Named acknowledgements that record the order they are sent in."""
 
     def __init__(self):
-        self.sent = []
+        self.sent, self.created = [], []
 
     def __call__(self, name):
-        self.created = getattr(self, "created", []) + [name]
+        self.created.append(name)
         return lambda: self.sent.append(name)
 
     def run(self, acks):
@@ -76,7 +76,7 @@ def test_the_worker_furthest_behind_is_never_held_and_level_workers_hold_nothing
 
 def pending(acks):
     """Names created so far but not sent (the test's own bookkeeping)."""
-    return [name for name in getattr(acks, "created", []) if name not in acks.sent]
+    return [name for name in acks.created if name not in acks.sent]
 
 
 def test_nothing_is_held_before_every_worker_pushed_only_past_the_lead():

@@ -277,7 +277,7 @@ class BytePSServer(KVStoreDistServer):
                                 % (key.ps_key, data.size, codec.wire_bytes(key.size)))
         values = codec.decode(data, key.size, r)
         r = key.rounds.begin_push(req.sender, r)
-        self._ack_push(req, server, key.size * key.dtype.itemsize)
+        self._ack_push(req, server, values.nbytes)
         self._engine.submit(key.thread, lambda: self._accumulate(key, r, values))
 
     # -- dispatch ---------------------------------------------------------------------------
@@ -416,13 +416,11 @@ class BytePSServer(KVStoreDistServer):
                 continue
             r = key.rounds.begin_push(req.sender)
             self._engine.submit(key.thread, lambda k=key, r=r, v=part: self._accumulate(k, r, v))
-        if self.enable_async:
-            self._respond(server, req)
-        else:
-            self._ack_push(req, server, sum(part.nbytes for part in values))
+        self._ack_push(req, server, sum(part.nbytes for part in values))
 
     def _ack_push(self, req, server, nbytes: int) -> None:
-        """Acknowledge a sync round push now, or once the other workers caught up (pacing)."""
+        """Acknowledge a round push now, or (sync rounds with pacing on) once the other
+        workers caught up; the pacer is None in async mode."""
         if self.pacer is None:
             self._respond(server, req)
             return

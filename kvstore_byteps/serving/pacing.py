@@ -18,9 +18,9 @@ Why it does not hang. The worker furthest behind is never held (its lead is 0), 
 synchronous job every worker pushes the same bytes to this server each round, so it always has
 pushes to make that let the others go on. Its credit is shared with its pushes to *other*
 servers, though, where it may be ahead and held; in the unlucky case where two workers each
-wait for the other at different servers, no acknowledgement is held longer than ``hold_s``
-(:class:`HoldExpiry` releases it), which turns that case into a delay, counted in
-:attr:`PushPacer.expired_total`.
+wait for the other at different servers, :class:`HoldExpiry` releases every acknowledgement
+held ``hold_s`` or longer (it looks every ``hold_s / 2``, so the longest hold is 1.5 x
+``hold_s``), which turns that case into a delay, counted in :attr:`PushPacer.expired_total`.
 
 :class:`PushPacer` is pure and thread-safe; the server calls :meth:`PushPacer.arrived` for every
 round push and runs a :class:`HoldExpiry` thread beside it.
@@ -114,7 +114,8 @@ class PushPacer:
 
 
 class HoldExpiry:
-    """The thread that sends acknowledgements held for the pacer's ``hold_s``."""
+    """The thread that sends acknowledgements held for the pacer's ``hold_s`` (it looks every
+    ``hold_s / 2``)."""
 
     def __init__(self, pacer: PushPacer, send: Callable[[List[Ack]], None]):
         self._pacer, self._send = pacer, send
