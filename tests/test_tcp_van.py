@@ -275,6 +275,59 @@ def test_the_reader_reports_eof_mid_message_and_bad_framing_after_good_messages(
             assert reader.in_message == bool(tail)
 
 
+def test_an_expected_frame_lands_in_the_consumers_array_and_other_frames_do_not():
+    from kvstore_byteps.van.tcp_reader import MessageReader
+    big = np.arange(1 << 17, dtype=np.uint32).view(np.uint8)        # 512 KiB
+    pool = RecvBufferPool(min_bytes=65536)
+    output = np.zeros(3 * big.nbytes, np.uint8)
+    target = output[big.nbytes:2 * big.nbytes]                       # a span of the output
+    landing = pool.expect(42, target)
+    assert pool.expect(42, np.zeros(100, np.uint8)) is None          # too small: not in place
+    messages = [(b"other key", [struct.pack("<Q", 7), big.tobytes()]),
+                (b"other size", [struct.pack("<Q", 42), big.tobytes()[:-4]]),
+                (b"the answer", [struct.pack("<Q", 42), big.tobytes()]),
+                (b"a late copy", [struct.pack("<Q", 42), big.tobytes()])]
+    reader = MessageReader(pool, land_bytes=65536)
+    recv = chunked(stream_of(*messages), [7, 65536, 1000])
+    got = []
+    for _ in range(100000):
+        got += reader.read(recv)
+        if len(got) == len(messages):
+            break
+    assert [bytes(f) for _, frames in got for f in frames[1:]] == \
+        [bytes(f) for _, frames in messages for f in frames[1:]]
+    landed = [frames[1] for _, frames in got]
+    assert landed[2] is target and pool.landed_in_place == 1        # only the expected one
+    assert all(frame is not target for i, frame in enumerate(landed) if i != 2)
+    np.testing.assert_array_equal(target, big)
+    assert not output[:big.nbytes].any() and not output[2 * big.nbytes:].any()
+    pool.revoke(landing)                                              # after use: harmless
+
+
+def test_a_revoked_landing_gets_no_byte_more_even_mid_frame():
+    from kvstore_byteps.van.tcp_reader import MessageReader
+    big = np.full(1 << 18, 7, np.uint8)
+    pool = RecvBufferPool(min_bytes=65536)
+    target = np.zeros(big.nbytes, np.uint8)
+    landing = pool.expect(3, target)
+    stream = stream_of((b"answer", [struct.pack("<Q", 3), big.tobytes()]))
+    head = len(stream) - big.nbytes + 1000          # everything up to 1000 bytes of the frame
+    reader = MessageReader(pool, land_bytes=65536, read_ahead_bytes=1 << 17)
+    assert reader.read(chunked(stream[:head], [head])) == []
+    written = int(np.count_nonzero(target))
+    assert 0 < written <= 1000                      # landing had begun
+    pool.revoke(landing)                            # e.g. the request timed out meanwhile
+    got = reader.read(chunked(stream[head:], [4096]))
+    assert np.count_nonzero(target) == written      # nothing more was written there
+    assert len(got) == 1 and got[0][1][1] is not target
+    assert reader.failure is None and not reader.in_message
+    # and an expectation revoked before its frame comes is simply gone
+    landing = pool.expect(3, target)
+    pool.revoke(landing)
+    got = MessageReader(pool, land_bytes=65536).read(chunked(stream, [len(stream)]))
+    assert got[0][1][1] is not target and pool.landed_in_place == 1
+
+
 @pytest.mark.loopback
 def test_a_full_socket_queues_the_rest_and_keeps_the_order():
     from kvstore_byteps.van.tcp_outbound import Outbound, advance

@@ -16,13 +16,14 @@ writes straight into a buffer the receiver registered) use ``register_recv_buffe
 cannot do that (ZeroMQ) ignores it and delivers data in its own buffers.
 """
 import abc
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from .message import Message, Node
 
 
 class Van(abc.ABC):
-    """Abstract transport. Only ``send`` and ``register_recv_buffer`` are thread-safe."""
+    """Abstract transport. Only ``send``, ``register_recv_buffer``, ``expect_frame`` and
+    ``revoke_frame`` are thread-safe."""
 
     @abc.abstractmethod
     def bind(self, node: Node, max_retry: int) -> int:
@@ -48,6 +49,18 @@ class Van(abc.ABC):
     def register_recv_buffer(self, key: int, nbytes: int) -> None:
         """Announce that data frames of ``nbytes`` bytes for ps key ``key`` will arrive every
         round, so a receive-into-place van can allocate their landing buffer now. Optional."""
+
+    def expect_frame(self, key: int, target) -> Any:
+        """Ask for the next data frame of ps key ``key`` with ``target.nbytes`` bytes to land
+        in ``target`` (a writable C-contiguous uint8 numpy array), saving the consumer a copy.
+        Returns a handle for :meth:`revoke_frame`, which the caller must call once its request
+        is over, answered or not, before it gives ``target``'s memory back. A van that cannot
+        land in place returns None and delivers the frame in its own buffer. Thread-safe."""
+        return None
+
+    def revoke_frame(self, handle: Any) -> None:
+        """After this returns, the van writes nothing more into the target of ``handle`` (a
+        result of :meth:`expect_frame`, or None). Thread-safe."""
 
     def on_ready(self) -> None:
         """The cluster has formed (this node got its id and the node list). Optional."""

@@ -12,19 +12,39 @@ the reference count says exactly when the consumer (the server's summation, the 
 into its outputs) is done. A consumer that keeps a frame longer simply makes the pool allocate
 another one; it never sees its data overwritten.
 
-Thread-safety: ``take`` runs on the van's receive thread, ``register`` on any thread; a lock
-guards the table.
+A consumer that knows where the next frame of a key belongs (the worker, for the answer to
+the pull it is about to send: the partition's span of the output array) can ``expect`` it
+there: that frame then lands in the consumer's memory, and the copy out of a landing buffer is
+saved. Such a landing is the consumer's memory, which it may give back (to MXNet, which may
+free it) once its request is over, answered or not; ``revoke`` makes sure that from its return
+on nothing is written there: the reader writes into an expected target only under
+``landing_lock`` and after checking that it was not revoked (the rest of a revoked frame goes to
+a scratch buffer). Every byte of a frame is written by the kernel's ``recv_into`` or copied
+from the read-ahead buffer, both under the lock, so ``revoke`` waits at most for one of those.
+
+Thread-safety: ``take`` runs on the van's receive thread, ``register``, ``expect`` and
+``revoke`` on any thread; a lock guards the tables.
 """
 import sys
 import threading
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-__all__ = ["RecvBufferPool"]
+__all__ = ["RecvBufferPool", "Landing"]
 
 # The pool's list, the loop variable and getrefcount's own argument.
 _REFS_WHEN_FREE = 3
+
+
+class Landing:
+    """Where the consumer wants the next frame of ``key`` (``target``, a writable uint8 array
+    of the frame's exact size); ``revoked`` once the consumer took it back."""
+
+    __slots__ = ("key", "target", "revoked")
+
+    def __init__(self, key: int, target: np.ndarray):
+        self.key, self.target, self.revoked = key, target, False
 
 
 class RecvBufferPool:
@@ -35,8 +55,12 @@ class RecvBufferPool:
         self.buffers_per_key = buffers_per_key
         self._buffers: Dict[Tuple[int, int], List[np.ndarray]] = {}
         self._lock = threading.Lock()
+        #: held by the reader while it writes into an expected target (see ``revoke``)
+        self.landing_lock = threading.Lock()
+        self._expected: Dict[Tuple[int, int], Landing] = {}
         self.allocated = 0          # buffers created, for tests and diagnostics
         self.reused = 0
+        self.landed_in_place = 0    # frames that landed in a consumer's expected target
 
     def register(self, key: int, nbytes: int) -> None:
         """Allocate (and page in) a buffer for frames of ``nbytes`` bytes of ``key``."""
@@ -47,6 +71,43 @@ class RecvBufferPool:
             if buffers:
                 return
             buffers.append(self._new(nbytes))
+
+    def expect(self, key: int, target: np.ndarray) -> Optional[Landing]:
+        """Land the next frame of ``key`` that has exactly ``target.nbytes`` bytes in
+        ``target`` (C-contiguous, writable, uint8). Returns the landing to ``revoke`` once the
+        consumer's request is over, or None when the frame would not land in place anyway
+        (too small)."""
+        if target.nbytes < self.min_bytes:
+            return None
+        if target.dtype != np.uint8 or not target.flags.c_contiguous \
+                or not target.flags.writeable:
+            raise ValueError("a landing target must be a writable C-contiguous uint8 array")
+        landing = Landing(key, target)
+        with self._lock:
+            self._expected[(key, target.nbytes)] = landing
+        return landing
+
+    def revoke(self, landing: Optional[Landing]) -> None:
+        """From the return of this call on, nothing writes into ``landing.target``."""
+        if landing is None:
+            return
+        with self.landing_lock:
+            landing.revoked = True
+        with self._lock:
+            slot = (landing.key, landing.target.nbytes)
+            if self._expected.get(slot) is landing:
+                del self._expected[slot]
+
+    def take_for_frame(self, key: int, nbytes: int) -> Tuple[np.ndarray, Optional[Landing]]:
+        """Where a frame of ``nbytes`` bytes of ``key`` lands: the consumer's expected target
+        (and its landing, which the reader must check under ``landing_lock``), else a buffer
+        from :meth:`take` (and None)."""
+        with self._lock:
+            landing = self._expected.pop((key, nbytes), None)
+        if landing is not None:
+            self.landed_in_place += 1
+            return landing.target, landing
+        return self.take(key, nbytes), None
 
     def take(self, key: int, nbytes: int) -> np.ndarray:
         """A buffer of ``nbytes`` bytes that nothing else refers to (reused if possible)."""

@@ -9,13 +9,17 @@ completed so far; the rest of a message is read on the next readiness event.
 Small pieces (header, meta, frames under ``land_bytes``) are read through a read-ahead buffer,
 which turns many small messages into one ``recv``. A large frame is received straight into its
 landing buffer from the :class:`~kvstore_byteps.van.recv_buffers.RecvBufferPool` (only the part
-that already sat in the read-ahead buffer is copied).
+that already sat in the read-ahead buffer is copied), or into the consumer's own memory where
+it expected that frame (``RecvBufferPool.expect``; written only under the pool's
+``landing_lock`` and never once the landing is revoked).
 """
 from typing import Callable, List, Optional, Tuple
 
+import numpy as np
+
 from ..errors import ProtocolError
 from . import tcp_frame
-from .recv_buffers import RecvBufferPool
+from .recv_buffers import Landing, RecvBufferPool
 
 __all__ = ["MessageReader"]
 
@@ -47,6 +51,7 @@ class MessageReader:
         self._key = -1
         self._target = None              # a large frame or meta being filled in place
         self._target_view: Optional[memoryview] = None
+        self._landing: Optional[Landing] = None   # set while the target is a consumer's
         self._filled = 0
 
     @property
@@ -72,7 +77,10 @@ class MessageReader:
                     self._make_room()
                     view = self._view[self._end:]
                 try:
-                    got = recv_into(view)
+                    if self._landing is not None:
+                        got = self._recv_into_landing(recv_into)
+                    else:
+                        got = recv_into(view)
                 except (BlockingIOError, InterruptedError):
                     break
                 if not got:
@@ -105,12 +113,33 @@ class MessageReader:
             self._view[:size] = self._view[self._start:self._end]
             self._start, self._end = 0, size
 
-    def _land(self, target) -> None:
+    def _land(self, target, landing: Optional[Landing] = None) -> None:
         """Fill ``target`` in place: from the read-ahead buffer first, then from the socket."""
         self._target, self._target_view = target, memoryview(target).cast("B")
+        self._landing = landing
         self._filled = min(self._buffered, self._target_view.nbytes)
-        self._target_view[:self._filled] = self._view[self._start:self._start + self._filled]
+        if landing is None:
+            self._target_view[:self._filled] = self._view[self._start:self._start + self._filled]
+        else:
+            with self.pool.landing_lock:
+                self._away_if_revoked()
+                self._target_view[:self._filled] = \
+                    self._view[self._start:self._start + self._filled]
         self._start += self._filled
+
+    def _recv_into_landing(self, recv_into: Callable[[memoryview], int]) -> int:
+        """``recv_into`` the consumer's target, unless it was revoked meanwhile."""
+        with self.pool.landing_lock:
+            self._away_if_revoked()
+            return recv_into(self._target_view[self._filled:])
+
+    def _away_if_revoked(self) -> None:
+        """(Under ``landing_lock``.) The consumer took its target back: the rest of the frame
+        goes to a scratch buffer, and the message carries that (its request is over anyway)."""
+        if self._landing is not None and self._landing.revoked:
+            scratch = np.empty(self._target_view.nbytes, np.uint8)
+            self._target, self._target_view = scratch, memoryview(scratch)
+            self._landing = None
 
     def _parse(self, done: list) -> None:
         """Advance as far as the buffered bytes allow, appending completed messages."""
@@ -119,6 +148,7 @@ class MessageReader:
                 if self._filled < self._target_view.nbytes:
                     return
                 target, self._target, self._target_view = self._target, None, None
+                self._landing = None
                 if self._meta is None:
                     self._meta = bytes(target)
                 else:
@@ -148,7 +178,7 @@ class MessageReader:
                 continue
             size = self._lengths[index]
             if size >= self.land_bytes:
-                self._land(self.pool.take(self._key, size))
+                self._land(*self.pool.take_for_frame(self._key, size))
                 continue
             if self._buffered < size:
                 return

@@ -334,6 +334,12 @@ class TcpVan(Van):
     def register_recv_buffer(self, key: int, nbytes: int) -> None:
         self.pool.register(key, nbytes)
 
+    def expect_frame(self, key: int, target):
+        return self.pool.expect(key, target)
+
+    def revoke_frame(self, handle) -> None:
+        self.pool.revoke(handle)
+
     # ------------------------------------------------------------------ shutdown
     def close(self) -> None:
         self._closed.set()

@@ -2,6 +2,8 @@
 
 async     rank 1 joins the round 1.5 s late; rank 0's pushpull must return at once and the
           output, when read, must hold the sum (so the read waited for the communication).
+          Then rounds of a 2 MB key into fresh outputs (one and two per call): exact sums,
+          and on byteps_tcp the answers landed straight in the outputs.
 priority  with a credit of one 4 KB partition, a low-priority key of many partitions is issued
           before a high-priority key; the engine's trace must show the high-priority
           partitions overtaking the low-priority ones still queued.
@@ -54,7 +56,26 @@ def check_async(kv):
     kv.pushpull(0, first)
     kv.pushpull(0, second)
     assert np.all(first.asnumpy() == 2) and np.all(second.asnumpy() == 20)
+    check_landing(kv)
     print("ASYNC OK")
+
+
+def check_landing(kv):
+    """A 2 MB key is one partition whose pull answer byteps_tcp lands in the first output."""
+    values = mx.nd.arange(1 << 19) + kv.rank            # 2 MB, different per rank
+    expected = 2 * np.arange(1 << 19, dtype=np.float32) + 1
+    kv.init(1, mx.nd.zeros(values.shape))
+    outs = [mx.nd.zeros(values.shape) for _ in range(3)]
+    for out in outs:
+        kv.pushpull(1, values, out=out)
+    pair = [mx.nd.zeros(values.shape), mx.nd.zeros(values.shape)]
+    kv.pushpull(1, values, out=pair)                    # the second output gets a copy
+    for out in outs + pair:
+        np.testing.assert_array_equal(out.asnumpy(), expected)
+    pool = getattr(kv._engine.po.van, "pool", None)
+    if os.environ.get("DMLC_PS_VAN_TYPE") == "byteps_tcp":
+        assert pool.landed_in_place >= 4, pool.landed_in_place
+    print("LANDING OK (in place: %s)" % (pool.landed_in_place if pool is not None else "-"))
 
 
 def check_priority(kv, out_dir):
