@@ -511,7 +511,7 @@ class WorkerEngine:
                             self._kept[item.partition.ps_key].record_answer()
                     try:
                         for item, vals in zip(group, split_answer(request.result, len(group))):
-                            self._local_broadcast(item, vals)
+                            self._local_broadcast(item, vals, maybe_in_place=landing is not None)
                     except KVStoreBytePSError as exc:
                         error = exc
                 done(error, group)
@@ -579,18 +579,19 @@ class WorkerEngine:
         log.warning("worker rank %d: sent the restarted %s its report (%d ps keys, %d bytes)",
                     self.rank, node.describe_rank(), len(reports), vals.nbytes)
 
-    def _local_broadcast(self, item, result: memoryview) -> None:
-        """Copy one partition's sum into every output."""
+    def _local_broadcast(self, item, result: memoryview, maybe_in_place: bool = False) -> None:
+        """Copy one partition's sum into every output (``maybe_in_place``: the van was asked
+        to land it in the first output's span, so an output it is already in is skipped)."""
         ctx, slot = item.task.context, item.partition
         if result.nbytes != slot.nbytes:
             raise PeerError("%s: the server answered ps key %d with %d bytes, expected %d"
                             % (ctx.layout.name, slot.ps_key, result.nbytes, slot.nbytes))
         data = np.frombuffer(result, np.uint8)
         start = now_ns() if self.tracer.enabled else 0
-        where = data.__array_interface__["data"][0]
+        where = data.__array_interface__["data"][0] if maybe_in_place else None
         for out in ctx.outputs:
             span = self._span(out, slot)
-            if span.__array_interface__["data"][0] != where:   # not landed there already
+            if where is None or span.__array_interface__["data"][0] != where:
                 span[:] = data
         if start:
             self.tracer.record(Phase.LOCAL_BROADCAST, item.key, item.index, item.task.step,

@@ -60,7 +60,7 @@ class RecvBufferPool:
         self._expected: Dict[Tuple[int, int], Landing] = {}
         self.allocated = 0          # buffers created, for tests and diagnostics
         self.reused = 0
-        self.landed_in_place = 0    # frames that landed in a consumer's expected target
+        self.landed_in_place = 0    # frames handed to a consumer's expected target
 
     def register(self, key: int, nbytes: int) -> None:
         """Allocate (and page in) a buffer for frames of ``nbytes`` bytes of ``key``."""

@@ -13,6 +13,7 @@ that already sat in the read-ahead buffer is copied), or into the consumer's own
 it expected that frame (``RecvBufferPool.expect``; written only under the pool's
 ``landing_lock`` and never once the landing is revoked).
 """
+import contextlib
 from typing import Callable, List, Optional, Tuple
 
 import numpy as np
@@ -118,13 +119,9 @@ class MessageReader:
         self._target, self._target_view = target, memoryview(target).cast("B")
         self._landing = landing
         self._filled = min(self._buffered, self._target_view.nbytes)
-        if landing is None:
+        with self.pool.landing_lock if landing is not None else contextlib.nullcontext():
+            self._away_if_revoked()
             self._target_view[:self._filled] = self._view[self._start:self._start + self._filled]
-        else:
-            with self.pool.landing_lock:
-                self._away_if_revoked()
-                self._target_view[:self._filled] = \
-                    self._view[self._start:self._start + self._filled]
         self._start += self._filled
 
     def _recv_into_landing(self, recv_into: Callable[[memoryview], int]) -> int:
