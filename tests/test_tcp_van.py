@@ -1,4 +1,5 @@
 """The BytePS TCP van: its wire format, landing buffers, and in-process nodes on 127.0.0.1."""
+import selectors
 import socket
 import struct
 import threading
@@ -10,9 +11,11 @@ import pytest
 from kvstore_byteps.config import Config, Role, VanType
 from kvstore_byteps.errors import ClusterStartError, ConfigError, ProtocolError
 from kvstore_byteps.van import tcp_frame
-from kvstore_byteps.van.message import K_EMPTY
+from kvstore_byteps.van.codec import encode_meta
+from kvstore_byteps.van.message import K_EMPTY, Meta
 from kvstore_byteps.van.postoffice import Postoffice
 from kvstore_byteps.van.recv_buffers import RecvBufferPool
+from kvstore_byteps.van.tcp_van import TcpVan, _Inbound
 from tests.conftest import free_port, wait_until
 from tests.kv_nodes import start_all, start_trio
 
@@ -326,6 +329,99 @@ def test_a_revoked_landing_gets_no_byte_more_even_mid_frame():
     pool.revoke(landing)
     got = MessageReader(pool, land_bytes=65536).read(chunked(stream, [len(stream)]))
     assert got[0][1][1] is not target and pool.landed_in_place == 1
+
+
+def test_the_reader_says_how_much_of_a_large_frame_is_missing():
+    from kvstore_byteps.van.tcp_reader import MessageReader
+    big = bytes(200000)
+    stream = stream_of((b"big", [struct.pack("<Q", 1), big]), (b"small", [b"x" * 1000]))
+    head = len(stream) - len(big) - len(stream_of((b"small", [b"x" * 1000]))) + 5000
+    reader = MessageReader(RecvBufferPool(min_bytes=65536), land_bytes=65536)
+    assert reader.frame_bytes_missing == 0
+    assert reader.read(chunked(stream[:head], [head])) == []
+    assert reader.frame_bytes_missing == len(big) - 5000
+    got = reader.read(chunked(stream[head:], [len(stream)]))
+    assert [m for m, _ in got] == [b"big", b"small"]
+    assert reader.frame_bytes_missing == 0            # small frames never raise it
+    small_only = stream_of((b"small", [b"x" * 60000]))
+    assert reader.read(chunked(small_only[:30000], [30000])) == []
+    assert reader.frame_bytes_missing == 0 and reader.in_message
+
+
+def _connected_pair():
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname(), timeout=20)
+    server, _ = listener.accept()
+    listener.close()
+    return client, server
+
+
+def _low_water(sock) -> int:
+    return sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT)
+
+
+@pytest.mark.loopback
+@pytest.mark.timeout(60)
+def test_the_receive_loop_waits_for_a_large_frame_whole_then_for_any_byte():
+    """While a large frame arrives, the connection is readable only once the frame can
+    complete (SO_RCVLOWAT); between frames, one byte wakes it (a small message must not wait)."""
+    van = TcpVan(Config(van_type=VanType.BYTEPS_TCP))
+    client, server = _connected_pair()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 200000)    # room for a 90 KB mark
+    inbound = _Inbound(server, 9, "127.0.0.1:1", van.pool)
+    big = np.arange(50000, dtype=np.uint32).tobytes()                # 200 KB
+    meta = encode_meta(Meta(app_id=0, timestamp=1, request=True, push=True, body=b"big"))
+    first = stream_of((meta, [struct.pack("<Q", 1), big]))
+    head = len(first) - 90000                       # all but the frame's last 90000 bytes
+    received = []
+
+    def deliver(message):
+        received.append(message)
+        return True                                     # go on (False: the node stops)
+
+    def drain():
+        return van._drain(inbound, selector, deliver)
+    selector = selectors.DefaultSelector()
+    selector.register(server, selectors.EVENT_READ)
+    try:
+        client.sendall(first[:head])
+        wait_until(lambda: drain() and inbound.reader.frame_bytes_missing == 90000,
+                   20, "all but 90000 bytes of the frame")
+        assert server.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4 > 90000
+        assert _low_water(server) == 90000
+        client.sendall(first[head:-1000])
+        time.sleep(0.2)
+        assert selector.select(0) == []                 # 1000 bytes short: not readable yet
+        ack = encode_meta(Meta(app_id=0, timestamp=2, body=b"ack"))
+        client.sendall(first[-1000:] + stream_of((ack, [])))
+        wait_until(lambda: drain() and len(received) == 2, 20, "both messages")
+        assert _low_water(server) == 1
+        assert bytes(received[0].data[1]) == big and received[1].meta.body == b"ack"
+        client.sendall(stream_of((ack, [])))
+        assert selector.select(20)                       # one small message wakes it at once
+    finally:
+        selector.close()
+        client.close()
+        server.close()
+        van.close()
+
+
+@pytest.mark.loopback
+def test_the_low_water_mark_stays_below_a_quarter_of_the_receive_buffer():
+    van = TcpVan(Config(van_type=VanType.BYTEPS_TCP))
+    client, server = _connected_pair()
+    try:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 200000)
+        room = server.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4
+        inbound = _Inbound(server, 9, "127.0.0.1:1", van.pool)
+        inbound.wake_for(4 << 20)
+        assert _low_water(server) == room < 4 << 20
+        inbound.wake_for(1000)              # too little to be worth a mark
+        assert _low_water(server) == 1
+    finally:
+        client.close()
+        server.close()
+        van.close()
 
 
 @pytest.mark.loopback

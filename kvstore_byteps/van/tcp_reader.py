@@ -56,6 +56,14 @@ class MessageReader:
         self._filled = 0
 
     @property
+    def frame_bytes_missing(self) -> int:
+        """Bytes still missing from the large frame being filled in place (0 when none is):
+        nothing completes before they all arrive, so the van need not wake up for less."""
+        if self._target_view is None:
+            return 0
+        return self._target_view.nbytes - self._filled
+
+    @property
     def in_message(self) -> bool:
         """Whether part of a message has arrived (an EOF now cuts a message short)."""
         return self._meta_bytes is not None or self._end > self._start

@@ -119,6 +119,12 @@ def _take_all(items: "queue.SimpleQueue"):
             return
 
 
+#: SO_RCVLOWAT bounds while a large frame arrives (below the minimum, waking is cheap
+#: enough; the kernel caps it at half the largest receive buffer anyway)
+_MIN_LOW_WATER = 32768
+_MAX_LOW_WATER = 1 << 20
+
+
 class _Inbound:
     """One accepted connection: its peer and the reader of its stream."""
 
@@ -126,6 +132,23 @@ class _Inbound:
         sock.setblocking(False)
         self.sock, self.peer_id, self.address = sock, peer_id, address
         self.reader = MessageReader(pool, _LAND_IN_PLACE_BYTES)
+        self.low_water = 1          # the socket's SO_RCVLOWAT
+
+    def wake_for(self, missing: int) -> None:
+        """Let readiness wait until the frame being filled can complete (or
+        ``_MAX_LOW_WATER`` bytes wait): one wake-up per large frame instead of one per
+        arriving burst. Back to 1 byte between frames, so small messages wake it at once."""
+        want = 1
+        if missing >= _MIN_LOW_WATER:
+            # Below a quarter of the receive buffer: a larger mark would make the kernel
+            # grow the buffer and clamp the connection's window to the mark for good.
+            room = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4
+            want = min(missing, _MAX_LOW_WATER, room)
+            if want < _MIN_LOW_WATER:
+                want = 1
+        if want != self.low_water:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
+            self.low_water = want
 
     def peer_key(self) -> tuple:
         """Who to count log lines against: the host and the node id it claimed."""
@@ -308,6 +331,11 @@ class TcpVan(Van):
             messages = reader.read(inbound.sock.recv_into)
         except OSError as exc:
             messages, reader.failure = [], exc
+        if reader.failure is None:
+            try:
+                inbound.wake_for(reader.frame_bytes_missing)
+            except OSError as exc:
+                reader.failure = exc
         for meta_raw, data in messages:
             try:
                 meta = decode_meta(meta_raw, sender=inbound.peer_id, recver=self.my_id)
