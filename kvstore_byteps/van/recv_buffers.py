@@ -53,7 +53,8 @@ class RecvBufferPool:
     def __init__(self, min_bytes: int = 65536, buffers_per_key: int = 8):
         self.min_bytes = min_bytes
         self.buffers_per_key = buffers_per_key
-        self._buffers: Dict[Tuple[int, int], List[np.ndarray]] = {}
+        self._buffers: Dict[Tuple[int, int], List[np.ndarray]] = {}     # registered slots
+        self._by_class: Dict[int, List[np.ndarray]] = {}     # other frames, by size class
         self._lock = threading.Lock()
         #: held by the reader while it writes into an expected target (see ``revoke``)
         self.landing_lock = threading.Lock()
@@ -114,15 +115,36 @@ class RecvBufferPool:
         if nbytes < self.min_bytes:
             return np.empty(nbytes, np.uint8)
         with self._lock:
-            buffers = self._buffers.setdefault((key, nbytes), [])
-            for buffer in buffers:
-                if sys.getrefcount(buffer) == _REFS_WHEN_FREE:
-                    self.reused += 1
-                    return buffer
-            buffer = self._new(nbytes)
-            if len(buffers) < self.buffers_per_key:
-                buffers.append(buffer)
-            return buffer
+            buffers = self._buffers.get((key, nbytes))
+            if buffers is not None:
+                buffer = self._free(buffers)
+                if buffer is None:
+                    buffer = self._new(nbytes)
+                    if len(buffers) < self.buffers_per_key:
+                        buffers.append(buffer)
+                return buffer
+            # A frame of a size no key registered, e.g. several small partitions sent
+            # together, whose total differs from round to round. Keeping buffers per (key,
+            # size) for those would keep new ones every round without end; a few buffers per
+            # power-of-two size class bound the pool whatever the sizes.
+            size_class = 1 << (nbytes - 1).bit_length()
+            buffers = self._by_class.setdefault(size_class, [])
+            buffer = self._free(buffers)
+            if buffer is None:
+                self.allocated += 1
+                buffer = np.empty(size_class, np.uint8)    # pages mapped on first use
+                if len(buffers) < self.buffers_per_key:
+                    buffers.append(buffer)
+            return buffer[:nbytes]
+
+    def _free(self, buffers: List[np.ndarray]) -> Optional[np.ndarray]:
+        """(Under ``_lock``.) One of ``buffers`` that nothing outside the pool refers to (a
+        numpy view holds its base, so a frame handed out as a view counts too)."""
+        for buffer in buffers:
+            if sys.getrefcount(buffer) == _REFS_WHEN_FREE:
+                self.reused += 1
+                return buffer
+        return None
 
     def _new(self, nbytes: int) -> np.ndarray:
         self.allocated += 1
@@ -131,5 +153,7 @@ class RecvBufferPool:
         return buffer
 
     def total_bytes(self) -> int:
+        """Bytes of the buffers the pool keeps."""
         with self._lock:
-            return sum(b.nbytes for buffers in self._buffers.values() for b in buffers)
+            kept = list(self._buffers.values()) + list(self._by_class.values())
+            return sum(b.nbytes for buffers in kept for b in buffers)
