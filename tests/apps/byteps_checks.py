@@ -3,7 +3,9 @@
 async     rank 1 joins the round 1.5 s late; rank 0's pushpull must return at once and the
           output, when read, must hold the sum (so the read waited for the communication).
           Then rounds of a 2 MB key into fresh outputs (one and two per call): exact sums,
-          and on byteps_tcp the answers landed straight in the outputs.
+          and on byteps_tcp the answers landed straight in the outputs; then rounds over a
+          changing set of small keys (grouped frames of a new size every round): exact
+          sums, and on byteps_tcp the receive-buffer pool stops allocating once warm.
 priority  with a credit of one 4 KB partition, a low-priority key of many partitions is issued
           before a high-priority key; the engine's trace must show the high-priority
           partitions overtaking the low-priority ones still queued.
@@ -57,6 +59,7 @@ def check_async(kv):
     kv.pushpull(0, second)
     assert np.all(first.asnumpy() == 2) and np.all(second.asnumpy() == 20)
     check_landing(kv)
+    check_grouped_frames(kv)
     print("ASYNC OK")
 
 
@@ -76,6 +79,32 @@ def check_landing(kv):
     if os.environ.get("DMLC_PS_VAN_TYPE") == "byteps_tcp":
         assert pool.landed_in_place >= 4, pool.landed_in_place
     print("LANDING OK (in place: %s)" % (pool.landed_in_place if pool is not None else "-"))
+
+
+def check_grouped_frames(kv):
+    """Rounds over a changing set of small keys: they travel grouped, in frames whose size
+    changes every round. Sums stay exact, and on byteps_tcp the receive-buffer pool stops
+    allocating once warm (it used to keep new buffers for every frame size it saw)."""
+    keys = list(range(100, 220))                         # 120 keys of 4 KB each
+    for key in keys:
+        kv.init(key, mx.nd.zeros((1024,)))
+    mx.nd.waitall()
+    pool = getattr(kv._engine.po.van, "pool", None)
+    allocated = []
+    for turn in range(30):
+        chosen = keys[:60 + 2 * turn]
+        outs = [mx.nd.zeros((1024,)) for _ in chosen]
+        for key, out in zip(chosen, outs):
+            kv.pushpull(key, mx.nd.full((1024,), key + kv.rank), out=out)
+        mx.nd.waitall()
+        for key, out in zip(chosen, outs):
+            assert np.all(out.asnumpy() == 2 * key + 1), (turn, key, out.asnumpy()[:3])
+        if pool is not None:
+            allocated.append(pool.allocated)
+    if pool is not None:
+        assert allocated[-1] - allocated[4] <= 8, allocated
+    print("GROUPED FRAMES OK (pool buffers allocated per round: %s)" % (
+        [b - a for a, b in zip(allocated, allocated[1:])] if allocated else "-"))
 
 
 def check_priority(kv, out_dir):
