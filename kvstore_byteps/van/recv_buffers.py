@@ -117,39 +117,36 @@ class RecvBufferPool:
         with self._lock:
             buffers = self._buffers.get((key, nbytes))
             if buffers is not None:
-                buffer = self._free(buffers)
-                if buffer is None:
-                    buffer = self._new(nbytes)
-                    if len(buffers) < self.buffers_per_key:
-                        buffers.append(buffer)
-                return buffer
+                return self._reuse_or_new(buffers, nbytes, touch=True)
             # A frame of a size no key registered, e.g. several small partitions sent
             # together, whose total differs from round to round. Keeping buffers per (key,
             # size) for those would keep new ones every round without end; a few buffers per
             # power-of-two size class bound the pool whatever the sizes.
             size_class = 1 << (nbytes - 1).bit_length()
             buffers = self._by_class.setdefault(size_class, [])
-            buffer = self._free(buffers)
-            if buffer is None:
-                self.allocated += 1
-                buffer = np.empty(size_class, np.uint8)    # pages mapped on first use
-                if len(buffers) < self.buffers_per_key:
-                    buffers.append(buffer)
-            return buffer[:nbytes]
+            return self._reuse_or_new(buffers, size_class, touch=False)[:nbytes]
 
-    def _free(self, buffers: List[np.ndarray]) -> Optional[np.ndarray]:
+    def _reuse_or_new(self, buffers: List[np.ndarray], nbytes: int,
+                      touch: bool) -> np.ndarray:
         """(Under ``_lock``.) One of ``buffers`` that nothing outside the pool refers to (a
-        numpy view holds its base, so a frame handed out as a view counts too)."""
+        numpy view holds its base, so a frame handed out as a view counts too), else a new
+        one of ``nbytes``, kept while ``buffers`` has fewer than ``buffers_per_key``."""
         for buffer in buffers:
             if sys.getrefcount(buffer) == _REFS_WHEN_FREE:
                 self.reused += 1
                 return buffer
-        return None
+        buffer = self._new(nbytes, touch)
+        if len(buffers) < self.buffers_per_key:
+            buffers.append(buffer)
+        return buffer
 
-    def _new(self, nbytes: int) -> np.ndarray:
+    def _new(self, nbytes: int, touch: bool = True) -> np.ndarray:
+        """A new buffer; ``touch``: map every page now, not while a message streams in
+        (size-class buffers are not: their frames use only part of them)."""
         self.allocated += 1
         buffer = np.empty(nbytes, np.uint8)
-        buffer.fill(0)      # map every page now, not while a message streams in
+        if touch:
+            buffer.fill(0)
         return buffer
 
     def total_bytes(self) -> int:
