@@ -8,7 +8,8 @@ Each job runs ``benchmarks/_train_worker.py`` (synthetic 32x32 images, a small b
 worker, so communication and not the 2 cores' compute dominates) through ``launch.py``:
 
 * ``dist_byteps`` with our scheduler and servers, with priority scheduling on and off
-  (``--no-priority``: every gradient at priority 0);
+  (``--no-priority``: every gradient at priority 0), on the van of ``--van`` and with the
+  settings of ``--byteps-env`` (as in ``bench_pushpull.py``);
 * ``dist_sync`` with MXNet's scheduler and C++ servers;
 * one process without a store and without a cluster (the compute-only anchor: the whole
   machine's 2 cores for one worker's batch).
@@ -26,7 +27,7 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-from bench_pushpull import child_env, measure_links  # the same environment and link check
+from bench_pushpull import child_env, masked, measure_links  # the same environment, link check
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -42,11 +43,21 @@ SIDES = [
 ]
 
 
+def byteps_options(args) -> List[str]:
+    """launch.py options of the dist_byteps jobs: the van and ``--byteps-env`` settings."""
+    options = ["--env", "DMLC_PS_VAN_TYPE=%s" % args.van]
+    for item in args.byteps_env:
+        options.extend(["--env", item])
+    return options
+
+
 def run_job(args, kvstore: str, launch_opts: List[str], worker_opts: List[str],
             workers: int, servers: int) -> Optional[float]:
     """Steps/s of the slowest worker, or None (the output's tail is printed)."""
     network = ["--launcher", "netns", "--link-rate", args.link_rate] \
         if args.network == "netns" else []
+    if kvstore == "dist_byteps":
+        launch_opts = byteps_options(args) + launch_opts
     worker = [sys.executable, WORKER, "--kvstore", kvstore, "--steps", str(args.steps),
               "--warmup", str(args.warmup), "--batch-size", str(args.batch_size), *worker_opts]
     # the single process needs no cluster: run it alone (a prefix as if launched)
@@ -77,7 +88,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--job-timeout", type=float, default=400.0)
     p.add_argument("--out", default=os.path.join("bench_out", "training.json"))
-    return p.parse_args(argv)
+    p.add_argument("--van", choices=["zmq", "byteps_tcp"], default="zmq",
+                   help="DMLC_PS_VAN_TYPE of the dist_byteps jobs (default zmq)")
+    p.add_argument("--byteps-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="environment of the dist_byteps jobs only (repeatable), e.g. "
+                        "BYTEPS_PARTITION_BYTES=1024000")
+    args = p.parse_args(argv)
+    for item in args.byteps_env:
+        if "=" not in item:
+            p.error("--byteps-env takes NAME=VALUE, got %r" % item)
+    return args
 
 
 def main(argv=None) -> int:
@@ -121,9 +141,12 @@ def main(argv=None) -> int:
                                      if args.network == "netns" else "loopback",
                                      args.batch_size, args.steps, load_before,
                                      os.getloadavg()[0], time.strftime("%Y-%m-%d %H:%M")))
+    print("dist_byteps: van %s%s" % (args.van, "".join(" " + item
+                                                      for item in masked(args.byteps_env))))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"args": vars(args), "steps_per_s": best, "single_process": single,
+        json.dump({"args": dict(vars(args), byteps_env=masked(args.byteps_env)),
+                   "steps_per_s": best, "single_process": single,
                    "link_rate_bytes_per_s": link_rate, "link_bound_steps_per_s": bound,
                    "load_before_after": [load_before, os.getloadavg()[0]]}, f, indent=1)
     return 0 if all(best.values()) and single else 1
