@@ -229,6 +229,36 @@ def parse_cases(text: str) -> List[Case]:
     return [CASES[n] for n in names]
 
 
+def add_byteps_job_arguments(p: argparse.ArgumentParser, example: str) -> None:
+    """``--van`` and ``--byteps-env``: the van and settings of the dist_byteps jobs only
+    (also used by ``bench_training.py``)."""
+    p.add_argument("--byteps-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="environment of the dist_byteps jobs only (repeatable), e.g. " + example)
+    p.add_argument("--van", choices=["zmq", "byteps_tcp"], default="zmq",
+                   help="DMLC_PS_VAN_TYPE of the dist_byteps jobs (default zmq; byteps_tcp "
+                        "needs our servers: upstream MXNet only speaks zmq)")
+
+
+def check_byteps_env(p: argparse.ArgumentParser, items: Sequence[str]) -> None:
+    """Stop with a usage error unless every ``--byteps-env`` item is NAME=VALUE."""
+    for item in items:
+        if "=" not in item:
+            p.error("--byteps-env expects NAME=VALUE, got %r" % item)
+
+
+def byteps_launch_options(van: str, items: Sequence[str]) -> List[str]:
+    """launch.py options of the dist_byteps jobs: the van, then each ``--byteps-env`` item."""
+    options = ["--env", "DMLC_PS_VAN_TYPE=%s" % van]
+    for item in items:
+        options.extend(["--env", item])
+    return options
+
+
+def describe_byteps_jobs(van: str, items: Sequence[str]) -> str:
+    """One line for the results: the van and settings (an auth key's value hidden)."""
+    return "dist_byteps van %s%s" % (van, "".join(" " + e for e in masked(items)))
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", type=parse_cases, default=list(CASES.values()),
@@ -256,20 +286,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "with push+pull)")
     p.add_argument("--byteps-server", choices=["auto", "byteps-knob", "mxnet"], default="auto",
                    help="servers for dist_byteps (auto: ours if they answer the probe)")
-    p.add_argument("--byteps-env", action="append", default=[], metavar="NAME=VALUE",
-                   help="environment of the dist_byteps jobs only (repeatable), e.g. "
-                        "BYTEPS_PARTITION_BYTES=384000")
     p.add_argument("--compression", metavar="JSON",
                    help="gradient compression of the dist_byteps jobs (set_gradient_compression; "
                         "the inputs are constant per tensor, so onebit's sums stay exact and "
                         "are checked), e.g. '{\"compressor\": \"onebit\", \"scaling\": true}'")
-    p.add_argument("--van", choices=["zmq", "byteps_tcp"], default="zmq",
-                   help="DMLC_PS_VAN_TYPE of the dist_byteps jobs (default zmq; byteps_tcp "
-                        "needs our servers: upstream MXNet only speaks zmq)")
+    add_byteps_job_arguments(p, "BYTEPS_PARTITION_BYTES=384000")
     args = p.parse_args(argv)
-    for item in args.byteps_env:
-        if "=" not in item:
-            p.error("--byteps-env expects NAME=VALUE, got %r" % item)
+    check_byteps_env(p, args.byteps_env)
     if args.van == "byteps_tcp" and args.byteps_server == "mxnet":
         p.error("--van byteps_tcp needs our servers (upstream MXNet servers only speak zmq)")
     if args.topologies is None:
@@ -415,11 +438,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         NETWORK_OPTIONS[:] = ["--launcher", "netns", "--link-rate", args.link_rate]
         network = "emulated %s links (%.1f MB/s measured)" % (args.link_rate,
                                                               args.measured_rate / 1e6)
-    BYTEPS_OPTIONS[:] = ["--env", "DMLC_PS_VAN_TYPE=%s" % args.van]
-    for item in args.byteps_env:
-        BYTEPS_OPTIONS.extend(["--env", item])
-    network += "; dist_byteps van %s%s" % (args.van, "".join(" " + e
-                                                             for e in masked(args.byteps_env)))
+    BYTEPS_OPTIONS[:] = byteps_launch_options(args.van, args.byteps_env)
+    network += "; " + describe_byteps_jobs(args.van, args.byteps_env)
     if args.compression:
         BYTEPS_WORKER_OPTIONS[:] = ["--compression", args.compression]
         network += "; dist_byteps compression %s" % args.compression

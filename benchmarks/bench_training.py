@@ -27,7 +27,9 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-from bench_pushpull import child_env, masked, measure_links  # the same environment, link check
+# the same environment, link check and dist_byteps job options as the push/pull benchmark
+from bench_pushpull import (add_byteps_job_arguments, byteps_launch_options, check_byteps_env,
+                            child_env, describe_byteps_jobs, masked, measure_links)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -43,21 +45,13 @@ SIDES = [
 ]
 
 
-def byteps_options(args) -> List[str]:
-    """launch.py options of the dist_byteps jobs: the van and ``--byteps-env`` settings."""
-    options = ["--env", "DMLC_PS_VAN_TYPE=%s" % args.van]
-    for item in args.byteps_env:
-        options.extend(["--env", item])
-    return options
-
-
 def run_job(args, kvstore: str, launch_opts: List[str], worker_opts: List[str],
             workers: int, servers: int) -> Optional[float]:
     """Steps/s of the slowest worker, or None (the output's tail is printed)."""
     network = ["--launcher", "netns", "--link-rate", args.link_rate] \
         if args.network == "netns" else []
     if kvstore == "dist_byteps":
-        launch_opts = byteps_options(args) + launch_opts
+        launch_opts = byteps_launch_options(args.van, args.byteps_env) + launch_opts
     worker = [sys.executable, WORKER, "--kvstore", kvstore, "--steps", str(args.steps),
               "--warmup", str(args.warmup), "--batch-size", str(args.batch_size), *worker_opts]
     # the single process needs no cluster: run it alone (a prefix as if launched)
@@ -88,15 +82,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--job-timeout", type=float, default=400.0)
     p.add_argument("--out", default=os.path.join("bench_out", "training.json"))
-    p.add_argument("--van", choices=["zmq", "byteps_tcp"], default="zmq",
-                   help="DMLC_PS_VAN_TYPE of the dist_byteps jobs (default zmq)")
-    p.add_argument("--byteps-env", action="append", default=[], metavar="NAME=VALUE",
-                   help="environment of the dist_byteps jobs only (repeatable), e.g. "
-                        "BYTEPS_PARTITION_BYTES=1024000")
+    add_byteps_job_arguments(p, "BYTEPS_PARTITION_BYTES=768000")
     args = p.parse_args(argv)
-    for item in args.byteps_env:
-        if "=" not in item:
-            p.error("--byteps-env takes NAME=VALUE, got %r" % item)
+    check_byteps_env(p, args.byteps_env)
     return args
 
 
@@ -141,8 +129,7 @@ def main(argv=None) -> int:
                                      if args.network == "netns" else "loopback",
                                      args.batch_size, args.steps, load_before,
                                      os.getloadavg()[0], time.strftime("%Y-%m-%d %H:%M")))
-    print("dist_byteps: van %s%s" % (args.van, "".join(" " + item
-                                                      for item in masked(args.byteps_env))))
+    print(describe_byteps_jobs(args.van, args.byteps_env))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"args": dict(vars(args), byteps_env=masked(args.byteps_env)),
