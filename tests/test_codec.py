@@ -97,9 +97,10 @@ def test_rank_hint_rides_on_the_node_and_is_optional():
 
 
 def test_extension_fields_round_trip_and_are_optional():
-    meta = Meta(head=0, app_id=0, timestamp=2, extra={"error": "bad key", "round": 5})
+    extra = {"error": "bad key", "round": 5, "pull_timestamp": 77}
+    meta = Meta(head=0, app_id=0, timestamp=2, extra=extra)
     decoded = decode_meta(encode_meta(meta))
-    assert decoded.extra == {"error": "bad key", "round": 5}
+    assert decoded.extra == extra
     assert decode_meta(encode_meta(Meta(head=0))).extra is None
 
 

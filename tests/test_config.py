@@ -40,11 +40,20 @@ def test_enable_rdma_selects_rdma_van_unless_van_type_given():
                             "DMLC_PS_VAN_TYPE": "zmq"}).van_type is VanType.ZMQ
 
 
+def test_pulls_ride_with_pushes_by_default_on_byteps_tcp_only():
+    assert not Config.from_env({}).pull_with_push
+    assert Config.from_env({"DMLC_PS_VAN_TYPE": "byteps_tcp"}).pull_with_push
+    assert not Config.from_env({"DMLC_PS_VAN_TYPE": "byteps_tcp",
+                                "BYTEPS_PULL_WITH_PUSH": "0"}).pull_with_push
+    assert Config.from_env({"BYTEPS_PULL_WITH_PUSH": "1"}).pull_with_push
+
+
 @pytest.mark.parametrize("name,value", [
     ("DMLC_ROLE", "boss"), ("DMLC_NUM_WORKER", "0"), ("DMLC_NUM_SERVER", "two"),
     ("DMLC_PS_ROOT_PORT", "70000"), ("PS_HEARTBEAT_INTERVAL", "-1"), ("PS_RESEND", "maybe"),
     ("MXNET_KVSTORE_SERVER", "ps-lite"), ("DMLC_PS_VAN_TYPE", "ibverbs"),
     ("BYTEPS_PARTITION_BYTES", "0"), ("BYTEPS_KEY_HASH_FN", "md5"), ("PS_DROP_MSG", "101"),
+    ("BYTEPS_PULL_WITH_PUSH", "often"),
 ])
 def test_bad_values_name_variable_and_value(name, value):
     with pytest.raises(ConfigError) as info:

@@ -1,4 +1,5 @@
 """Postoffice, membership and KV layer over the in-memory LoopbackVan: no sockets at all."""
+import dataclasses
 import socket
 import threading
 import time
@@ -8,7 +9,7 @@ import pytest
 
 from kvstore_byteps.config import Config, Role
 from kvstore_byteps.errors import DeadlineError, PeerError
-from kvstore_byteps.van.kv import KVPairs, KVServer, KVWorker, Request
+from kvstore_byteps.van.kv import KVPairs, KVRequest, KVServer, KVWorker, Request
 from kvstore_byteps.van.loopback import LoopbackNetwork, LoopbackVan
 from kvstore_byteps.van.message import Meta
 from kvstore_byteps.van.postoffice import Postoffice
@@ -109,6 +110,48 @@ def test_a_request_past_its_deadline_fails_on_the_customer_thread(no_sockets):
             request.wait(5)
         assert time.monotonic() - started < 2
         assert threads == ["customer-0-0"]
+    finally:
+        for po in reversed(nodes):
+            po.finalize(barrier=False)
+
+
+def test_a_pull_riding_on_a_push_is_answered_under_its_own_timestamp(no_sockets):
+    """push_with_pull sends one message; the server's two answers complete both requests."""
+    seen = []
+
+    def ack_then_answer_the_ride(req, server):
+        seen.append((req.meta.push, req.meta.pull, dict(req.meta.extra or {})))
+        server.respond(req)
+        ride = dataclasses.replace(req.meta, timestamp=req.meta.extra["pull_timestamp"],
+                                   push=False, pull=True, extra=None)
+        values = np.frombuffer(req.vals, np.float32) * 2
+        server.respond(KVRequest(ride, KVPairs(req.keys, memoryview(b""), None)), req.keys,
+                       values, [values.nbytes])
+    network, nodes, workers = make_cluster(workers=1, servers=1,
+                                           handler=ack_then_answer_the_ride)
+    try:
+        push, pull = workers[0].push_with_pull([5], np.arange(3, dtype=np.float32), [12])
+        assert workers[0].wait(push).keys.size == 0
+        got = workers[0].wait(pull)
+        assert list(np.frombuffer(got.vals, np.float32)) == [0.0, 2.0, 4.0]
+        assert seen == [(True, False, {"pull_timestamp": pull.timestamp})]
+        assert pull.timestamp != push.timestamp
+    finally:
+        for po in reversed(nodes):
+            po.finalize(barrier=False)
+
+
+def test_a_refused_push_fails_the_pull_riding_on_it_at_once(no_sockets):
+    network, nodes, workers = make_cluster(
+        workers=1, servers=1, handler=lambda req, server: server.respond(req, error="no way"))
+    try:
+        started = time.monotonic()
+        push, pull = workers[0].push_with_pull([5], np.ones(2, np.float32), [8])
+        for request in (push, pull):
+            with pytest.raises(PeerError, match="answered with an error: no way"):
+                request.wait(5)
+        assert time.monotonic() - started < 2      # not at the pull's deadline
+        assert workers[0]._pending == {}
     finally:
         for po in reversed(nodes):
             po.finalize(barrier=False)

@@ -1,6 +1,7 @@
 """BytePSServer round semantics with a recording responder (no sockets)."""
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -284,3 +285,75 @@ def srv_command(srv, fake, body):
     req = command(WORKER0, ServerCommand.BYTEPS_COMPRESSION, body)
     srv.handle_command(req, fake)
     return req
+
+
+def _answer_with_timestamp(fake, timestamp, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [a for a in fake.answers if a.req.meta.timestamp == timestamp]
+        if found:
+            assert len(found) == 1
+            return found[0]
+        time.sleep(0.01)
+    raise AssertionError("no answer under timestamp %d" % timestamp)
+
+
+def test_a_pull_riding_on_a_push_is_answered_with_the_rounds_sum_after_the_ack(server):
+    srv, fake = server
+    srv.handle_request(bpush(WORKER0, 4, 0.0), fake)
+    for step in range(3):
+        a = bpush(WORKER0, 4, step, extra={"pull_timestamp": 1000 + step})
+        srv.handle_request(a, fake)
+        assert _ok(fake, a).vals is None                 # the push is acked at once
+        assert not any(x.req.meta.timestamp == 1000 + step for x in fake.answers)
+        srv.handle_request(bpush(WORKER1, 4, 1.0, extra={"pull_timestamp": 2000 + step}), fake)
+        for timestamp in (1000 + step, 2000 + step):
+            answer = _answer_with_timestamp(fake, timestamp)
+            assert answer.error is None
+            assert answer.req.meta.pull and not answer.req.meta.push
+            assert list(answer.values()) == [step + 1.0] * 4 and list(answer.lens) == [16]
+    assert fake.errors() == []
+
+
+def test_a_pull_riding_on_a_batch_push_gets_every_keys_sum(server):
+    srv, fake = server
+    for key in (20, 21):
+        srv.handle_request(bpush(WORKER0, key, 0.0, size=2), fake)
+
+    def batch(sender, first, timestamp):
+        vals = np.array([first, first, first + 1, first + 1], np.float32)
+        return request(sender, [20, 21], vals, [8, 8], push=True, head=bpush(0, 0, 0).meta.head,
+                       extra={"pull_timestamp": timestamp})
+    srv.handle_request(batch(WORKER0, 1.0, 500), fake)
+    srv.handle_request(batch(WORKER1, 10.0, 600), fake)
+    for timestamp in (500, 600):
+        answer = _answer_with_timestamp(fake, timestamp)
+        assert list(answer.keys) == [20, 21] and list(answer.lens) == [8, 8]
+        assert list(answer.values()) == [11.0, 11.0, 13.0, 13.0]
+    assert fake.errors() == []
+
+
+def test_the_initialising_push_answers_its_riding_pull_with_the_initial_value(server):
+    srv, fake = server
+    first = bpush(WORKER0, 6, 7.0, extra={"pull_timestamp": 42})
+    srv.handle_request(first, fake)
+    assert _ok(fake, first).vals is None
+    assert list(_answer_with_timestamp(fake, 42).values()) == [7.0] * 4
+
+
+def test_a_riding_pull_where_none_can_be_answered_is_refused_not_left_waiting():
+    with BytePSServer(2, engine_threads=1) as srv, BytePSServer(2, engine_threads=1,
+                                                                 enable_async=True) as asrv:
+        fake = FakeServer()
+        srv.handle_request(bpush(WORKER0, 8, 0.0), fake)
+        on_a_pull = request(WORKER0, [8], pull=True, head=bpull(0, 8).meta.head,
+                            extra={"pull_timestamp": 3})
+        on_default = push(WORKER0, 9, np.ones(2, np.float32), extra={"pull_timestamp": 4})
+        srv.handle_request(on_a_pull, fake)
+        srv.handle_request(on_default, fake)
+        assert "only a push can carry a pull" in fake.wait_for(on_a_pull).error
+        assert "only a plain BytePS push" in fake.wait_for(on_default).error
+        asrv.handle_request(bpush(WORKER0, 8, 0.0), fake)
+        on_async = bpush(WORKER0, 8, 1.0, extra={"pull_timestamp": 5})
+        asrv.handle_request(on_async, fake)
+        assert "needs synchronous rounds" in fake.wait_for(on_async).error

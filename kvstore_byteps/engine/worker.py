@@ -16,7 +16,9 @@ Two kinds of servers are spoken to, found out at start by a probe command:
 
 * our BytePSServer: keys are cut into ``BYTEPS_PARTITION_BYTES`` partitions placed by
   ``BYTEPS_KEY_HASH_FN``; each round, a partition is pushed (cmd = cantor(3, dtype); acked at
-  once) and then pulled (answered with the round's sum once every worker pushed);
+  once) and then pulled (answered with the round's sum once every worker pushed). With
+  ``BYTEPS_PULL_WITH_PUSH`` (synchronous training) the pull rides along with the push, in one
+  message (``KVWorker.push_with_pull``); the PULL stage then only waits for its answer;
 * an unmodified MXNet server: keys are laid out exactly as MXNet's own worker does
   (``EncodeDefaultKey``, cmd = cantor(0, dtype)); each round is a push, then (after its ack,
   which arrives when the round is merged) a pull.
@@ -157,6 +159,7 @@ class WorkerEngine:
         self.compressed_bytes_pushed = 0
         #: ps key -> its rounds and last two pushes, for a restarted server (None: not kept)
         self._kept: Optional[Dict[int, KeptRounds]] = {} if config.server_recovery else None
+        self._pulls_ride = False        # whether pulls ride along with pushes (set at start)
 
     def start(self) -> "WorkerEngine":
         """Join the cluster and get ready to push: postoffice start and MXNet's start-up
@@ -169,6 +172,11 @@ class WorkerEngine:
         self.flavor = self._probe_servers()
         if self.flavor is not ServerFlavor.BYTEPS:
             self._kept = None        # MXNet's servers keep weights: nothing to restore them
+        # Our servers take a round's pull along with its push (one message less per partition
+        # and round). Not with async rounds (a pull is answered at once there), nor with kept
+        # rounds (a restarted server is sent the pushes again, and would not know the pulls).
+        self._pulls_ride = (config.pull_with_push and self.flavor is ServerFlavor.BYTEPS
+                            and not config.enable_async and self._kept is None)
         self.po.on_recovery(lambda node, epoch: self.kv.post(
             lambda: self._restore_server(node, epoch)))
         if self.rank == 0:
@@ -194,11 +202,12 @@ class WorkerEngine:
         kind = ("BytePS servers (the BytePS data path)" if self.flavor is ServerFlavor.BYTEPS
                 else "MXNet's own servers (MXNet's key layout, no BytePS data path)")
         credit = self._credit()
-        return ("dist_byteps: %d workers, %d %s; van %s; partitions of %d bytes; credit %s"
+        return ("dist_byteps: %d workers, %d %s; van %s; partitions of %d bytes; credit %s%s"
                 % (self.num_workers, self.po.num_servers, kind, cfg.van_type.value,
                    cfg.partition_bytes,
                    "%d bytes (%d partitions)" % (credit, cfg.scheduling_credit) if credit
-                   else "unlimited"))
+                   else "unlimited",
+                   "; each pull sent with its push" if self._pulls_ride else ""))
 
     # ------------------------------------------------------------------ set-up
     def _probe_servers(self) -> ServerFlavor:
@@ -490,13 +499,31 @@ class WorkerEngine:
                 self._push_group(group, vals, done)
 
     def _push_group(self, group, vals, done) -> None:
-        self.kv.push([item.partition.ps_key for item in group], vals,
-                     [item.partition.nbytes for item in group],
-                     cmd=group[0].task.context.layout.round_cmd, priority=group[0].priority,
-                     callback=lambda request: done(request.error, group))
+        keys = [item.partition.ps_key for item in group]
+        lens = [item.partition.nbytes for item in group]
+        cmd, priority = group[0].task.context.layout.round_cmd, group[0].priority
+        if not self._pulls_ride:
+            self.kv.push(keys, vals, lens, cmd=cmd, priority=priority,
+                         callback=lambda request: done(request.error, group))
+            return
+        riding = _RidingPull(self, group, self._expect_answer(group))
+        for item in group:
+            item.handoff = riding
+        self.kv.push_with_pull(keys, vals, lens, cmd=cmd, priority=priority,
+                               push_callback=lambda request: done(request.error, group),
+                               pull_callback=riding.arrived)
 
     def _pull(self, items, done) -> None:
-        for group in self._requests(items):
+        riding: Dict[int, tuple] = {}
+        rest = []
+        for item in items:
+            if item.handoff is None:
+                rest.append(item)
+            else:
+                riding.setdefault(id(item.handoff), (item.handoff, []))[1].append(item)
+        for answer, waiting in riding.values():
+            answer.deliver_to(waiting, done)
+        for group in self._requests(rest):
             if self._compressed(group[0]):
                 self._pull_compressed(group[0], done)
                 continue
@@ -623,3 +650,56 @@ class WorkerEngine:
             self.po.finalize(timeout=timeout)
         finally:
             self.po.stop()
+
+
+class _RidingPull:
+    """The answer to a pull that was sent along with its push (``KVWorker.push_with_pull``),
+    and the PULL stage's wait for it.
+
+    The answer usually comes after the push's acknowledgement moved the items on to PULL, but
+    it may come first (pacing can hold an acknowledgement while the round completes):
+    whichever of the two comes second copies the sums out and finishes the items."""
+
+    def __init__(self, engine: "WorkerEngine", group: list, landing):
+        self._engine, self._group, self._landing = engine, group, landing
+        self._lock = threading.Lock()
+        self._answered = False
+        self._error: Optional[BaseException] = None
+        self._values: Dict[int, memoryview] = {}      # id(item) -> its sum's bytes
+        self._waiting: List[tuple] = []                # (items, done) of the PULL stage
+
+    def arrived(self, request) -> None:
+        """The pull request completed (answered, refused, failed or past its deadline)."""
+        self._engine.po.van.revoke_frame(self._landing)   # before done() gives outputs back
+        error, values = request.error, {}
+        if error is None:
+            try:
+                values = {id(item): vals for item, vals in
+                          zip(self._group, split_answer(request.result, len(self._group)))}
+            except KVStoreBytePSError as exc:
+                error = exc
+        self._group = None    # the items refer to this object: no reference cycle
+        with self._lock:
+            self._answered, self._error, self._values = True, error, values
+            waiting, self._waiting = self._waiting, []
+        for items, done in waiting:
+            self._deliver(items, done)
+
+    def deliver_to(self, items: list, done) -> None:
+        """Finish ``items`` (of this group) with ``done`` once the answer is here."""
+        with self._lock:
+            if not self._answered:
+                self._waiting.append((items, done))
+                return
+        self._deliver(items, done)
+
+    def _deliver(self, items: list, done) -> None:
+        error = self._error
+        if error is None:
+            try:
+                for item in items:   # (popped: the receive buffer goes back to the pool)
+                    self._engine._local_broadcast(item, self._values.pop(id(item)),
+                                                  maybe_in_place=self._landing is not None)
+            except KVStoreBytePSError as exc:
+                error = exc
+        done(error, items)

@@ -17,8 +17,12 @@ BytePS path, one key per request, ``lens=[nbytes]`` like a default push:
   pushes are summed by the key's engine thread; a pull is answered with the round's sum when
   all ``num_workers`` pushes of that round are summed. Rounds are counted per (key, worker);
   see :mod:`.rounds` for the double buffering. A pushpull (push=1, pull=1) is a push
-  followed by a pull and gets one answer, with the sum. If the worker sets the ``round``
-  extension field of the meta, it must match the server's count;
+  followed by a pull and gets one answer, with the sum. A push may instead carry the
+  timestamp of a pull riding along (``pull_timestamp``, what our worker sends): the push is
+  acknowledged at once as any push, and the pull is answered under its own timestamp when the
+  round is summed, as if it had been sent right after the push (one message less per
+  partition and round, the push's credit still returned at once). If the worker sets the
+  ``round`` extension field of the meta, it must match the server's count;
 * async (``BYTEPS_ENABLE_ASYNC=1``): a push is added to the stored weights by the key's engine
   thread and acked at once; a pull is answered at once with the weights as they are then;
 * a default-type (cmd 0/2/5) pull of a BytePS key returns its initial value (sync) or the
@@ -43,6 +47,7 @@ from ..errors import ConfigError, ProtocolError
 from ..mxproto import (PROBE_ANSWER, SERVER_DTYPES, Cmd, RequestType, ServerCommand,
                        encode_cmd)
 from ..recovery_report import REPORT_CMD, decode_report
+from ..van.kv import KVPairs, KVRequest
 from .recovery import RecoveryGate
 from .rounds import KeyRounds
 from .dist import KVStoreDistServer
@@ -55,6 +60,9 @@ from .updater import Updater, load_mxnet_updater
 
 __all__ = ["BytePSServer"]
 
+#: Request heads of the plain BytePS path (request type 3, any server dtype).
+_BYTEPS_HEADS = frozenset(encode_cmd(RequestType.BYTEPS, dtype)
+                          for dtype in SERVER_DTYPES.values())
 #: Request heads of the compressed BytePS path (request type 4, any server dtype).
 _COMPRESSED_HEADS = frozenset(encode_cmd(RequestType.BYTEPS_COMPRESSED, dtype)
                               for dtype in SERVER_DTYPES.values())
@@ -135,6 +143,12 @@ class BytePSServer(KVStoreDistServer):
 
     def handle_request(self, req, server) -> None:
         if self.epoch and not self._admit(req, server, is_command=False):
+            return
+        extra = req.meta.extra
+        if extra and "pull_timestamp" in extra and req.meta.head not in _BYTEPS_HEADS:
+            # the pull would never be answered: say so now instead
+            self._refuse(req, server, "only a plain BytePS push (request type 3) can carry a "
+                         "pull (pull_timestamp)")
             return
         super().handle_request(req, server)
 
@@ -282,14 +296,30 @@ class BytePSServer(KVStoreDistServer):
 
     # -- dispatch ---------------------------------------------------------------------------
     def _handle_byteps(self, req, server, cmd: Cmd) -> None:
+        attached = self._attached_pull(req)
         if req.keys is not None and len(req.keys) > 1:
-            self._handle_byteps_batch(req, server, cmd)
+            self._handle_byteps_batch(req, server, cmd, attached)
             return
         parsed = parse_dense(req, cmd)
         if parsed.push:
-            self._push(req, server, parsed.ps_key, parsed.values, parsed.pull)
+            self._push(req, server, parsed.ps_key, parsed.values, parsed.pull, attached)
         else:
             self._pull(req, server, self._known(parsed.ps_key, cmd))
+
+    def _attached_pull(self, req) -> Optional[KVRequest]:
+        """The pull riding along with a push (``pull_timestamp``; see ``KVWorker.push_with_pull``)
+        as a request of its own, answered like a pull sent right after the push; or None."""
+        timestamp = (req.meta.extra or {}).get("pull_timestamp")
+        if timestamp is None:
+            return None
+        if not req.meta.push or req.meta.pull:
+            raise ProtocolError("only a push can carry a pull (pull_timestamp)")
+        if self.enable_async:
+            raise ProtocolError("a pull riding along with a push needs synchronous rounds "
+                                "(this server has BYTEPS_ENABLE_ASYNC on)")
+        meta = dataclasses.replace(req.meta, timestamp=int(timestamp), push=False, pull=True,
+                                   data_type=[], extra=None)
+        return KVRequest(meta, KVPairs(req.keys, memoryview(b""), None))
 
     def _handle_default(self, req, server, cmd: Cmd) -> None:
         if not req.meta.push and req.keys is not None and len(req.keys) == 1:
@@ -304,13 +334,16 @@ class BytePSServer(KVStoreDistServer):
         super()._handle_default(req, server, cmd)
 
     # -- BytePS requests --------------------------------------------------------------------
-    def _push(self, req, server, ps_key: int, values: np.ndarray, pull: bool) -> None:
+    def _push(self, req, server, ps_key: int, values: np.ndarray, pull: bool,
+              attached=None) -> None:
         key, initialised_now = self._key_for_push(ps_key, values)
         if initialised_now:   # this push was the initialisation: acked (or read back) at once
             if pull:
                 self._answer(req, server, key.value)
             else:
                 self._respond(server, req)
+            if attached is not None:
+                self._answer(attached, server, key.value)
             return
         _check_matches(key, values)
         if self.enable_async:
@@ -323,7 +356,17 @@ class BytePSServer(KVStoreDistServer):
             self._pull(req, server, key)
         else:
             self._ack_push(req, server, values.nbytes)
+        if attached is not None:
+            self._serve_attached(attached, server, lambda: self._pull(attached, server, key))
         self._engine.submit(key.thread, lambda: self._accumulate(key, r, values))
+
+    def _serve_attached(self, attached, server, serve: Callable[[], None]) -> None:
+        """Run ``serve`` for a pull that rode along with a push already acknowledged: a
+        refusal must answer the pull (the push has its answer)."""
+        try:
+            serve()
+        except ProtocolError as exc:
+            self._refuse(attached, server, str(exc))
 
     def _pull(self, req, server, key: _BytePSKey) -> None:
         if self.enable_async:
@@ -376,7 +419,7 @@ class BytePSServer(KVStoreDistServer):
         return key
 
     # -- batches of small keys (one request for many keys of one server) ------------------------
-    def _handle_byteps_batch(self, req, server, cmd: Cmd) -> None:
+    def _handle_byteps_batch(self, req, server, cmd: Cmd, attached=None) -> None:
         """A push or a pull of several already initialised keys: the worker's batching of small
         partitions. A push is checked whole before any key counts it, then acked once; a pull
         is answered once, when every key's round is complete, with keys, vals and lens."""
@@ -387,7 +430,13 @@ class BytePSServer(KVStoreDistServer):
         keys = [self._batch_key(int(k), cmd) for k in req.keys]
         if push:
             self._push_batch(req, server, keys, split_values(req, cmd, len(keys)))
+            if attached is not None:
+                self._serve_attached(attached, server,
+                                     lambda: self._pull_batch(attached, server, keys))
             return
+        self._pull_batch(req, server, keys)
+
+    def _pull_batch(self, req, server, keys) -> None:
         batch = BatchAnswer(req, server, len(keys), self._respond)
         for index, key in enumerate(keys):
             if self.enable_async:

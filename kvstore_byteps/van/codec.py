@@ -12,7 +12,8 @@ from .message import K_EMPTY, ControlCommand, Control, Meta, Node
 from .pbmeta import PBMeta
 
 #: BytePS-only PBMeta fields; they travel in ``Meta.extra`` and upstream peers ignore them.
-EXTENSION_FIELDS = ("error", "rdma_addr", "rdma_rkey", "round", "dead_node", "epoch")
+EXTENSION_FIELDS = ("error", "rdma_addr", "rdma_rkey", "round", "dead_node", "epoch",
+                    "pull_timestamp")
 
 
 def encode_meta(meta: Meta) -> bytes:

@@ -54,6 +54,9 @@ _META_FIELDS = [
     # how many times the server this request goes to (or the recovered node of an ADD_NODE)
     # was restarted: a restarted server drops requests meant for the process before it
     ("epoch", 105, _F.TYPE_INT32, _F.LABEL_OPTIONAL, {}),
+    # on a BytePS push: the worker's timestamp of the pull that rides along with it, which
+    # the server answers (as if it had been sent right after the push) once the round is summed
+    ("pull_timestamp", 106, _F.TYPE_INT32, _F.LABEL_OPTIONAL, {}),
 ]
 
 
