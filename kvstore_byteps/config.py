@@ -137,9 +137,8 @@ class Config:
     server_pacing_hold_ms: int = 200
     enable_async: bool = False
     #: dist_byteps workers send a round's pull along with its push (one message instead of
-    #: two); default on with the byteps_tcp van, where it was measured faster, off with zmq,
-    #: where it cost CPU (README: Configuration)
-    pull_with_push: bool = False
+    #: two; README: the byteps_tcp van)
+    pull_with_push: bool = True
     key_hash_fn: str = "balanced"
     log_level: str = "WARNING"
     trace_on: bool = False
@@ -165,7 +164,6 @@ class Config:
         """Build a config from ``environ`` (default ``os.environ``); raise ConfigError on bad values."""
         env = _EnvReader(os.environ if environ is None else environ)
         van_default = VanType.BYTEPS_RDMA if env.flag(Env.ENABLE_RDMA, False) else VanType.ZMQ
-        van_type = env.get(Env.VAN_TYPE, _van_type, van_default)
         return cls(
             role=env.get(Env.ROLE, Role.parse, Role.WORKER),
             num_workers=env.get(Env.NUM_WORKER, _positive_int, 1),
@@ -176,7 +174,7 @@ class Config:
             node_host=env.get(Env.NODE_HOST, _nonempty, None),
             interface=env.get(Env.INTERFACE, _nonempty, None),
             port=env.get(Env.PORT, _port, None),
-            van_type=van_type,
+            van_type=env.get(Env.VAN_TYPE, _van_type, van_default),
             local_ipc=env.flag(Env.LOCAL, False),
             water_mark=env.get(Env.WATER_MARK, _positive_int, None),
             verbose=env.get(Env.VERBOSE, _nonnegative_int, 0),
@@ -200,7 +198,7 @@ class Config:
             server_pacing_bytes=env.get(Env.SERVER_PACING_BYTES, _nonnegative_int, 0),
             server_pacing_hold_ms=env.get(Env.SERVER_PACING_HOLD_MS, _positive_int, 200),
             enable_async=env.flag(Env.ENABLE_ASYNC, False),
-            pull_with_push=env.flag(Env.PULL_WITH_PUSH, van_type is VanType.BYTEPS_TCP),
+            pull_with_push=env.flag(Env.PULL_WITH_PUSH, True),
             key_hash_fn=env.get(Env.KEY_HASH_FN, _choice(KEY_HASH_FNS), "balanced"),
             log_level=env.get(Env.LOG_LEVEL, _choice(LOG_LEVELS), "WARNING"),
             trace_on=env.flag(Env.TRACE_ON, False),

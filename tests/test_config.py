@@ -40,12 +40,9 @@ def test_enable_rdma_selects_rdma_van_unless_van_type_given():
                             "DMLC_PS_VAN_TYPE": "zmq"}).van_type is VanType.ZMQ
 
 
-def test_pulls_ride_with_pushes_by_default_on_byteps_tcp_only():
-    assert not Config.from_env({}).pull_with_push
-    assert Config.from_env({"DMLC_PS_VAN_TYPE": "byteps_tcp"}).pull_with_push
-    assert not Config.from_env({"DMLC_PS_VAN_TYPE": "byteps_tcp",
-                                "BYTEPS_PULL_WITH_PUSH": "0"}).pull_with_push
-    assert Config.from_env({"BYTEPS_PULL_WITH_PUSH": "1"}).pull_with_push
+def test_pulls_ride_with_pushes_unless_turned_off():
+    assert Config.from_env({}).pull_with_push
+    assert not Config.from_env({"BYTEPS_PULL_WITH_PUSH": "0"}).pull_with_push
 
 
 @pytest.mark.parametrize("name,value", [

@@ -27,15 +27,15 @@ def run_checks(mode, *args, env=None, timeout=90, expect_ok=True, servers=1):
                 for name in workers}
 
 
-@pytest.mark.parametrize("van,pull_with_push", [("zmq", "default"), ("byteps_tcp", "default"),
-                                                ("zmq", "1"), ("byteps_tcp", "0")])
+@pytest.mark.parametrize("van,pull_with_push", [("zmq", "1"), ("byteps_tcp", "1"),
+                                                ("zmq", "0")])
 def test_pushpull_returns_before_communication_and_result_is_correct(van, pull_with_push):
     env = {"DMLC_PS_VAN_TYPE": van}
-    if pull_with_push != "default":       # the defaults: off with zmq, on with byteps_tcp
-        env["BYTEPS_PULL_WITH_PUSH"] = pull_with_push
+    if pull_with_push == "0":             # on by default
+        env["BYTEPS_PULL_WITH_PUSH"] = "0"
     results = run_checks("async", env=env, servers=2)
     assert all("ASYNC OK" in results[w][1] for w in ("worker0", "worker1")), results
-    rides = pull_with_push == "1" or (pull_with_push == "default" and van == "byteps_tcp")
+    rides = pull_with_push == "1"
     said = "".join(results[w][1] for w in ("worker0", "worker1"))   # rank 0 says it
     assert "dist_byteps: 2 workers" in said
     assert ("each pull sent with its push" in said) == rides, said
