@@ -157,6 +157,22 @@ def test_a_refused_push_fails_the_pull_riding_on_it_at_once(no_sockets):
             po.finalize(barrier=False)
 
 
+def test_request_timestamps_wrap_within_the_metas_int32(no_sockets):
+    network, nodes, workers = make_cluster(workers=1, servers=1)
+    try:
+        worker = workers[0]
+        worker._next_timestamp = 2 ** 31 - 1
+        stamps = []
+        for _ in range(2):
+            request = worker.push([1], np.ones(2, np.float32), [8])
+            worker.wait(request)
+            stamps.append(request.timestamp)
+        assert stamps == [2 ** 31 - 1, 0]
+    finally:
+        for po in reversed(nodes):
+            po.finalize(barrier=False)
+
+
 # ============================================================================ races
 def test_a_request_completes_once_when_the_last_answer_and_a_failure_race():
     """The last answer completes the request (joining 2 x 32 MB of parts takes a while) while

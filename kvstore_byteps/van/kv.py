@@ -32,6 +32,7 @@ from .message import DataType, Message, Meta, server_rank_to_id
 log = logging.getLogger(__name__)
 
 _PUSH_TYPES = [DataType.UINT64, DataType.OTHER, DataType.INT32]
+_TIMESTAMP_MASK = 2 ** 31 - 1
 
 
 class KVPairs(NamedTuple):
@@ -388,7 +389,9 @@ class KVWorker:
     def _new_request(self, what, servers, callback) -> Request:
         with self._lock:
             timestamp = self._next_timestamp
-            self._next_timestamp += 1
+            # the meta's timestamp is an int32: wrap instead of failing every send after 2**31
+            # requests (24 days at 1000 a second); a request that old is long answered
+            self._next_timestamp = (timestamp + 1) & _TIMESTAMP_MASK
             request = Request(what, timestamp, servers, callback)
             if servers:
                 self._pending[timestamp] = request
