@@ -137,7 +137,7 @@ class Config:
     server_pacing_hold_ms: int = 200
     enable_async: bool = False
     #: dist_byteps workers send a round's pull along with its push (one message instead of
-    #: two; README: the byteps_tcp van)
+    #: two; README: Each pull rides along with its push)
     pull_with_push: bool = True
     key_hash_fn: str = "balanced"
     log_level: str = "WARNING"

@@ -76,14 +76,25 @@ class FakeServer:
 
     def wait_for(self, req, timeout=5.0):
         """Wait until ``req`` was answered; return the answer."""
+        return self._wait_until(lambda answer: answer.req is req, timeout)
+
+    def wait_for_timestamp(self, timestamp, timeout=5.0):
+        """Wait for the one answer under ``timestamp`` (e.g. to a pull riding on a push,
+        which the server answers as a request of its own); return it."""
+        return self._wait_until(lambda answer: answer.req.meta.timestamp == timestamp, timeout)
+
+    def _wait_until(self, matches, timeout):
         deadline = time.monotonic() + timeout
         with self._cond:
-            while not self.answered(req):
+            while not any(matches(a) for a in self.answers):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise AssertionError("no answer within %.1f s" % timeout)
                 self._cond.wait(left)
-        return self.answer_to(req)
+            found = [a for a in self.answers if matches(a)]
+        if len(found) != 1:
+            raise AssertionError("expected one answer, got %d" % len(found))
+        return found[0]
 
     def errors(self):
         return [a.error for a in self.answers if a.error]

@@ -1,7 +1,6 @@
 """BytePSServer round semantics with a recording responder (no sockets)."""
 import random
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -287,17 +286,6 @@ def srv_command(srv, fake, body):
     return req
 
 
-def _answer_with_timestamp(fake, timestamp, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = [a for a in fake.answers if a.req.meta.timestamp == timestamp]
-        if found:
-            assert len(found) == 1
-            return found[0]
-        time.sleep(0.01)
-    raise AssertionError("no answer under timestamp %d" % timestamp)
-
-
 def test_a_pull_riding_on_a_push_is_answered_with_the_rounds_sum_after_the_ack(server):
     srv, fake = server
     srv.handle_request(bpush(WORKER0, 4, 0.0), fake)
@@ -308,7 +296,7 @@ def test_a_pull_riding_on_a_push_is_answered_with_the_rounds_sum_after_the_ack(s
         assert not any(x.req.meta.timestamp == 1000 + step for x in fake.answers)
         srv.handle_request(bpush(WORKER1, 4, 1.0, extra={"pull_timestamp": 2000 + step}), fake)
         for timestamp in (1000 + step, 2000 + step):
-            answer = _answer_with_timestamp(fake, timestamp)
+            answer = fake.wait_for_timestamp(timestamp)
             assert answer.error is None
             assert answer.req.meta.pull and not answer.req.meta.push
             assert list(answer.values()) == [step + 1.0] * 4 and list(answer.lens) == [16]
@@ -327,7 +315,7 @@ def test_a_pull_riding_on_a_batch_push_gets_every_keys_sum(server):
     srv.handle_request(batch(WORKER0, 1.0, 500), fake)
     srv.handle_request(batch(WORKER1, 10.0, 600), fake)
     for timestamp in (500, 600):
-        answer = _answer_with_timestamp(fake, timestamp)
+        answer = fake.wait_for_timestamp(timestamp)
         assert list(answer.keys) == [20, 21] and list(answer.lens) == [8, 8]
         assert list(answer.values()) == [11.0, 11.0, 13.0, 13.0]
     assert fake.errors() == []
@@ -338,7 +326,7 @@ def test_the_initialising_push_answers_its_riding_pull_with_the_initial_value(se
     first = bpush(WORKER0, 6, 7.0, extra={"pull_timestamp": 42})
     srv.handle_request(first, fake)
     assert _ok(fake, first).vals is None
-    assert list(_answer_with_timestamp(fake, 42).values()) == [7.0] * 4
+    assert list(fake.wait_for_timestamp(42).values()) == [7.0] * 4
 
 
 def test_a_riding_pull_where_none_can_be_answered_is_refused_not_left_waiting():

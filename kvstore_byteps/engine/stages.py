@@ -113,7 +113,7 @@ class WorkItem:
     index: int
     partition: Any
     holds_credit: bool = False
-    #: what a stage function leaves for a later stage's (e.g. the pending answer of a pull
+    #: what a stage function leaves for a later stage (e.g. the pending answer of a pull
     #: that was sent along with the push)
     handoff: Any = None
 

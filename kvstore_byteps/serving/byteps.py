@@ -145,12 +145,23 @@ class BytePSServer(KVStoreDistServer):
         if self.epoch and not self._admit(req, server, is_command=False):
             return
         extra = req.meta.extra
-        if extra and "pull_timestamp" in extra and req.meta.head not in _BYTEPS_HEADS:
-            # the pull would never be answered: say so now instead
-            self._refuse(req, server, "only a plain BytePS push (request type 3) can carry a "
-                         "pull (pull_timestamp)")
-            return
+        if extra and "pull_timestamp" in extra:
+            why_not = self._why_no_riding_pull(req)
+            if why_not:    # the pull would never be answered: say so now instead
+                self._refuse(req, server, why_not)
+                return
         super().handle_request(req, server)
+
+    def _why_no_riding_pull(self, req) -> Optional[str]:
+        """Why ``req`` cannot carry a pull (``pull_timestamp``), or None if it can."""
+        if req.meta.head not in _BYTEPS_HEADS:
+            return "only a plain BytePS push (request type 3) can carry a pull (pull_timestamp)"
+        if not req.meta.push or req.meta.pull:
+            return "only a push can carry a pull (pull_timestamp)"
+        if self.enable_async:
+            return ("a pull riding along with a push needs synchronous rounds (this server has "
+                    "BYTEPS_ENABLE_ASYNC on)")
+        return None
 
     def handle_command(self, req, server) -> None:
         if self.epoch and not self._admit(req, server, is_command=True):
@@ -307,16 +318,12 @@ class BytePSServer(KVStoreDistServer):
             self._pull(req, server, self._known(parsed.ps_key, cmd))
 
     def _attached_pull(self, req) -> Optional[KVRequest]:
-        """The pull riding along with a push (``pull_timestamp``; see ``KVWorker.push_with_pull``)
-        as a request of its own, answered like a pull sent right after the push; or None."""
+        """The pull riding along with a push (``pull_timestamp``; see ``KVWorker.push_with_pull``;
+        checked by :meth:`handle_request`) as a request of its own, answered like a pull sent
+        right after the push; or None."""
         timestamp = (req.meta.extra or {}).get("pull_timestamp")
         if timestamp is None:
             return None
-        if not req.meta.push or req.meta.pull:
-            raise ProtocolError("only a push can carry a pull (pull_timestamp)")
-        if self.enable_async:
-            raise ProtocolError("a pull riding along with a push needs synchronous rounds "
-                                "(this server has BYTEPS_ENABLE_ASYNC on)")
         meta = dataclasses.replace(req.meta, timestamp=int(timestamp), push=False, pull=True,
                                    data_type=[], extra=None)
         return KVRequest(meta, KVPairs(req.keys, memoryview(b""), None))

@@ -176,6 +176,15 @@ class Request:
         return self.result
 
 
+def _describe(op: str, keys: np.ndarray) -> str:
+    """How a request is named in errors: its kind, key count and first key."""
+    return "%s of %d key(s) [%d..]" % (op, len(keys), int(keys[0]) if len(keys) else -1)
+
+
+def _server_ids(slices) -> List[int]:
+    return [server_rank_to_id(part.server_rank) for part in slices]
+
+
 def _concat(parts: List[KVPairs]) -> KVPairs:
     if len(parts) == 1:
         return parts[0]
@@ -265,20 +274,19 @@ class KVWorker:
         the push as usual and answers the pull, under the pull's own timestamp, as if it had
         arrived right after the push; unlike a pushpull, the push's answer does not wait for
         the round. If the push fails, so does the pull."""
-        pull = self._new_request("pull (with its push) of %d key(s)" % len(keys),
-                                 self._servers_of(keys), pull_callback)
+        keys, lens, slices = self._sliced(keys, vals, lens, push=True)
+        servers = _server_ids(slices)
+        pull = self._new_request(_describe("pull (with its push)", keys), servers,
+                                 pull_callback)
 
-        def pushed(request):
+        def pushed(request):      # a push that failed to send comes here too
             if request.error is not None:
                 self._fail_request(pull, request.error)
             if push_callback is not None:
                 push_callback(request)
-        try:
-            push = self._request(keys, vals, lens, cmd, True, False, priority, pushed,
-                                 {"pull_timestamp": pull.timestamp})
-        except BaseException as exc:
-            self._fail_request(pull, exc)
-            raise
+        push = self._new_request(_describe("push", keys), servers, pushed)
+        self._send_slices(push, slices, cmd, True, False, priority,
+                          {"pull_timestamp": pull.timestamp})
         return push, pull
 
     def command(self, head: int, body: bytes = b"", callback=None) -> Request:
@@ -358,13 +366,21 @@ class KVWorker:
 
     # -------------------------------------------------------------- internals
     def _request(self, keys, vals, lens, cmd, push, pull, priority, callback, extra) -> Request:
+        keys, lens, slices = self._sliced(keys, vals, lens, push)
+        op = "pushpull" if push and pull else ("push" if push else "pull")
+        request = self._new_request(_describe(op, keys), _server_ids(slices), callback)
+        self._send_slices(request, slices, cmd, push, pull, priority, extra)
+        return request
+
+    def _sliced(self, keys, vals, lens, push: bool):
+        """``(keys, lens, slices)``: the keys and lens as arrays, and the request's part for
+        each server holding some of the keys."""
         keys = as_keys(keys)
         lens = None if lens is None else np.ascontiguousarray(lens, dtype=np.int32).reshape(-1)
-        slices = slice_request(keys, vals if push else None, lens, self.po.server_key_ranges())
-        op = "pushpull" if push and pull else ("push" if push else "pull")
-        what = "%s of %d key(s) [%d..]" % (op, len(keys), int(keys[0]) if len(keys) else -1)
-        request = self._new_request(what, [server_rank_to_id(s.server_rank) for s in slices],
-                                    callback)
+        return keys, lens, slice_request(keys, vals if push else None, lens,
+                                         self.po.server_key_ranges())
+
+    def _send_slices(self, request: Request, slices, cmd, push, pull, priority, extra) -> None:
         with self.send_lock:
             for part in slices:
                 data, types = _frames(part.keys, part.vals if push else None, part.lens,
@@ -374,12 +390,6 @@ class KVWorker:
                             priority=priority, data_type=types, extra=extra,
                             recver=server_rank_to_id(part.server_rank))
                 self._send(request, self._stamped(Message(meta, data)))
-        return request
-
-    def _servers_of(self, keys) -> List[int]:
-        """The ids of the servers holding some of ``keys``."""
-        return [server_rank_to_id(part.server_rank) for part in
-                slice_request(as_keys(keys), None, None, self.po.server_key_ranges())]
 
     def _fail_request(self, request: Request, error: BaseException) -> None:
         with self._lock:
