@@ -259,6 +259,21 @@ def describe_byteps_jobs(van: str, items: Sequence[str]) -> str:
     return "dist_byteps van %s%s" % (van, "".join(" " + e for e in masked(items)))
 
 
+PLOT_EXTENSIONS = (".png", ".svg", ".pdf")
+
+
+def output_paths(out: str) -> Tuple[str, str]:
+    """(plot, results) paths for ``--out``: a plot with the .json next to it, or a .json with
+    a .png next to it. ValueError for any other name."""
+    stem, extension = os.path.splitext(out)
+    if extension.lower() == ".json":
+        return stem + ".png", out
+    if extension.lower() in PLOT_EXTENSIONS:
+        return out, stem + ".json"
+    raise ValueError("--out %s: name the plot (%s) or the results (.json)"
+                     % (out, ", ".join(PLOT_EXTENSIONS)))
+
+
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", type=parse_cases, default=list(CASES.values()),
@@ -278,7 +293,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "median (default 2, with --quick 1)")
     p.add_argument("--quick", action="store_true", help="small sizes and few iterations")
     p.add_argument("--out", default=os.path.join("bench_out", "pushpull.png"),
-                   help="PNG plot of the ratios (a .json of the results goes next to it)")
+                   help="the plot of the ratios (.png, .svg or .pdf), with a .json of the "
+                        "results next to it; or the .json, with a .png next to it")
     p.add_argument("--job-timeout", type=float, default=180.0,
                    help="launch.py --timeout of every job, seconds (default 180)")
     p.add_argument("--upstream-mode", choices=["pushpull", "push+pull"], default="pushpull",
@@ -293,6 +309,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     add_byteps_job_arguments(p, "BYTEPS_PARTITION_BYTES=384000")
     args = p.parse_args(argv)
     check_byteps_env(p, args.byteps_env)
+    try:      # checked now: a bad name must not throw away a finished run's results
+        args.plot_path, args.json_path = output_paths(args.out)
+    except ValueError as exc:
+        p.error(str(exc))
     if args.van == "byteps_tcp" and args.byteps_server == "mxnet":
         p.error("--van byteps_tcp needs our servers (upstream MXNet servers only speak zmq)")
     if args.topologies is None:
@@ -422,6 +442,7 @@ def write_json(rows, path: str, byteps_server: str, args) -> None:
                       "link_bound_s": (link_bound_s(b, w, s, args.measured_rate)
                                        if args.measured_rate else None)}
                      for c, w, s, b, u, o in rows]}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(data, f, indent=1)
 
@@ -491,10 +512,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("load average (1 min) before %.2f, after %.2f" % tuple(args.loads))
     for note in notes:
         print("note:", note.replace("\n", "\n    "))
-    plot(rows, args.out, args.quick, network, args.network)
-    json_path = os.path.splitext(args.out)[0] + ".json"
-    write_json(rows, json_path, byteps_server, args)
-    print("plot: %s, results: %s" % (args.out, json_path))
+    write_json(rows, args.json_path, byteps_server, args)     # before the plot, which may fail
+    plot(rows, args.plot_path, args.quick, network, args.network)
+    print("plot: %s, results: %s" % (args.plot_path, args.json_path))
     failed = [r for r in rows if r[4].status != "ok" or r[5].status != "ok"]
     return 1 if failed else 0
 

@@ -35,7 +35,7 @@ KIND = {
     "test_mxnet_patch_views": "unit", "test_resend": "unit", "test_server_byteps": "unit", "test_server_pacing": "unit",
     "test_server_dist": "unit", "test_server_pickle": "unit", "test_server_protocol": "unit",
     "test_auth": "unit", "test_tcp_van": "unit", "test_cuda_libs": "unit",
-    "test_compress": "unit",
+    "test_compress": "unit", "test_bench_pushpull": "unit",
     "test_van_failures": "loopback",
     "test_demo": "cluster", "test_gpu": "cluster", "test_interop": "cluster",
     "test_launch": "cluster", "test_mxnet_patch_hook": "cluster", "test_netns": "cluster",
