@@ -66,7 +66,10 @@ class FakeServer:
 
     def answer_to(self, req):
         """The one answer to ``req`` (fails if none or several)."""
-        found = [a for a in self.answers if a.req is req]
+        return self._only(lambda answer: answer.req is req)
+
+    def _only(self, matches):
+        found = [a for a in self.answers if matches(a)]
         if len(found) != 1:
             raise AssertionError("expected one answer to the request, got %d" % len(found))
         return found[0]
@@ -76,25 +79,24 @@ class FakeServer:
 
     def wait_for(self, req, timeout=5.0):
         """Wait until ``req`` was answered; return the answer."""
-        return self._wait_until(lambda answer: answer.req is req, timeout)
+        return self._wait_until(lambda answer: answer.req is req, timeout,
+                                "the request with timestamp %d" % req.meta.timestamp)
 
     def wait_for_timestamp(self, timestamp, timeout=5.0):
         """Wait for the one answer under ``timestamp`` (e.g. to a pull riding on a push,
         which the server answers as a request of its own); return it."""
-        return self._wait_until(lambda answer: answer.req.meta.timestamp == timestamp, timeout)
+        return self._wait_until(lambda answer: answer.req.meta.timestamp == timestamp, timeout,
+                                "timestamp %d" % timestamp)
 
-    def _wait_until(self, matches, timeout):
+    def _wait_until(self, matches, timeout, what):
         deadline = time.monotonic() + timeout
         with self._cond:
             while not any(matches(a) for a in self.answers):
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise AssertionError("no answer within %.1f s" % timeout)
+                    raise AssertionError("no answer to %s within %.1f s" % (what, timeout))
                 self._cond.wait(left)
-            found = [a for a in self.answers if matches(a)]
-        if len(found) != 1:
-            raise AssertionError("expected one answer, got %d" % len(found))
-        return found[0]
+            return self._only(matches)
 
     def errors(self):
         return [a.error for a in self.answers if a.error]
