@@ -317,8 +317,11 @@ def push_async(fn: Callable[[Done], None], const_arrays: Sequence[Any] = (),
 def host_view(array: Any) -> np.ndarray:
     """A numpy view of a CPU NDArray's memory, without waiting for the engine.
 
-    Only valid while an operation that holds the array (as const or mutable) runs, and while
-    ``array`` is alive; raises ValueError for GPU or sparse arrays.
+    Its contents are only meaningful while an operation that holds the array (as const or
+    mutable) runs; raises ValueError for GPU or sparse arrays. The view (and every slice of
+    it, and every message frame made from one) keeps ``array`` alive, so its memory stays
+    mapped for as long as anything can read it: a message kept for resending (PS_RESEND) may
+    be read again after the operation completed and the caller dropped the array.
     """
     if array.context.device_type not in _CPU_TYPES:
         raise ValueError("host_view needs a CPU array, got one on %s" % array.context)
@@ -329,6 +332,7 @@ def host_view(array: Any) -> np.ndarray:
     if nbytes == 0:
         return np.empty(shape, dtype=dtype)
     raw = (ctypes.c_uint8 * nbytes).from_address(data_pointer(array))
+    raw.owner = array     # numpy views keep ``raw`` as their base, and ``raw`` the array
     return np.frombuffer(raw, dtype=dtype).reshape(shape)
 
 

@@ -39,3 +39,20 @@ def test_the_cache_keeps_its_arrays_alive():
     junk = [mx.nd.full((8,), 9) for _ in range(50)]   # would reuse freed memory
     mx.nd.waitall()
     assert cache[3].views[0][0] == 2 and len(junk) == 50
+
+
+def test_a_slice_of_a_host_view_keeps_its_array_and_memory_alive():
+    # A push's frame is a slice of a host view; with PS_RESEND the resender keeps the message
+    # after the engine operation completed and the script dropped the array. The frame must
+    # still read the array's bytes, not memory MXNet freed (and another array reused, or the
+    # allocator unmapped: that read crashed workers under ACK loss).
+    from mxnet_patch.engine_async import host_view
+    n = 1 << 20                                  # 4 MB: the allocator gives such blocks back
+    source = mx.nd.full((n,), 7)
+    mx.nd.waitall()
+    frame = memoryview(host_view(source)[n // 2:])
+    del source
+    mx.nd.waitall()
+    junk = [mx.nd.full((n,), 3) for _ in range(4)]   # would reuse freed memory
+    mx.nd.waitall()
+    assert np.all(np.frombuffer(frame, np.float32) == 7) and len(junk) == 4
