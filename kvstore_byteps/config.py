@@ -119,7 +119,8 @@ class Config:
     heartbeat_interval: float = 3.0
     heartbeat_timeout: float = 30.0
     resend: bool = False
-    resend_timeout_ms: int = 1000
+    #: PS_RESEND_TIMEOUT: a fixed retransmission timeout; None: adaptive (van/resend.py)
+    resend_timeout_ms: Optional[int] = None
     drop_msg_percent: int = 0
     start_timeout: float = 60.0
     request_timeout: float = 300.0
@@ -183,7 +184,7 @@ class Config:
             heartbeat_interval=env.get(Env.HEARTBEAT_INTERVAL, _nonnegative_float, 3.0),
             heartbeat_timeout=env.get(Env.HEARTBEAT_TIMEOUT, _nonnegative_float, 30.0),
             resend=env.flag(Env.RESEND, False),
-            resend_timeout_ms=env.get(Env.RESEND_TIMEOUT, _positive_int, 1000),
+            resend_timeout_ms=env.get(Env.RESEND_TIMEOUT, _positive_int, None),
             drop_msg_percent=env.get(Env.DROP_MSG, _percent, 0),
             start_timeout=env.get(Env.START_TIMEOUT, _positive_float, 60.0),
             request_timeout=env.get(Env.REQUEST_TIMEOUT, _positive_float, 300.0),

@@ -3,8 +3,9 @@ import pytest
 
 from kvstore_byteps.errors import PeerError
 from kvstore_byteps.van.codec import decode_meta, encode_meta
-from kvstore_byteps.van.message import ControlCommand, Message, Meta
-from kvstore_byteps.van.resend import MAX_RETRIES, Resender, signature
+from kvstore_byteps.van.message import Control, ControlCommand, Message, Meta
+from kvstore_byteps.van.resend import (MAX_RETRIES, MAX_RTO_S, MIN_RTO_S, Resender,
+                                       RetransmitTimer, signature)
 from tests import vectors
 
 
@@ -40,3 +41,84 @@ def test_sender_resends_until_acked_then_gives_up_naming_the_node():
         assert node.due(1.0 + attempt) == [lost]
     with pytest.raises(PeerError, match="node 13"):
         node.due(100.0)
+
+
+def _request(timestamp, recver, sender=9):
+    return Message(Meta(head=0, app_id=0, timestamp=timestamp, request=True, push=True,
+                        sender=sender, recver=recver))
+
+
+def test_an_answer_acknowledges_its_request_even_when_the_ack_is_lost():
+    worker = Resender(my_id=9, timeout_ms=100)
+    worker.on_send(_request(5, recver=8), now=0.0)
+    worker.on_send(_request(6, recver=8), now=0.0)
+    answer = Message(Meta(head=0, app_id=0, timestamp=5, request=False, push=True, sender=8,
+                          recver=9))
+    ack, deliver = worker.on_receive(answer, now=0.01)
+    assert deliver and ack is not None          # the answer itself is acknowledged as usual
+    assert [m.meta.timestamp for m in worker.due(1.0)] == [6]   # only the unanswered one
+    assert worker.pending == 1
+
+
+def test_adaptive_timeout_follows_measured_round_trips_not_a_fixed_second():
+    worker = Resender(my_id=9)                  # PS_RESEND_TIMEOUT unset
+    server = Resender(my_id=8)
+    for ts in range(20):                        # round trips of 2 ms
+        sent = _request(ts, recver=8)
+        worker.on_send(sent, now=ts)
+        ack, _ = server.on_receive(sent)
+        worker.on_receive(ack, now=ts + 0.002)
+    timer = worker.timer(8)
+    assert timer.rto == MIN_RTO_S and abs(timer.srtt - 0.002) < 1e-9
+    lost = _request(99, recver=8)
+    worker.on_send(lost, now=100.0)
+    assert worker.due(100.0 + MIN_RTO_S / 2) == []
+    assert worker.due(100.0 + MIN_RTO_S) == [lost]          # a round trip, not a second
+    assert worker.due(100.0 + 2 * MIN_RTO_S) == []          # backed off: twice as long
+    assert worker.due(100.0 + 3 * MIN_RTO_S) == [lost]
+    assert timer.rto == 4 * MIN_RTO_S                       # new messages wait longer too
+
+
+def test_karns_rule_no_sample_from_a_resent_message_and_the_timeout_is_capped():
+    worker = Resender(my_id=9)
+    msg = _request(1, recver=8)
+    worker.on_send(msg, now=0.0)
+    now = 0.0
+    for _ in range(6):                          # unanswered: 1 s, then capped at MAX_RTO_S
+        now += MAX_RTO_S
+        assert worker.due(now) == [msg]
+    assert worker.timer(8).rto == MAX_RTO_S
+    ack, _ = Resender(my_id=8).on_receive(msg)
+    worker.on_receive(ack, now=now + 5.0)       # ambiguous round trip: not sampled
+    assert worker.timer(8).srtt is None and worker.pending == 0
+
+
+def test_a_fixed_timeout_stays_fixed():
+    worker = Resender(my_id=9, timeout_ms=300)
+    msg = _request(1, recver=8)
+    worker.on_send(msg, now=0.0)
+    assert worker.due(0.29) == [] and worker.due(0.3) == [msg]
+    assert worker.due(0.59) == [] and worker.due(0.6) == [msg]
+
+
+def test_after_leaving_an_unacknowledged_message_is_given_up_quietly():
+    node = Resender(my_id=1, timeout_ms=100)
+    goodbye = Message(Meta(head=0, app_id=0, timestamp=3, recver=9,
+                           control=Control(cmd=ControlCommand.BARRIER, barrier_group=7)))
+    node.on_send(goodbye, now=0.0)
+    node.leave()
+    for attempt in range(MAX_RETRIES):
+        assert node.due(1.0 + attempt) == [goodbye]
+    assert node.due(100.0) == [] and node.given_up == 1 and node.pending == 0
+
+
+def test_retransmit_timer_is_rfc_6298():
+    timer = RetransmitTimer(initial=1.0, minimum=0.0, maximum=60.0)
+    timer.sample(0.1)
+    assert (timer.srtt, timer.rttvar) == (0.1, 0.05) and abs(timer.rto - 0.3) < 1e-12
+    timer.sample(0.3)
+    assert abs(timer.rttvar - (0.75 * 0.05 + 0.25 * 0.2)) < 1e-12
+    assert abs(timer.srtt - (0.875 * 0.1 + 0.125 * 0.3)) < 1e-12
+    assert abs(timer.rto - (timer.srtt + 4 * timer.rttvar)) < 1e-12
+    timer.backoff()
+    assert abs(timer.rto - 2 * (timer.srtt + 4 * timer.rttvar)) < 1e-12

@@ -125,7 +125,7 @@ class Postoffice:
         self._peer_log = PeerLog(log)
         #: data messages dropped on purpose (PS_DROP_MSG)
         self.dropped_messages = 0
-        self._drop_reported = False
+        self._loss_reported = False     # PS_DROP_MSG / PS_RESEND counts, logged at stop
         self._drop_rng = random.Random() if config.drop_msg_percent else None
         self._resend_lock = threading.Lock()
 
@@ -258,7 +258,7 @@ class Postoffice:
             return True
         if self._resender is not None:
             with self._resend_lock:
-                ack, deliver = self._resender.on_receive(message)
+                ack, deliver = self._resender.on_receive(message, time.monotonic())
             if ack is not None:
                 self.van.send(ack)
             if not deliver:
@@ -434,14 +434,20 @@ class Postoffice:
             if barrier and not self._stopped.is_set():
                 self.barrier(ALL_GROUP, timeout=timeout)
         finally:
+            if self._resender is not None:   # the others are leaving too: ACKs may not come
+                with self._resend_lock:
+                    self._resender.leave()
             self.stop()
 
     def stop(self) -> None:
         """Stop the receive loop (TERMINATE to self) and every customer."""
-        if self.dropped_messages and not self._drop_reported:
-            self._drop_reported = True
-            log.warning("PS_DROP_MSG=%d: %d received data messages were dropped on purpose",
-                        self.config.drop_msg_percent, self.dropped_messages)
+        if not self._loss_reported:
+            self._loss_reported = True
+            if self.dropped_messages:
+                log.warning("PS_DROP_MSG=%d: %d received data messages were dropped on purpose",
+                            self.config.drop_msg_percent, self.dropped_messages)
+            if self._resender is not None and self._resender.resent:
+                log.info("PS_RESEND: %s", self._resender.describe())
         if not self._stopped.is_set():
             try:
                 self.van.send(terminate_message(self.my_id))

@@ -2,10 +2,23 @@
 
 Every sent message other than ACK and TERMINATE is kept under its signature
 ``(u16)app_id << 48 | (u8)sender << 40 | (u8)recver << 32 | (timestamp << 1 | request)`` and
-sent again every ``PS_RESEND_TIMEOUT`` ms until the receiver acknowledges it; the tenth retry
-is fatal (PeerError naming the silent node). Every received message other than ACK and
-TERMINATE is answered with ``ACK{msg_sig}`` to its sender and dropped if its signature was seen
-before. Membership starts it only once the node is ready, so ADD_NODE is never acknowledged.
+sent again until the receiver acknowledges it; the tenth retry is fatal (PeerError naming the
+silent node). Every received message other than ACK and TERMINATE is answered with
+``ACK{msg_sig}`` to its sender and dropped if its signature was seen before. Membership starts
+it only once the node is ready, so ADD_NODE is never acknowledged.
+
+Beyond ps-lite (the wire is the same):
+
+* An answer acknowledges its request too: a server cannot answer what it did not receive. A
+  request answered while its ACK was lost is not sent again, and is not kept (its buffers may
+  belong to an array the caller has finished with).
+* When a message is sent again (the retransmission timeout): ``PS_RESEND_TIMEOUT`` fixes it,
+  as in ps-lite. Unset, each peer gets TCP's adaptive timeout (RFC 6298): a smoothed round trip
+  and its variation, measured from ACKs of messages sent once (Karn's rule), timeout = SRTT +
+  4 RTTVAR within [MIN_RTO_S, MAX_RTO_S]; each resend doubles the message's timeout and the
+  peer's, up to MAX_RTO_S. So a lost message costs a few round trips, not a fixed second.
+* Once the node says goodbye (:meth:`Resender.leave`, after the shutdown barrier) an
+  unacknowledged message is given up quietly: its receiver may have left already.
 """
 import dataclasses
 from typing import Dict, List, Optional, Set, Tuple
@@ -14,51 +27,110 @@ from ..errors import PeerError
 from .message import K_EMPTY, ControlCommand, Control, Message, Meta
 
 MAX_RETRIES = 10
+#: bounds of the adaptive timeout (seconds); the postoffice checks every 50 ms anyway
+MIN_RTO_S = 0.05
+MAX_RTO_S = 1.0
+#: before a peer's first round trip is measured (RFC 6298: 1 s)
+INITIAL_RTO_S = 1.0
 _UNACKED = (ControlCommand.ACK, ControlCommand.TERMINATE)
 
 
 def signature(meta: Meta) -> int:
     """The ``msg_sig`` of a message (sender and recver as on the wire, i.e. node ids)."""
-    return ((meta.app_id & 0xFFFF) << 48 | (meta.sender & 0xFF) << 40
-            | (meta.recver & 0xFF) << 32 | ((meta.timestamp << 1 | int(meta.request))
-                                            & 0xFFFFFFFF))
+    return _signature(meta.app_id, meta.sender, meta.recver, meta.timestamp, meta.request)
+
+
+def _signature(app_id: int, sender: int, recver: int, timestamp: int, request: bool) -> int:
+    return ((app_id & 0xFFFF) << 48 | (sender & 0xFF) << 40 | (recver & 0xFF) << 32
+            | ((timestamp << 1 | int(request)) & 0xFFFFFFFF))
 
 
 def needs_ack(meta: Meta) -> bool:
     return meta.control.cmd not in _UNACKED
 
 
+class RetransmitTimer:
+    """One peer's retransmission timeout (RFC 6298, section 2 and 5.5). Pure."""
+
+    def __init__(self, initial: float = INITIAL_RTO_S, minimum: float = MIN_RTO_S,
+                 maximum: float = MAX_RTO_S):
+        self.minimum, self.maximum = minimum, maximum
+        self.rto = initial
+        self.srtt: Optional[float] = None
+        self.rttvar = 0.0
+
+    def sample(self, rtt: float) -> None:
+        """A round trip measured on a message sent once."""
+        if self.srtt is None:
+            self.srtt, self.rttvar = rtt, rtt / 2
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
+            self.srtt = 0.875 * self.srtt + 0.125 * rtt
+        self.rto = min(self.maximum, max(self.minimum, self.srtt + 4 * self.rttvar))
+
+    def backoff(self) -> None:
+        """A message to this peer timed out: wait longer until a round trip is measured."""
+        self.rto = min(self.maximum, self.rto * 2)
+
+
 @dataclasses.dataclass
 class _Pending:
     message: Message
     sent_at: float
+    timeout: float
     retries: int = 0
+
+    @property
+    def deadline(self) -> float:
+        return self.sent_at + self.timeout
 
 
 class Resender:
-    """Bookkeeping of one node; the postoffice calls it around sends, receives and ticks."""
+    """Bookkeeping of one node; the postoffice calls it around sends, receives and ticks.
 
-    def __init__(self, my_id: int, timeout_ms: int):
-        self.my_id, self.timeout = my_id, timeout_ms / 1000.0
+    ``timeout_ms``: a fixed retransmission timeout (PS_RESEND_TIMEOUT); None: adaptive."""
+
+    def __init__(self, my_id: int, timeout_ms: Optional[int] = None):
+        self.my_id = my_id
+        self.fixed = None if timeout_ms is None else timeout_ms / 1000.0
+        self._timers: Dict[int, RetransmitTimer] = {}
         self._pending: Dict[int, _Pending] = {}
         self._seen: Set[int] = set()
+        self._leaving = False
         self.resent = 0           # messages sent again (for tests and diagnostics)
+        self.given_up = 0         # unacknowledged messages dropped after leave()
+
+    def timer(self, peer: int) -> RetransmitTimer:
+        timer = self._timers.get(peer)
+        if timer is None:
+            timer = self._timers[peer] = RetransmitTimer()
+        return timer
+
+    def _timeout(self, peer: int) -> float:
+        return self.fixed if self.fixed is not None else self.timer(peer).rto
 
     def on_send(self, message: Message, now: float) -> None:
         """Keep ``message`` until it is acknowledged (it must carry a timestamp)."""
-        if not needs_ack(message.meta) or message.meta.timestamp == K_EMPTY:
+        meta = message.meta
+        if not needs_ack(meta) or meta.timestamp == K_EMPTY:
             return
-        message.meta.sender = self.my_id
-        self._pending.setdefault(signature(message.meta), _Pending(message, now))
+        meta.sender = self.my_id
+        sig = signature(meta)
+        if sig not in self._pending:
+            self._pending[sig] = _Pending(message, now, self._timeout(meta.recver))
 
-    def on_receive(self, message: Message) -> Tuple[Optional[Message], bool]:
+    def on_receive(self, message: Message, now: float = 0.0) -> Tuple[Optional[Message], bool]:
         """``(ack to send or None, whether to deliver the message)``."""
         meta = message.meta
         if meta.control.cmd == ControlCommand.ACK:
-            self._pending.pop(meta.control.msg_sig, None)
+            self._acknowledged(meta.control.msg_sig, now)
             return None, False
         if not needs_ack(meta):
             return None, True
+        if not meta.request and meta.control.cmd == ControlCommand.EMPTY:
+            # a data answer: its request arrived (no RTT sample: the answer may have waited)
+            self._pending.pop(_signature(meta.app_id, self.my_id, meta.sender, meta.timestamp,
+                                         True), None)
         sig = signature(meta)
         ack = Message(Meta(customer_id=K_EMPTY, recver=meta.sender,
                            control=Control(cmd=ControlCommand.ACK, msg_sig=sig)))
@@ -67,17 +139,51 @@ class Resender:
         self._seen.add(sig)
         return ack, True
 
+    def _acknowledged(self, sig: int, now: float) -> None:
+        pending = self._pending.pop(sig, None)
+        if pending is not None and pending.retries == 0 and self.fixed is None:
+            self.timer(pending.message.meta.recver).sample(max(0.0, now - pending.sent_at))
+
+    def leave(self) -> None:
+        """The node passed its shutdown barrier: from now on, give up quietly."""
+        self._leaving = True
+
     def due(self, now: float) -> List[Message]:
         """Messages to send again now; PeerError once one was retried MAX_RETRIES times."""
-        again = []
+        again, gone = [], []
         for sig, pending in self._pending.items():
-            if now - pending.sent_at < self.timeout:
+            if now < pending.deadline:
                 continue
+            recver = pending.message.meta.recver
             if pending.retries >= MAX_RETRIES:
-                raise PeerError("node %d did not acknowledge message %#x after %d resends"
-                                % (pending.message.meta.recver, sig, MAX_RETRIES))
+                if not self._leaving:
+                    raise PeerError("node %d did not acknowledge message %#x after %d resends"
+                                    % (recver, sig, MAX_RETRIES))
+                gone.append(sig)
+                continue
             pending.retries += 1
             pending.sent_at = now
+            if self.fixed is None:
+                self.timer(recver).backoff()
+                pending.timeout = min(MAX_RTO_S, max(pending.timeout * 2,
+                                                     self.timer(recver).rto))
             self.resent += 1
             again.append(pending.message)
+        for sig in gone:
+            del self._pending[sig]
+        self.given_up += len(gone)
         return again
+
+    def describe(self) -> str:
+        """What was resent, and each peer's timeout: for the log at shutdown."""
+        timers = ", ".join("node %d %.0f ms" % (peer, timer.rto * 1000)
+                           for peer, timer in sorted(self._timers.items())
+                           if timer.srtt is not None)
+        return ("%d messages sent again; retransmission timeout %s"
+                % (self.resent, "fixed at %.0f ms" % (self.fixed * 1000)
+                   if self.fixed is not None else "by peer: " + (timers or "none measured")))
+
+    @property
+    def pending(self) -> int:
+        """Messages sent and not acknowledged yet."""
+        return len(self._pending)
