@@ -220,3 +220,17 @@ def test_async_stage_raising_after_done_is_logged_not_lost(caplog):
     with Pipeline([StageSpec(Stage.PUSH, push, asynchronous=True)]) as pipeline:
         assert pipeline.submit(Task(1, [0])).result(WAIT_S).key == 1
     assert "raised after calling done()" in caplog.text
+
+
+def test_async_stage_raising_the_error_it_already_reported_logs_nothing(caplog):
+    # A push whose send fails: the request's callback finishes the items with the error, then
+    # the send raises that same error. The task fails once, with no second traceback.
+    def push(item, done):
+        error = ConnectionError("van stopped")
+        done(error)
+        raise error
+
+    with Pipeline([StageSpec(Stage.PUSH, push, asynchronous=True)]) as pipeline:
+        with pytest.raises(ConnectionError, match="van stopped"):
+            pipeline.submit(Task(1, [0])).result(WAIT_S)
+    assert "raised after calling done()" not in caplog.text

@@ -223,7 +223,7 @@ class Pipeline:
             try:
                 spec.fn(argument, done)
             except Exception as exc:  # the stage function's failure belongs to the task
-                if not done(exc):
+                if not done(exc) and not done.reported(exc):
                     log.exception("stage %s raised after calling done()", spec.stage.name)
             return
         try:
@@ -363,6 +363,13 @@ class _Done:
         self._left = {id(item): item for item in items}
         self._action = action
         self._lock = threading.Lock()
+        self._errors: List[BaseException] = []    # what items were finished with
+
+    def reported(self, error: BaseException) -> bool:
+        """Whether items were finished with this very error (e.g. a failed send fails its
+        request, whose callback calls done(error), and then raises the same error)."""
+        with self._lock:
+            return any(error is known for known in self._errors)
 
     def __call__(self, error: Optional[BaseException] = None,
                  items: Optional[Sequence["WorkItem"]] = None) -> bool:
@@ -370,6 +377,8 @@ class _Done:
         with self._lock:
             wanted = list(self._left.values()) if items is None else items
             chosen = [self._left.pop(id(item)) for item in wanted if id(item) in self._left]
+            if chosen and error is not None:
+                self._errors.append(error)
         if not chosen:
             return False
         self._action(chosen, error)
