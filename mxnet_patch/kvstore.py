@@ -13,6 +13,8 @@ start-up hook. This module is imported while MXNet itself is still importing (fr
 """
 import atexit
 import logging
+import os
+import sys
 import threading
 
 from mxnet import ndarray as nd
@@ -68,6 +70,27 @@ class _ViewCache(dict):
         return views
 
 
+def close_at_exit(close) -> None:
+    """Run ``close`` when the main thread has finished, before any ``atexit`` handler.
+
+    A script may end with pushpulls still queued (``Module.fit`` returns with the last
+    round in flight; so does any script without a final ``waitall``): ``close`` completes
+    them, which needs the van. ``atexit`` handlers run last-registered first, and pyzmq
+    registers its garbage collector's (which zero-copy sends need) only at the first such
+    send, after this store was made; MXNet's engine shutdown is one too. Python runs the
+    ``threading`` module's exit hooks first (as ``concurrent.futures`` relies on), so
+    ``close`` registered there still finds everything working.
+    """
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        try:
+            register(close)
+            return
+        except RuntimeError:    # the interpreter is already shutting down
+            pass
+    atexit.register(close)
+
+
 def freeze_startup_objects() -> None:
     """Start-up step of ``dist_byteps`` (``BYTEPS_GC_FREEZE=1``, the default): move every
     object alive now out of the garbage collector's sight (``gc.freeze``).
@@ -107,7 +130,7 @@ class KVStoreBytePS(KVStoreBase):
         self._views = _ViewCache()
         if config.gc_freeze:
             freeze_startup_objects()
-        atexit.register(self.close)
+        close_at_exit(self._close_at_exit)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -267,6 +290,23 @@ class KVStoreBytePS(KVStoreBase):
         """Block until every worker reached this barrier (after this worker's pending ops)."""
         nd.waitall()
         self._engine.barrier()
+
+    def _close_at_exit(self):
+        """:meth:`close` as the process ends. If leaving fails (the scheduler is gone, say),
+        the process exits with status 1 after one line saying why: a job whose shutdown failed
+        must not look like a success, and an exit hook cannot raise (Python would print the
+        traceback and exit 0)."""
+        try:
+            self.close()
+        except Exception as exc:    # KVStoreBytePSError, or MXNet's error from waitall
+            log.error("dist_byteps worker rank %s could not leave the job cleanly: %s",
+                      self.rank, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            os._exit(1)
 
     def close(self):
         """Finish pending work, then leave the cluster as MXNet's workers do. Idempotent."""
