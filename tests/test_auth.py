@@ -200,6 +200,40 @@ def test_with_auth_on_strangers_cannot_join_or_send_and_training_stays_exact(van
 
 @pytest.mark.cluster
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("van", ["zmq", "byteps_tcp"])
+def test_without_a_key_a_spoofed_worker_id_cannot_stop_the_servers(van, tmp_path):
+    """No BYTEPS_AUTH_KEY: a process claims worker rank 0's node id and sends kStopServer to
+    the server while the workers train. The claim holds no weight while the real worker's
+    connection is open: training goes on exact and the job ends normally. (On byteps_tcp the
+    server used to stop every round; the workers failed only at their request deadline.)"""
+    server_port = free_port()
+    env = {"MXNET_KVSTORE_SERVER": "byteps", "DMLC_PS_VAN_TYPE": van,
+           "BYTEPS_REQUEST_TIMEOUT": "20"}
+    with Cluster(num_workers=2, num_servers=1, env=env) as cluster:
+        cluster.start("scheduler", SCHEDULER_OURS)
+        cluster.start("server", SERVER_KNOB, env={"PORT": str(server_port)})
+        stop_file = tmp_path / "stop"
+        for _ in range(2):
+            cluster.start("worker", app("byteps_checks.py", "until", stop_file))
+        deadline = time.monotonic() + 60
+        while "round 20" not in cluster.output("worker0"):
+            assert time.monotonic() < deadline, cluster.dump()
+            time.sleep(0.2)
+        cluster.start("spoof", app("spoof_stop.py", van, "127.0.0.1:%d" % server_port))
+        cluster.procs["spoof0"][0].wait(30)
+        rounds = cluster.output("worker0").count("round ")
+        time.sleep(2)                           # training goes on after the spoofed stop
+        assert cluster.output("worker0").count("round ") > rounds, cluster.dump()
+        stop_file.write_text("")
+        results = cluster.wait_all(60)
+        assert_all_ok(results, cluster)
+    assert "SPOOF SENT" in results["spoof0"][1]
+    for name in ("worker0", "worker1"):
+        assert "ROUNDS OK" in results[name][1], results[name][1]
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(120)
 def test_an_upstream_mxnet_node_is_refused_with_a_clear_error():
     """Upstream MXNet cannot authenticate: with a key on our scheduler, an upstream server
     is refused, the scheduler says why, and its start fails at the deadline."""

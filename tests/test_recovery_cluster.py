@@ -41,7 +41,8 @@ def _train_kill_and_restart_a_server(env, ports=None, restarted_env=None, timeou
         return cluster.wait_all(timeout), cluster.dump()
 
 
-@pytest.mark.parametrize("van,same_port", [("zmq", False), ("byteps_tcp", True)])
+@pytest.mark.parametrize("van,same_port", [("zmq", False), ("byteps_tcp", True),
+                                           ("byteps_tcp", False)])
 def test_a_restarted_server_is_restored_and_the_sums_stay_exact(van, same_port):
     results, dump = _train_kill_and_restart_a_server(
         dict(ENV, DMLC_PS_VAN_TYPE=van), [free_port(), free_port()] if same_port else None)

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from kvstore_byteps.config import Config, Role, VanType
-from kvstore_byteps.errors import ClusterStartError, ConfigError, ProtocolError
+from kvstore_byteps.errors import ClusterStartError, ConfigError, PeerError, ProtocolError
 from kvstore_byteps.van import tcp_frame
 from kvstore_byteps.van.codec import encode_meta
-from kvstore_byteps.van.message import K_EMPTY, Meta
+from kvstore_byteps.van.message import K_EMPTY, DataType, Meta
 from kvstore_byteps.van.postoffice import Postoffice
 from kvstore_byteps.van.recv_buffers import RecvBufferPool
 from kvstore_byteps.van.tcp_van import TcpVan, _Inbound
@@ -177,14 +177,48 @@ def send_raw(node, node_id, data):
 def test_a_broken_stream_is_dropped_and_the_node_keeps_serving(tcp_cluster, caplog):
     nodes, worker = tcp_cluster
     meta = b"\xff\xfe not a protobuf"
-    send_raw(nodes[1], 99, struct.pack("<IHH", 0, 1, 0))                 # meta length 0
-    send_raw(nodes[1], 98, tcp_frame.encode_header(meta, [3]) + meta + b"abc"   # undecodable
+    # anonymous peers (node ids are checked: tests below), read like any other; one per node
+    # (a node logs one problem of a peer in full, then counts)
+    send_raw(nodes[0], K_EMPTY, struct.pack("<IHH", 0, 1, 0))            # meta length 0
+    send_raw(nodes[1], K_EMPTY, tcp_frame.encode_header(meta, [3]) + meta + b"abc"  # undecodable
              + tcp_frame.encode_header(meta, [100]) + meta + b"ab")             # cut short
     wait_until(lambda: "meta length 0" in caplog.text and "malformed" in caplog.text
                and "middle of a message" in caplog.text, 30, "three warnings")
     worker.wait(worker.push([1], np.ones(2, np.float32), [8]))
     got = worker.wait(worker.pull([1]))
     assert np.array_equal(np.frombuffer(got.vals, np.float32), [2, 2])
+
+
+@pytest.mark.loopback
+@pytest.mark.timeout(60)
+def test_a_second_connection_claiming_a_nodes_id_is_not_read_nor_one_of_no_node(
+        tcp_cluster, caplog):
+    """Without BYTEPS_AUTH_KEY a hello's node id is not proven: as ZeroMQ's ROUTER does with
+    identities, the connection that holds an id is the only one read for it."""
+    nodes, worker = tcp_cluster
+    server = nodes[1]
+    spoofed = Meta(head=0, request=True, push=True, app_id=0, customer_id=0, timestamp=7,
+                   data_type=[DataType.UINT64, DataType.OTHER, DataType.INT32],
+                   recver=server.my_id)
+    keys, vals, lens = (np.array([5], np.uint64).tobytes(),
+                        np.full(2, 100, np.float32).tobytes(), np.array([8], np.int32).tobytes())
+    frame = encode_meta(spoofed)
+    message = tcp_frame.encode_header(frame, [8, 8, 4]) + frame + keys + vals + lens
+    with socket.create_connection(("127.0.0.1", server.my_node.port), timeout=20) as rogue:
+        rogue.sendall(tcp_frame.encode_hello(worker.po.my_id))     # the worker's own id
+        rogue.recv(tcp_frame.HELLO_BYTES, socket.MSG_WAITALL)
+        rogue.sendall(message)
+        wait_until(lambda: "already has an open connection" in caplog.text, 20, "the hold")
+        with socket.create_connection(("127.0.0.1", server.my_node.port), timeout=20) as other:
+            other.sendall(tcp_frame.encode_hello(77))               # no node of the cluster
+            other.recv(tcp_frame.HELLO_BYTES, socket.MSG_WAITALL)
+            other.sendall(message)
+            wait_until(lambda: "no node of this cluster" in caplog.text, 20, "the refusal")
+        worker.wait(worker.push([1], np.ones(2, np.float32), [8]))
+        got = worker.wait(worker.pull([1]))
+        assert np.array_equal(np.frombuffer(got.vals, np.float32), [2, 2])
+    with pytest.raises(PeerError):         # the spoofed push never reached the handler
+        worker.wait(worker.pull([5]))
 
 
 @pytest.mark.loopback

@@ -64,3 +64,8 @@ class Van(abc.ABC):
 
     def on_ready(self) -> None:
         """The cluster has formed (this node got its id and the node list). Optional."""
+
+    def on_nodes(self, nodes) -> None:
+        """The cluster's node list, at start and whenever the scheduler announces a change (a
+        restarted server): a van that learns a peer's id from the peer itself uses it to
+        check the claims (byteps_tcp). Called on the receive thread. Optional."""

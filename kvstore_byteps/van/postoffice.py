@@ -291,6 +291,7 @@ class Postoffice:
                 self._member_ids = frozenset(node.id for node in action.nodes)
                 if self.config.resend:
                     self._resender = Resender(self.my_node.id, self.config.resend_timeout_ms)
+                self.van.on_nodes(self.nodes)
                 self.van.on_ready()
                 if action.epoch:     # before any request reaches the restarted server's app
                     self._run_recovery_hooks(self.my_node, action.epoch)
@@ -300,6 +301,7 @@ class Postoffice:
                     self._dispatch_data(message)
             elif isinstance(action, NodeRecovered):
                 self.nodes = [action.node if n.id == action.node.id else n for n in self.nodes]
+                self.van.on_nodes(self.nodes)
                 log.warning("%s: %s restarted and rejoined (restart %d of that node id)",
                             self.my_node.describe(), action.node.describe_rank(), action.epoch)
                 self._run_recovery_hooks(action.node, action.epoch)

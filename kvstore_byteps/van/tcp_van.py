@@ -36,7 +36,7 @@ from ..config import Config
 from ..errors import (AuthenticationError, ClusterStartError, ConfigError, PeerError,
                       ProtocolError)
 from ..logs import PeerLog
-from . import auth, tcp_frame
+from . import auth, claims, tcp_frame
 from .base import Van
 from .codec import decode_meta, encode_meta
 from .message import K_EMPTY, Message, Node
@@ -176,6 +176,9 @@ class TcpVan(Van):
         self._closed = threading.Event()
         self._forming = True
         self._accept_thread: Optional[threading.Thread] = None
+        self._claims = claims.Claims()
+        self._held: set = set()          # connections not read (claims.py); receive thread
+        self._selector = None            # the receive loop's, while it runs
         self._peer_log = PeerLog(log)
         self._mac_key = auth.hmac_key(config.auth_key) if config.auth else None
 
@@ -296,7 +299,7 @@ class TcpVan(Van):
     # ------------------------------------------------------------------ receiving
     def run(self, on_message: Callable[[Message], bool], on_tick: Callable[[], None],
             tick_seconds: float) -> None:
-        selector = selectors.DefaultSelector()
+        selector = self._selector = selectors.DefaultSelector()
         selector.register(self._wake_r, selectors.EVENT_READ, None)
         try:
             while True:
@@ -311,6 +314,8 @@ class TcpVan(Van):
             for key in list(selector.get_map().values()):
                 if key.data is not None:
                     key.data.sock.close()
+            for inbound in self._held:
+                inbound.sock.close()
             selector.close()
 
     def _register_accepted(self, selector) -> None:
@@ -321,7 +326,45 @@ class TcpVan(Van):
         for item in _take_all(self._accepted):
             if isinstance(item, BaseException):
                 raise item
-            selector.register(item.sock, selectors.EVENT_READ, item)
+            decision, replaced, why = self._claims.admit(item, item.peer_id, time.monotonic())
+            if replaced is not None:
+                self._held.discard(replaced)
+                replaced.sock.close()
+            if decision == claims.READ:
+                selector.register(item.sock, selectors.EVENT_READ, item)
+                continue
+            self._peer_log.warning(item.peer_key(), "connection from %s %s: %s",
+                                   item.describe(), "held" if decision == claims.HOLD
+                                   else "refused", why)
+            if decision == claims.HOLD:
+                self._held.add(item)
+            else:
+                item.sock.close()
+
+    def on_nodes(self, nodes) -> None:
+        """(Receive thread.) The cluster's node list: who may speak for which id (claims.py)."""
+        close, read = self._claims.nodes_changed(nodes, time.monotonic())
+        for inbound in close:
+            self._peer_log.warning(inbound.peer_key(), "dropped the connection from %s: its "
+                                   "node id is no node of the cluster, or moved", inbound.describe())
+            self._forget(inbound)
+        for inbound in read:
+            self._read_held(inbound)
+
+    def _read_held(self, inbound: _Inbound) -> None:
+        self._held.discard(inbound)
+        self._selector.register(inbound.sock, selectors.EVENT_READ, inbound)
+
+    def _forget(self, inbound: _Inbound) -> None:
+        """Close a connection, read or held (receive thread)."""
+        if inbound in self._held:
+            self._held.discard(inbound)
+        else:
+            try:
+                self._selector.unregister(inbound.sock)
+            except (KeyError, ValueError):
+                pass
+        inbound.sock.close()
 
     def _drain(self, inbound: _Inbound, selector, on_message) -> bool:
         """Deliver every message the connection has completed; False once ``on_message``
@@ -357,6 +400,9 @@ class TcpVan(Van):
                                        reader.failure)
             selector.unregister(inbound.sock)
             inbound.sock.close()
+            successor = self._claims.closed(inbound)
+            if successor is not None:
+                self._read_held(successor)
         return True
 
     def register_recv_buffer(self, key: int, nbytes: int) -> None:
