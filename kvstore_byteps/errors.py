@@ -34,3 +34,8 @@ class ClusterStartError(DeadlineError):
 class AuthenticationError(ConfigError):
     """A peer did not prove it holds the cluster's key (``BYTEPS_AUTH_KEY``), or refused ours.
     The message names the peer and the likely cause (a different key, or no key on one side)."""
+
+
+class JobAbortedError(PeerError):
+    """A node ended the job on purpose and said why (e.g. a server refused the optimizer that
+    MXNet's workers sent, which they would not notice): every node stops with the reason."""

@@ -17,7 +17,7 @@ import time
 from typing import Optional
 
 from .config import Config, Role
-from .errors import PeerError, ConfigError, KVStoreBytePSError
+from .errors import PeerError, ConfigError, JobAbortedError, KVStoreBytePSError
 from .serving.byteps import BytePSServer
 from .serving.dist import KVStoreDistServer
 
@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 #: the serving loop waits in slices so that signals (Ctrl-C) are handled promptly
 _POLL_SECONDS = 1.0
+#: how long a server that ends the job waits for the scheduler's notice to come back
+_END_JOB_WAIT_S = 5.0
 
 
 def build_server(config: Config, num_workers: int, key_begin: int) -> BytePSServer:
@@ -70,7 +72,7 @@ def run_server(config: Config) -> int:
         else:
             postoffice.barrier(ALL_GROUP)
         log.info("server rank %d serving %d worker(s)", postoffice.my_rank, config.num_workers)
-        while not server.wait_stopped(_POLL_SECONDS):
+        while not server.wait_done(_POLL_SECONDS):
             if postoffice.stopped:     # the van died (its error was logged): stop serving
                 raise PeerError("server rank %d: the van stopped before kStopServer: %s"
                                 % (postoffice.my_rank, postoffice.error))
@@ -80,6 +82,8 @@ def run_server(config: Config) -> int:
             if server.restore_overdue(time.monotonic()):
                 raise PeerError("server rank %d: %s" % (postoffice.my_rank,
                                                         server.describe_restore_wait()))
+        if server.job_error is not None:     # even if kStopServer came right after
+            _end_job(postoffice, server.job_error)
     except BaseException:
         server.close()
         postoffice.stop()
@@ -87,6 +91,18 @@ def run_server(config: Config) -> int:
     server.close()
     postoffice.finalize()
     return 0
+
+
+def _end_job(postoffice, reason: str) -> None:
+    """Have the scheduler end the job on every node; JobAbortedError once its notice stopped
+    this node too, or after _END_JOB_WAIT_S (an upstream scheduler ignores the request: the
+    job then ends as this server exits, under the launcher)."""
+    postoffice.end_job(reason)
+    deadline = time.monotonic() + _END_JOB_WAIT_S
+    while not postoffice.stopped and time.monotonic() < deadline:
+        time.sleep(0.05)
+    raise postoffice.error if isinstance(postoffice.error, JobAbortedError) else \
+        JobAbortedError("server rank %d ended the job: %s" % (postoffice.my_rank, reason))
 
 
 def main(argv: Optional[list] = None) -> int:

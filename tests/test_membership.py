@@ -2,8 +2,9 @@
 import pytest
 
 from kvstore_byteps.config import Role
-from kvstore_byteps.errors import ClusterStartError
-from kvstore_byteps.van.membership import (Connect, Fail, NodeDead, NodeMembership, NodeRecovered,
+from kvstore_byteps.errors import ClusterStartError, JobAbortedError
+from kvstore_byteps.van.membership import (ABORT_GRACE_S, Connect, Fail, NodeDead, NodeMembership,
+                                           NodeRecovered, abort_request,
                                            Ready, Refused,
                                            ReleaseBarrier, SchedulerMembership, Send, Stop,
                                            assign_ids, barrier_request, control_message,
@@ -284,6 +285,37 @@ def test_a_node_fails_on_the_schedulers_notice_only():
     actions = worker.handle(from_sender(notice, 1), 0.0)
     assert len(actions) == 1 and isinstance(actions[0], NodeDead) and actions[0].node.id == 8
     refused = worker.handle(from_sender(notice, 11), 0.0)
+    assert len(refused) == 1 and isinstance(refused[0], Refused)
+
+
+def test_a_node_ending_the_job_has_the_scheduler_tell_everyone_why_then_stop():
+    sched = formed_scheduler()
+    request = from_sender(abort_request("the optimizer was refused", VanClock()), 8)
+    actions = sched.handle(request, 20.0)
+    notices = sends(actions)
+    assert sorted(m.meta.recver for m in notices) == [8, 9, 11]    # the sender too
+    why = notices[0].meta.extra["abort"]
+    assert "server rank 0" in why and "the optimizer was refused" in why
+    assert sched.handle(request, 20.1) == []                       # told once
+    assert not any(isinstance(a, Fail) for a in sched.tick(20.0 + ABORT_GRACE_S / 2))
+    failed = [a for a in sched.tick(20.0 + ABORT_GRACE_S) if isinstance(a, Fail)]
+    assert len(failed) == 1 and isinstance(failed[0].error, JobAbortedError)
+    worker = NodeMembership(node(Role.WORKER, "127.0.0.1", 4000),
+                            node(Role.SCHEDULER, "127.0.0.1", 9091), 10.0)
+    stopped = worker.handle(from_sender(notices[1], 1), 21.0)
+    assert len(stopped) == 1 and isinstance(stopped[0], Fail)
+    assert isinstance(stopped[0].error, JobAbortedError) and str(stopped[0].error) == why
+
+
+def test_only_members_end_the_job_and_only_the_schedulers_notice_stops_a_node():
+    sched = formed_scheduler()
+    stranger = sched.handle(from_sender(abort_request("x", VanClock()), 99), 20.0)
+    assert len(stranger) == 1 and isinstance(stranger[0], Refused) and sched.aborting is None
+    worker = NodeMembership(node(Role.WORKER, "127.0.0.1", 4000),
+                            node(Role.SCHEDULER, "127.0.0.1", 9091), 10.0)
+    forged = control_message(ControlCommand.HEARTBEAT, 9)
+    forged.meta.extra = {"abort": "forged"}
+    refused = worker.handle(from_sender(forged, 11), 0.0)
     assert len(refused) == 1 and isinstance(refused[0], Refused)
 
 

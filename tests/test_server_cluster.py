@@ -4,10 +4,13 @@ Values are checked against exactly computed ones (``sums``, ``async``) or agains
 worker script with MXNet's own C++ server (optimizers, multi-precision, 2-bit compression,
 row_sparse), never against the C++ server on the pushpull path it gets wrong now and then.
 """
+import os
+import sys
+
 import numpy as np
 import pytest
 
-from tests.cluster import PY, SCHEDULER_OURS, UPSTREAM, Cluster, app, assert_all_ok
+from tests.cluster import APPS, PY, REPO, SCHEDULER_OURS, UPSTREAM, Cluster, app, assert_all_ok
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.timeout(240)
@@ -91,3 +94,21 @@ def test_bad_input_is_refused_while_mxnet_workers_keep_exact_sums(tmp_path):
     rogue = results["rogue"][1]
     assert "ROGUE OK" in rogue and rogue.count("refused as expected") == 8, rogue
     assert not marker.exists()
+
+
+def test_a_refused_optimizer_of_mxnets_workers_ends_the_job_non_zero_saying_why():
+    """MXNet's dist_sync workers ignore error answers: a user's optimizer class, which our
+    server refuses to unpickle, used to leave the weights untrained while the job exited 0.
+    Now the server has the scheduler end the job; the launcher exits non-zero with the reason."""
+    import subprocess
+    import time
+    argv = [sys.executable, os.path.join(REPO, "launch.py"), "-n", "2", "-s", "1",
+            "--timeout", "90", sys.executable, os.path.join(APPS, "custom_optimizer.py")]
+    started = time.monotonic()
+    done = subprocess.run(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=120)
+    assert done.returncode != 0, done.stdout
+    assert "refused the optimizer sent by worker rank 0" in done.stdout, done.stdout
+    assert "MySGD" in done.stdout and "ended the job" in done.stdout, done.stdout
+    assert "server 0 (on this machine) exited with code 1" in done.stdout, done.stdout
+    assert time.monotonic() - started < 60

@@ -296,6 +296,9 @@ def test_a_refused_optimizer_refuses_the_rounds_instead_of_storing_gradients_as_
     read = pull(WORKER1, 1)
     srv.handle_request(read, fake)
     assert np.array_equal(np.frombuffer(fake.answer_to(read).vals, np.float32), weights)
+    # MXNet's workers ignore the error answers: the server says the job must end
+    assert "refused the optimizer sent by worker rank 0" in srv.job_error
+    assert "CustomSGD" in srv.job_error
 
 
 def test_an_optimizer_refused_from_another_rank_than_0_is_only_refused():
@@ -310,6 +313,7 @@ def test_an_optimizer_refused_from_another_rank_than_0_is_only_refused():
     opt = command(WORKER1, ServerCommand.CONTROLLER, b"opt")
     srv.handle_command(opt, fake)
     assert "not allowed" in fake.answer_to(opt).error and srv.refused_optimizer is None
+    assert srv.job_error is None
     grads = [push(w, 1, np.ones(4, np.float32)) for w in (WORKER0, WORKER1)]
     for req in grads:
         srv.handle_request(req, fake)
@@ -328,3 +332,10 @@ def test_a_push_from_a_node_that_is_no_worker_is_refused_and_not_summed():
     read = pull(WORKER0, 1)
     srv.handle_request(read, fake)
     assert np.array_equal(np.frombuffer(fake.answer_to(read).vals, np.float32), [2, 2, 2, 2])
+
+
+def test_a_refused_compression_setting_of_worker_rank_0_ends_the_job():
+    srv, fake = make()
+    bad = command(WORKER0, ServerCommand.SET_GRADIENT_COMPRESSION, b"3bit,0.5")
+    srv.handle_command(bad, fake)
+    assert fake.answer_to(bad).error and "SET_GRADIENT_COMPRESSION" in srv.job_error

@@ -41,6 +41,11 @@ log = logging.getLogger(__name__)
 
 #: ps-lite's node id of worker rank 0, the worker MXNet sends the optimizer from
 _RANK0_WORKER_ID = 9
+#: commands MXNet's own workers send; they ignore error answers, so a refusal of rank 0's
+#: (MXNet's workers all send the same) ends the job instead of training wrongly in silence
+_MXNET_COMMANDS = frozenset({ServerCommand.CONTROLLER, ServerCommand.SET_MULTI_PRECISION,
+                             ServerCommand.SYNC_MODE, ServerCommand.SET_GRADIENT_COMPRESSION,
+                             ServerCommand.SET_PROFILER_PARAMS})
 
 
 class KVStoreDistServer:
@@ -59,11 +64,15 @@ class KVStoreDistServer:
         self.updater: Optional[Updater] = None
         #: why the last optimizer a worker sent was refused (None: none was refused)
         self.refused_optimizer: Optional[str] = None
+        #: why this server must end the job (a refused command of MXNet's worker rank 0);
+        #: the process serving it passes it to the scheduler (server.py)
+        self.job_error: Optional[str] = None
         self._load_updater = updater_loader
         self._lock = threading.RLock()
         self._peer_log = PeerLog(log)
         self._store = {}
         self._stopped = threading.Event()
+        self._done = threading.Event()       # stopped, or the job must end (job_error)
         self._handlers = {
             RequestType.DEFAULT: self._handle_default,
             RequestType.ROW_SPARSE: self._handle_row_sparse,
@@ -117,20 +126,29 @@ class KVStoreDistServer:
         except Exception as exc:
             log.exception("command %d from node %s failed", req.meta.head, req.sender)
             error = "server error: %s: %s" % (type(exc).__name__, exc)
-        if error is not None and req.meta.head == ServerCommand.CONTROLLER and \
+        if error is not None and req.meta.head in _MXNET_COMMANDS and \
                 req.sender == _RANK0_WORKER_ID:
-            # MXNet's workers send the optimizer from rank 0 and ignore error answers: from
-            # now on the rounds' pushes are refused (see _add_to_round), so the summed
-            # gradients are never stored as if they were the weights.
-            with self._lock:
-                self.updater, self.refused_optimizer = None, error
-            log.error("the optimizer sent by worker rank 0 was refused (%s); every push of a "
-                      "training round will be refused until an accepted one arrives", error)
+            self._refused_rank0(ServerCommand(req.meta.head), error)
         elif error is not None:
             log.warning("command %s from node %s refused: %s", req.meta.head, req.sender, error)
         self._respond(server, req, error=error, body=body or b"")
         if error is None and req.meta.head == ServerCommand.STOP_SERVER:
             self._stopped.set()
+            self._done.set()
+
+    def _refused_rank0(self, command: ServerCommand, error: str) -> None:
+        """MXNet's workers ignore error answers: a refused command of theirs ends the job.
+        Until it ends, the rounds' pushes are refused (see _add_to_round), so the summed
+        gradients are never stored as if they were the weights."""
+        what = "optimizer" if command == ServerCommand.CONTROLLER else command.name
+        with self._lock:
+            if command == ServerCommand.CONTROLLER:
+                self.updater, self.refused_optimizer = None, error
+            self.job_error = self.job_error or (
+                "the server refused the %s sent by worker rank 0 (%s); MXNet's workers do not "
+                "see such refusals, so the job cannot go on" % (what, error))
+        log.error("%s", self.job_error)
+        self._done.set()
 
     @property
     def stopped(self) -> bool:
@@ -139,6 +157,11 @@ class KVStoreDistServer:
     def wait_stopped(self, timeout: Optional[float] = None) -> bool:
         """Wait for kStopServer; True if it came within ``timeout`` seconds."""
         return self._stopped.wait(timeout)
+
+    def wait_done(self, timeout: Optional[float] = None) -> bool:
+        """Wait for kStopServer or a reason to end the job (``job_error``); True if either
+        came within ``timeout`` seconds."""
+        return self._done.wait(timeout)
 
     def close(self) -> None:
         """Release resources (nothing to release here; subclasses stop their threads)."""

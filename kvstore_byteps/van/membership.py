@@ -18,6 +18,11 @@ Rules (spec/pslite-wire.md §3), kept in the order the protocol runs:
   which stamps it and forwards it to the scheduler: control messages leave from one thread.
 * HEARTBEAT: nodes send one every interval; the scheduler records the time and answers.
 * TERMINATE is only ever sent by a node to itself; receiving it stops the receive loop.
+* Ending the job (ours; a HEARTBEAT with the meta extension ``abort``, which upstream nodes take
+  for a heartbeat): a node that must end the job sends its reason to the scheduler, which
+  passes it on to every node and stops ``ABORT_GRACE_S`` later (its notices must leave first);
+  a node stops on the scheduler's notice with :class:`JobAbortedError` naming who ended the job
+  and why.
 * Recovery (ps-lite's ``is_recovery``): an anonymous ADD_NODE from one of our servers after the
   cluster formed is a restarted server. It takes the id of the server at the same host:port, or
   else of the server silent longest once that one missed two heartbeat intervals; it gets the
@@ -30,11 +35,14 @@ import threading
 from typing import Dict, List, Optional, Tuple
 
 from ..config import Role
-from ..errors import ClusterStartError
+from ..errors import ClusterStartError, JobAbortedError
 from .message import (ALL_GROUP, K_EMPTY, SCHEDULER_GROUP, SCHEDULER_ID, SERVER_GROUP,
                       WORKER_GROUP, ControlCommand, Control, Message, Meta, Node,
                       server_rank_to_id, worker_rank_to_id)
 
+
+#: how long the scheduler stays up after passing on a node's reason to end the job
+ABORT_GRACE_S = 1.0
 
 # ----------------------------------------------------------------------------- actions
 @dataclasses.dataclass
@@ -210,6 +218,7 @@ class SchedulerMembership:
         self.last_heartbeat: Dict[int, float] = {}
         self.replacements: List[Tuple[Node, float]] = []   # restarted servers, since when
         self.epochs: Dict[int, int] = {}     # node id -> how many times it was restarted
+        self.aborting: Optional[Tuple[JobAbortedError, float]] = None   # (why, stop when)
 
     def start(self, now: float) -> List:
         """The scheduler's DEALER to itself (identity ps1)."""
@@ -223,6 +232,8 @@ class SchedulerMembership:
             return self._on_barrier(msg)
         if cmd == ControlCommand.BARRIER:
             return [ReleaseBarrier(msg.meta.app_id)]
+        if cmd == ControlCommand.HEARTBEAT and (msg.meta.extra or {}).get("abort"):
+            return self._on_abort(msg, now)
         if cmd == ControlCommand.HEARTBEAT:
             return self._on_heartbeat(msg, now)
         if cmd == ControlCommand.TERMINATE:
@@ -232,6 +243,8 @@ class SchedulerMembership:
     def tick(self, now: float) -> List:
         if not self.ready and now > self.start_deadline:
             return [Fail(ClusterStartError(self.describe_missing()))]
+        if self.aborting is not None and now >= self.aborting[1]:
+            return [Fail(self.aborting[0])]
         actions: List = self._place_replacements(now) if self.replacements else []
         for node_id in self.dead_nodes(now, self.heartbeat_timeout):
             if node_id in self.dead:
@@ -375,6 +388,28 @@ class SchedulerMembership:
                                      customer_id=msg.meta.customer_id))
                 for node_id in members]
 
+    def _on_abort(self, msg: Message, now: float) -> List:
+        """A node ends the job: tell every node why, then stop (after ABORT_GRACE_S)."""
+        sender = msg.meta.sender
+        if sender not in {node.id for node in self.nodes}:
+            return [Refused("ignored a request to end the job from node %s, which is not a node "
+                            "of the cluster" % sender)]
+        if self.aborting is not None:
+            return []
+        reason = str(msg.meta.extra["abort"])
+        error = JobAbortedError("%s ended the job: %s" % (self._node(sender).describe_rank(),
+                                                          reason))
+        self.aborting = (error, now + ABORT_GRACE_S)
+        actions: List = []
+        for node_id in group_members(WORKER_GROUP | SERVER_GROUP, self.num_workers,
+                                     self.num_servers):
+            if node_id not in self.dead:
+                notice = control_message(ControlCommand.HEARTBEAT, node_id, self.clock.tick(),
+                                         nodes=[self.my_node])
+                notice.meta.extra = {"abort": str(error)}
+                actions.append(Send(notice))
+        return actions + [Refused(str(error))]
+
     def _on_heartbeat(self, msg: Message, now: float) -> List:
         replies = []
         members = {node.id for node in self.nodes}
@@ -441,6 +476,11 @@ class NodeMembership:
                                 "counts barriers" % msg.meta.sender)]
             return [Send(barrier_request(msg.meta.control.barrier_group, msg.meta.customer_id,
                                          self.clock))]
+        if cmd == ControlCommand.HEARTBEAT and (msg.meta.extra or {}).get("abort"):
+            if msg.meta.sender != SCHEDULER_ID:
+                return [Refused("ignored a notice to end the job from node %s: only the "
+                                "scheduler passes those on" % msg.meta.sender)]
+            return [Fail(JobAbortedError(str(msg.meta.extra["abort"])))]
         if cmd == ControlCommand.HEARTBEAT:
             if (msg.meta.extra or {}).get("dead_node"):
                 if msg.meta.sender != SCHEDULER_ID:
@@ -531,6 +571,13 @@ def barrier_post(group: int, customer_id: int, my_id: int, clock: VanClock) -> M
                            customer_id=customer_id, app_id=0, request=True)
 
 
+def abort_request(reason: str, clock: VanClock) -> Message:
+    """A node's request to the scheduler to end the job, saying why."""
+    message = control_message(ControlCommand.HEARTBEAT, SCHEDULER_ID, clock.tick(), request=True)
+    message.meta.extra = {"abort": reason}
+    return message
+
+
 def terminate_message(my_id: int) -> Message:
     """The TERMINATE a node sends to itself in Stop (no timestamp, customer 0)."""
     return control_message(ControlCommand.TERMINATE, my_id, customer_id=0)
@@ -540,4 +587,5 @@ __all__ = ["Connect", "Send", "Ready", "NodeRecovered", "ReleaseBarrier", "Stop"
            "VanClock",
            "SchedulerMembership",
            "NodeMembership", "assign_ids", "group_members", "barrier_request", "barrier_post",
+           "abort_request", "ABORT_GRACE_S",
            "terminate_message", "control_message", "ALL_GROUP"]

@@ -57,6 +57,8 @@ _META_FIELDS = [
     # on a BytePS push: the worker's timestamp of the pull that rides along with it, which
     # the server answers (as if it had been sent right after the push) once the round is summed
     ("pull_timestamp", 106, _F.TYPE_INT32, _F.LABEL_OPTIONAL, {}),
+    # on a HEARTBEAT: why a node ends the job (to the scheduler), passed on to every node
+    ("abort", 107, _F.TYPE_STRING, _F.LABEL_OPTIONAL, {}),
 ]
 
 

@@ -22,7 +22,8 @@ from ..logs import PeerLog
 from .membership import (Connect, Fail, NodeDead, NodeMembership, NodeRecovered, Ready, Refused,
                          ReleaseBarrier,
                          SchedulerMembership,
-                         Send, Stop, barrier_post, group_members, terminate_message)
+                         Send, Stop, abort_request, barrier_post, group_members,
+                         terminate_message)
 from .message import (ALL_GROUP, K_EMPTY, SCHEDULER_ID, Message, Node, id_to_rank)
 from .kv_keys import KeyRange, server_key_ranges
 from .netif import choose_host, pick_free_port
@@ -424,6 +425,12 @@ class Postoffice:
                                                else min(timeout, _PROGRESS_LOG_SECONDS)):
                     log.info("%s still waiting for barrier of group %d",
                              self.my_node.describe(), group)
+
+    def end_job(self, reason: str) -> None:
+        """Ask the scheduler to end the job for every node, saying why (thread-safe). The
+        scheduler's notice then stops this node too (``error`` says why); with an upstream
+        scheduler, which ignores the request, nothing happens: the caller stops by itself."""
+        self.send(abort_request(reason, self.membership.clock))
 
     def finalize(self, barrier: bool = True, timeout: Optional[float] = None) -> None:
         """MXNet's shutdown: Barrier(7) (DeadlineError after ``timeout`` s; None waits as long
