@@ -130,7 +130,8 @@ class KVStoreDistServer:
                 req.sender == _RANK0_WORKER_ID:
             self._refused_rank0(ServerCommand(req.meta.head), error)
         elif error is not None:
-            log.warning("command %s from node %s refused: %s", req.meta.head, req.sender, error)
+            self._peer_log.warning(req.sender, "command %s from node %s refused: %s",
+                                   req.meta.head, req.sender, error)
         self._respond(server, req, error=error, body=body or b"")
         if error is None and req.meta.head == ServerCommand.STOP_SERVER:
             self._stopped.set()

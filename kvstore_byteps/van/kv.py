@@ -30,6 +30,8 @@ from .kv_keys import as_keys, slice_request
 from .message import DataType, Message, Meta, server_rank_to_id
 
 log = logging.getLogger(__name__)
+#: a worker's complaints about answers, once per peer in full, then counted
+_PEER_LOG = PeerLog(log)
 
 _PUSH_TYPES = [DataType.UINT64, DataType.OTHER, DataType.INT32]
 _TIMESTAMP_MASK = 2 ** 31 - 1
@@ -120,7 +122,8 @@ class Request:
             if self._finished:          # failed meanwhile (deadline, dead node): too late
                 return
             if sender not in self._waiting:
-                log.warning("%s: unexpected answer from node %d", self.what, sender)
+                _PEER_LOG.warning(sender, "%s: unexpected answer from node %d", self.what,
+                                  sender)
                 return
             self._waiting.discard(sender)
             error = (meta.extra or {}).get("error")
@@ -436,20 +439,21 @@ class KVWorker:
     def _on_message(self, message: Message) -> None:
         meta = message.meta
         if meta.request:
-            log.warning("worker got a request from node %d; dropped", meta.sender)
+            _PEER_LOG.warning(meta.sender, "worker got a request from node %d; dropped",
+                              meta.sender)
             return
         epoch = self._epochs.get(meta.sender)
         if epoch and (meta.extra or {}).get("epoch") != epoch:
             # from the process a restarted server replaced (it only seemed dead): not its
             # answer to give any more
-            log.warning("dropped an answer of server node %d from before its restart %d",
-                        meta.sender, epoch)
+            _PEER_LOG.warning(meta.sender, "dropped an answer of server node %d from before "
+                              "its restart %d", meta.sender, epoch)
             return
         with self._lock:
             request = self._pending.get(meta.timestamp)
         if request is None:
-            log.warning("answer with unknown timestamp %d from node %d; dropped",
-                        meta.timestamp, meta.sender)
+            _PEER_LOG.warning(meta.sender, "answer with unknown timestamp %d from node %d; "
+                              "dropped", meta.timestamp, meta.sender)
             return
         try:
             kvs = parse_kv_frames(message)
@@ -543,4 +547,5 @@ class KVServer:
         try:
             self.respond(req, error=text)
         except Exception as exc:
-            log.warning("could not send an error answer to node %d: %s", req.sender, exc)
+            self._peer_log.warning(req.sender, "could not send an error answer to node %d: %s",
+                                   req.sender, exc)

@@ -265,7 +265,8 @@ class Postoffice:
             if not deliver:
                 return True
         if message.meta.is_control:
-            return self._execute(self.membership.handle(message, time.monotonic()))
+            return self._execute(self.membership.handle(message, time.monotonic()),
+                                 message.meta.sender)
         if not self._ready.is_set():     # its sender may know this node before it does
             if len(self._before_ready) < _EARLY_DATA_LIMIT:
                 self._before_ready.append(message)
@@ -273,7 +274,9 @@ class Postoffice:
         self._dispatch_data(message)
         return True
 
-    def _execute(self, actions) -> bool:
+    def _execute(self, actions, peer=None) -> bool:
+        """Carry out membership's actions; ``peer``: the sender of the message that caused
+        them (its refusals are logged once in full, then counted)."""
         keep_running = True
         for action in actions:
             if isinstance(action, Connect):
@@ -322,8 +325,8 @@ class Postoffice:
                 self._error = self._error or action.error
                 keep_running = False
             elif isinstance(action, Refused):
-                log.warning("%s: %s", self.my_node.describe() if self.my_node else "node",
-                            action.reason)
+                self._peer_log.warning(("refused", peer), "%s: %s", self.my_node.describe()
+                                       if self.my_node else "node", action.reason)
         return keep_running
 
     def _dispatch_data(self, message: Message) -> None:

@@ -392,8 +392,8 @@ class TcpVan(Van):
         if reader.failure is not None:
             if isinstance(reader.failure, EOFError):
                 if reader.in_message:
-                    log.warning("%s closed the connection in the middle of a message",
-                                inbound.describe())
+                    self._peer_log.warning(inbound.peer_key(), "%s closed the connection in "
+                                           "the middle of a message", inbound.describe())
             else:
                 self._peer_log.warning(inbound.peer_key(),
                                        "connection from %s closed: %s", inbound.describe(),
