@@ -45,11 +45,18 @@ class MXNetUpdater:
 
     def __call__(self, key: int, grad: Grad, weight: np.ndarray) -> np.ndarray:
         nd = self._mx.nd
-        weight_nd = nd.array(weight, dtype=weight.dtype)
         if isinstance(grad, RowSparseGrad):
+            # As MXNet's C++ server stores a row_sparse key: a row_sparse weight holding every
+            # row. Optimizers then take their sparse path (their states are row_sparse too):
+            # rows without a gradient are not touched. (A dense weight let e.g. FTRL rewrite
+            # them from zero state: their values became 0.)
+            weight_nd = nd.sparse.row_sparse_array(
+                (weight, np.arange(weight.shape[0], dtype=np.int64)), shape=weight.shape,
+                dtype=weight.dtype)
             grad_nd = nd.sparse.row_sparse_array((grad.data, grad.indices), shape=grad.shape,
                                                  dtype=grad.data.dtype)
         else:
+            weight_nd = nd.array(weight, dtype=weight.dtype)
             grad_nd = nd.array(grad, dtype=grad.dtype)
         self._updater(int(key), grad_nd, weight_nd)
         return weight_nd.asnumpy()

@@ -148,10 +148,13 @@ def compressed(out_path):
     save(out_path, results)
 
 
-def sparse(out_path):
-    """row_sparse weights updated on the servers by SGD; rows pulled with row_sparse_pull."""
+def sparse(out_path, optimizer=None, rows_with_gradients=10):
+    """row_sparse weights updated on the servers by ``optimizer`` (default SGD with momentum);
+    gradients only ever touch the first ``rows_with_gradients`` rows; all rows pulled with
+    row_sparse_pull."""
     kv = mx.kv.create("dist_sync")
-    kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, rescale_grad=1.0))
+    kv.set_optimizer(optimizer or mx.optimizer.SGD(learning_rate=0.1, momentum=0.9,
+                                                   rescale_grad=1.0))
     weight = mx.nd.array(np.arange(30, dtype=np.float32).reshape(10, 3)).tostype("row_sparse")
     kv.init(8, weight)
     kv.init(9, mx.nd.ones((40,)))
@@ -159,7 +162,7 @@ def sparse(out_path):
     all_rows = mx.nd.arange(10, dtype="int64")
     results = {}
     for step in range(3):
-        rows = np.sort(rng.choice(10, 4, replace=False))
+        rows = np.sort(rng.choice(rows_with_gradients, 4, replace=False))
         grad = mx.nd.sparse.row_sparse_array((rng.randn(4, 3).astype(np.float32), rows),
                                              shape=(10, 3))
         kv.push(8, grad)
@@ -182,6 +185,11 @@ def save(out_path, arrays):
 
 SCENARIOS = {
     "sums": sums, "async": run_async, "compressed": compressed, "sparse": sparse,
+    # rows 8 and 9 never get a gradient: on a row_sparse weight they keep their values
+    "sparse-ftrl": lambda out: sparse(out, mx.optimizer.Ftrl(learning_rate=0.1, lamda1=0.01,
+                                                             rescale_grad=1.0), 8),
+    "sparse-sgd-wd": lambda out: sparse(out, mx.optimizer.SGD(learning_rate=0.1, momentum=0.9,
+                                                              wd=0.1, rescale_grad=1.0), 8),
     "trainer-pushpull": trainer_pushpull,
     "trainer-sgd16": lambda out: trainer(out, "sgd", "float16"),
     "trainer-adam": lambda out: trainer(out, "adam", "float32"),
