@@ -55,8 +55,12 @@ def run_server(config: Config) -> int:
     server.expect_pushes = postoffice.van.register_recv_buffer
     try:
         # registered before start, as upstream does, so no early request finds no handler
-        KVServer(postoffice, app_id=0, request_handler=server.handle_request,
-                 command_handler=server.handle_command)
+        profiler = server.profiler          # requests and commands as profile stages
+        KVServer(postoffice, app_id=0,
+                 request_handler=profiler.timed("request", server.handle_request,
+                                                _describe_request),
+                 command_handler=profiler.timed("command", server.handle_command,
+                                                _describe_command))
 
         def restarted(node, epoch):     # this server took over a dead one's id
             if node.id == postoffice.my_id:
@@ -66,6 +70,7 @@ def run_server(config: Config) -> int:
         postoffice.start()
         # requests come only after the start-up barrier, which needs this server: safe to set
         server.key_begin = postoffice.server_key_ranges()[postoffice.my_rank].begin
+        profiler.rank = postoffice.my_rank
         if postoffice.recovery_epoch:   # the others passed the start-up barrier long ago
             log.warning("server rank %d restarted in place of a dead one: waiting for the "
                         "workers' recovery reports", postoffice.my_rank)
@@ -91,6 +96,19 @@ def run_server(config: Config) -> int:
     server.close()
     postoffice.finalize()
     return 0
+
+
+def _describe_request(req, server) -> tuple:
+    """A request as the server profile names it: push, pull or pushpull, with its keys."""
+    meta = req.meta
+    kind = "pushpull" if meta.push and meta.pull else ("push" if meta.push else "pull")
+    keys = [int(k) for k in req.keys[:4]]
+    return kind, {"keys": keys, "sender": req.sender, "bytes": req.vals.nbytes,
+                  "cmd": meta.head}
+
+
+def _describe_command(req, server) -> tuple:
+    return "command %d" % req.meta.head, {"sender": req.sender}
 
 
 def _end_job(postoffice, reason: str) -> None:

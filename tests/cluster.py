@@ -39,11 +39,11 @@ class Cluster:
         self.base_env.update(env or {})
         self.procs = {}
 
-    def start(self, role, argv, name=None, env=None):
+    def start(self, role, argv, name=None, env=None, cwd=REPO):
         name = name or "%s%d" % (role, sum(1 for n in self.procs if n.startswith(role)))
         child_env = dict(self.base_env, DMLC_ROLE=role, **(env or {}))
         log = tempfile.TemporaryFile(mode="w+")
-        proc = subprocess.Popen(argv, env=child_env, cwd=REPO, stdout=log,
+        proc = subprocess.Popen(argv, env=child_env, cwd=cwd, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         self.procs[name] = (proc, log)
         return name

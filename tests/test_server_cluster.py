@@ -112,3 +112,27 @@ def test_a_refused_optimizer_of_mxnets_workers_ends_the_job_non_zero_saying_why(
     assert "MySGD" in done.stdout and "ended the job" in done.stdout, done.stdout
     assert "server 0 (on this machine) exited with code 1" in done.stdout, done.stdout
     assert time.monotonic() - started < 60
+
+
+@pytest.mark.parametrize("server", ["ours", "mxnet"])
+def test_server_profiling_writes_a_chrome_trace_per_server(server, tmp_path):
+    """MXNet's server profiling (mx.profiler with profile_process='server'), as MXNet's
+    nightly test drives it: each server writes rank<R>_<filename> in its directory; ours with
+    its own stages (requests, summation, optimizer updates) in it."""
+    import json
+    argv, server_env = SERVERS[server]
+    with Cluster(num_workers=2, num_servers=2) as cluster:
+        cluster.start("scheduler", SCHEDULER_OURS)
+        for _ in range(2):
+            cluster.start("server", argv, env=server_env, cwd=str(tmp_path))
+        for _ in range(2):
+            cluster.start("worker", app("server_profiling.py"))
+        results = cluster.wait_all(150)
+        assert_all_ok(results, cluster)
+    for rank in range(2):
+        trace = json.loads((tmp_path / ("rank%d_server_profile.json" % rank)).read_text())
+        assert trace["traceEvents"], trace
+        if server == "ours":
+            names = {event["name"] for event in trace["traceEvents"]}
+            assert {"push", "pull"} <= names, names
+            assert any(name.startswith("update key") for name in names), names

@@ -81,6 +81,11 @@ class _BytePSKey:
     rounds: Optional[KeyRounds]     # sync mode only
 
 
+def _describe_sum(key: "_BytePSKey", r: Optional[int], values: np.ndarray) -> tuple:
+    """A summation task as the server profile names it."""
+    return "sum ps key %d" % key.ps_key, {"round": r, "bytes": int(values.nbytes)}
+
+
 class BytePSServer(KVStoreDistServer):
     """KVStoreDistServer plus the BytePS data path. Call :meth:`close` to stop its threads."""
 
@@ -98,6 +103,11 @@ class BytePSServer(KVStoreDistServer):
             self.pacer = PushPacer(num_workers, pacing_lead_bytes, pacing_hold_s)
             self._hold_expiry = HoldExpiry(self.pacer, _send_all)
         self._engine = SumEngine(engine_threads)
+        # the engine threads' work, as stages of the server profile (profiler.py)
+        self._accumulate = self.profiler.timed("sum", self._accumulate, _describe_sum)
+        self._add_async = self.profiler.timed(
+            "sum", self._add_async, lambda req, server, key, values, pull: _describe_sum(
+                key, None, values))
         self._keys: Dict[int, _BytePSKey] = {}
         self._keys_lock = threading.Lock()
         #: Called with (ps key, bytes per push) when a key is initialised, so a
@@ -243,6 +253,7 @@ class BytePSServer(KVStoreDistServer):
                 log.info("pacing held %d push acknowledgement(s); the hold limit released %d",
                          self.pacer.held_total, self.pacer.expired_total)
         self._engine.close(timeout)
+        super().close()
 
     def __enter__(self) -> "BytePSServer":
         return self

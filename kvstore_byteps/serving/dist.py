@@ -31,6 +31,7 @@ from ..logs import PeerLog
 from .compression import GradientCompression, dequantize_2bit, packed_nbytes_2bit, \
     parse_compression_params
 from ..mxproto import Cmd, RequestType, ServerCommand, decode_cmd
+from .profiler import ServerProfiler
 from .protocol import CompressedPush, parse_compressed, parse_dense, parse_row_sparse
 from .store import Entry, StorageKind, check_rows, dense_rows
 from .updater import RowSparseGrad, Updater, load_mxnet_updater
@@ -71,6 +72,8 @@ class KVStoreDistServer:
         self._lock = threading.RLock()
         self._peer_log = PeerLog(log)
         self._store = {}
+        #: MXNet's server profiling (kSetProfilerParams): this server's stages, as a trace
+        self.profiler = ServerProfiler()
         self._stopped = threading.Event()
         self._done = threading.Event()       # stopped, or the job must end (job_error)
         self._handlers = {
@@ -165,13 +168,16 @@ class KVStoreDistServer:
         return self._done.wait(timeout)
 
     def close(self) -> None:
-        """Release resources (nothing to release here; subclasses stop their threads)."""
+        """Write what the profiler holds (subclasses also stop their threads)."""
+        self.profiler.close()
 
     # -- commands ---------------------------------------------------------------------------
     def _cmd_controller(self, body: bytes) -> None:
-        self.updater = self._load_updater(body)
+        updater = self._load_updater(body)
+        self.updater = self.profiler.timed(
+            "update", updater, lambda key, grad, weight: ("update key %d" % key, None))
         self.refused_optimizer = None
-        log.info("optimizer installed: %s", type(getattr(self.updater, "optimizer", self.updater)))
+        log.info("optimizer installed: %s", type(getattr(updater, "optimizer", updater)))
 
     def _cmd_multi_precision(self, body: bytes) -> None:
         log.info("multi-precision: float32 master copies for float16/float64 keys")
@@ -188,7 +194,7 @@ class KVStoreDistServer:
         log.info("gradient compression: %s", self.compression)
 
     def _cmd_profiler(self, body: bytes) -> None:
-        log.info("server profiler command accepted and ignored: %r", body)
+        self.profiler.command(body)
 
     def _cmd_probe(self, body: bytes) -> bytes:
         return b""     # what upstream answers to a command it does not know
