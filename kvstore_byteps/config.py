@@ -37,6 +37,8 @@ class VanType(enum.Enum):
     """Which transport a node uses (``DMLC_PS_VAN_TYPE``)."""
 
     ZMQ = "zmq"
+    #: ps-lite's P3 van: ZeroMQ's wire, sends ordered by priority (van/p3_van.py)
+    P3 = "p3"
     BYTEPS_TCP = "byteps_tcp"
     BYTEPS_RDMA = "byteps_rdma"
 
@@ -352,12 +354,12 @@ def _nonempty(text: str) -> str:
 
 
 def _van_type(text: str) -> VanType:
-    aliases = {"zmq": VanType.ZMQ, "byteps_tcp": VanType.BYTEPS_TCP,
+    aliases = {"zmq": VanType.ZMQ, "p3": VanType.P3, "byteps_tcp": VanType.BYTEPS_TCP,
                "byteps_rdma": VanType.BYTEPS_RDMA, "rdma": VanType.BYTEPS_RDMA}
     try:
         return aliases[text.lower()]
     except KeyError:
-        raise ValueError("expected one of zmq, byteps_tcp, byteps_rdma") from None
+        raise ValueError("expected one of zmq, p3, byteps_tcp, byteps_rdma") from None
 
 
 def _server_kind(text: str) -> ServerKind:

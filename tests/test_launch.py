@@ -380,3 +380,11 @@ def test_node_entry_points_answer_help_and_refuse_unknown_arguments(module):
     wrong = subprocess.run([sys.executable, "-m", module, "--bogus"], env=env, timeout=60,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert wrong.returncode == 2 and "--bogus" in wrong.stdout, wrong.stdout
+
+
+def test_p3_flag_sets_the_p3_van_on_every_node_as_mxnets_launcher_does():
+    args = cli.parse_args(["-n", "2", "--p3", "python", "t.py"], {})
+    assert args.env_all["DMLC_PS_VAN_TYPE"] == "p3"
+    explicit = cli.parse_args(["-n", "2", "--p3", "--env", "DMLC_PS_VAN_TYPE=zmq", "python",
+                               "t.py"], {})
+    assert explicit.env_all["DMLC_PS_VAN_TYPE"] == "zmq"     # an explicit --env wins

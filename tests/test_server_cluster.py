@@ -136,3 +136,22 @@ def test_server_profiling_writes_a_chrome_trace_per_server(server, tmp_path):
             names = {event["name"] for event in trace["traceEvents"]}
             assert {"push", "pull"} <= names, names
             assert any(name.startswith("update key") for name in names), names
+
+
+@pytest.mark.parametrize("scheduler,servers", [
+    (SCHEDULER_OURS, ["ours", "ours"]), (UPSTREAM, ["mxnet", "knob"])],
+    ids=["ours", "mixed-with-upstream-p3-scheduler-and-server"])
+def test_mxnets_p3_workers_train_exactly_on_a_p3_cluster(scheduler, servers):
+    """DMLC_PS_VAN_TYPE=p3 everywhere (MXNet's CI runs its P3 test so): MXNet's P3StoreDist
+    workers slice keys over the servers; our scheduler and servers used to refuse the van."""
+    with Cluster(num_workers=2, num_servers=2, env={"DMLC_PS_VAN_TYPE": "p3"}) as cluster:
+        cluster.start("scheduler", scheduler)
+        for server in servers:
+            argv, server_env = SERVERS[server]
+            cluster.start("server", argv, env=server_env)
+        for _ in range(2):
+            cluster.start("worker", app("p3_worker.py"))
+        results = cluster.wait_all(150)
+        assert_all_ok(results, cluster)
+    for rank, name in enumerate(("worker0", "worker1")):
+        assert "P3 OK rank" in results[name][1], results[name][1]

@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="as --env, for servers only")
     p.add_argument("--env-worker", action="append", default=[], metavar="NAME[:=]VALUE|NAME",
                    help="as --env, for workers only")
+    p.add_argument("--p3", action="store_true",
+                   help="use the P3 van on every node (DMLC_PS_VAN_TYPE=p3), as MXNet's "
+                        "launcher's --p3 does")
     p.add_argument("--log-dir", metavar="DIR",
                    help="also write each node's output to DIR/<role>-<rank>.log")
     p.add_argument("--timeout", type=_positive(float), metavar="SECONDS",
@@ -145,6 +148,8 @@ def parse_args(argv: Optional[Sequence[str]] = None,
     args.launcher = Launcher(args.launcher)
     try:
         args.env_all = parse_env_options(args.env, environ, "--env")
+        if args.p3:
+            args.env_all.setdefault(Env.VAN_TYPE, "p3")
         args.env_server = parse_env_options(args.env_server, environ, "--env-server")
         args.env_worker = parse_env_options(args.env_worker, environ, "--env-worker")
         args.rate = None

@@ -44,10 +44,13 @@ def make_van(config: Config):
     if config.van_type is VanType.ZMQ:
         from .zmq_van import ZMQVan
         return ZMQVan(config)
+    if config.van_type is VanType.P3:
+        from .p3_van import P3Van
+        return P3Van(config)
     if config.van_type is VanType.BYTEPS_TCP:
         from .tcp_van import TcpVan
         return TcpVan(config)
-    raise ConfigError("DMLC_PS_VAN_TYPE=%s is not available yet (zmq and byteps_tcp are)"
+    raise ConfigError("DMLC_PS_VAN_TYPE=%s is not available yet (zmq, p3 and byteps_tcp are)"
                       % config.van_type.value)
 
 
