@@ -74,6 +74,10 @@ class KVStoreDistServer:
         self._store = {}
         #: MXNet's server profiling (kSetProfilerParams): this server's stages, as a trace
         self.profiler = ServerProfiler()
+        #: the updater's calls, as stages of the profile
+        self._update = self.profiler.timed(
+            "update", lambda key, grad, weight: self.updater(key, grad, weight),
+            lambda key, grad, weight: ("update key %d" % key, None))
         self._stopped = threading.Event()
         self._done = threading.Event()       # stopped, or the job must end (job_error)
         self._handlers = {
@@ -173,11 +177,10 @@ class KVStoreDistServer:
 
     # -- commands ---------------------------------------------------------------------------
     def _cmd_controller(self, body: bytes) -> None:
-        updater = self._load_updater(body)
-        self.updater = self.profiler.timed(
-            "update", updater, lambda key, grad, weight: ("update key %d" % key, None))
+        self.updater = self._load_updater(body)
         self.refused_optimizer = None
-        log.info("optimizer installed: %s", type(getattr(updater, "optimizer", updater)))
+        log.info("optimizer installed: %s", type(getattr(self.updater, "optimizer",
+                                                         self.updater)))
 
     def _cmd_multi_precision(self, body: bytes) -> None:
         log.info("multi-precision: float32 master copies for float16/float64 keys")
@@ -283,7 +286,7 @@ class KVStoreDistServer:
             return
         try:
             if self.updater is not None:
-                entry.set_working(self.updater(self._mxnet_key(ps_key), grad, entry.working))
+                entry.set_working(self._update(self._mxnet_key(ps_key), grad, entry.working))
             else:
                 entry.set_working(dense_rows(grad) if isinstance(grad, RowSparseGrad) else grad)
         except Exception as exc:
@@ -299,7 +302,7 @@ class KVStoreDistServer:
         if self.updater is None:
             raise ProtocolError("async mode needs an optimizer on the server (kv.set_optimizer) "
                                 "before pushes to key %d" % ps_key)
-        entry.set_working(self.updater(self._mxnet_key(ps_key), grad, entry.working))
+        entry.set_working(self._update(self._mxnet_key(ps_key), grad, entry.working))
 
     # -- answers ----------------------------------------------------------------------------
     def _entry(self, ps_key: int, kind: StorageKind) -> Entry:
