@@ -180,8 +180,8 @@ def test_a_broken_stream_is_dropped_and_the_node_keeps_serving(tcp_cluster, capl
     # anonymous peers (node ids are checked: tests below), read like any other; one per node
     # (a node logs one problem of a peer in full, then counts)
     send_raw(nodes[0], K_EMPTY, struct.pack("<IHH", 0, 1, 0))            # meta length 0
-    send_raw(nodes[1], K_EMPTY, tcp_frame.encode_header(meta, [3]) + meta + b"abc"  # undecodable
-             + tcp_frame.encode_header(meta, [100]) + meta + b"ab")             # cut short
+    send_raw(nodes[1], K_EMPTY, tcp_frame.encode_header(meta, [3]) + meta + b"abc")  # undecodable
+    send_raw(nodes[2], K_EMPTY, tcp_frame.encode_header(meta, [100]) + meta + b"ab")  # cut short
     wait_until(lambda: "meta length 0" in caplog.text and "malformed" in caplog.text
                and "middle of a message" in caplog.text, 30, "three warnings")
     worker.wait(worker.push([1], np.ones(2, np.float32), [8]))
