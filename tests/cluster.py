@@ -53,6 +53,16 @@ class Cluster:
         log.seek(0)
         return log.read()
 
+    def wait_for(self, name, text, timeout=60):
+        """Wait until ``text`` is in the output of ``name``; fail with everyone's output."""
+        import time
+        deadline = time.monotonic() + timeout
+        while text not in self.output(name):
+            if time.monotonic() > deadline:
+                raise AssertionError("no %r from %s within %d s\n%s"
+                                     % (text, name, timeout, self.dump()))
+            time.sleep(0.2)
+
     def wait_all(self, timeout):
         """Wait for every process; on timeout kill all and raise with everyone's output."""
         import time

@@ -3,7 +3,6 @@ rejoins, the workers restore its rounds, and every sum stays exact (BYTEPS_SERVE
 import os
 import signal
 import sys
-import time
 
 import pytest
 
@@ -16,13 +15,6 @@ ENV = {"MXNET_KVSTORE_SERVER": "byteps", "BYTEPS_SERVER_RECOVERY": "1",
        "BYTEPS_PARTITION_BYTES": "400000"}
 
 
-def _wait_for(cluster, name, text, timeout):
-    deadline = time.monotonic() + timeout
-    while text not in cluster.output(name):
-        assert time.monotonic() < deadline, cluster.dump()
-        time.sleep(0.05)
-
-
 def _train_kill_and_restart_a_server(env, ports=None, restarted_env=None, timeout=150):
     """2 workers x 2 servers, 150 varied rounds; server1 is killed (-9) after round 20 and
     started again with the same environment (and ``ports``' PORT, if given)."""
@@ -32,7 +24,7 @@ def _train_kill_and_restart_a_server(env, ports=None, restarted_env=None, timeou
             cluster.start("server", SERVER_KNOB, env={"PORT": str(ports[rank])} if ports else None)
         for _ in range(2):
             cluster.start("worker", app("byteps_checks.py", "varied", 150))
-        _wait_for(cluster, "worker0", "round 20", 90)
+        cluster.wait_for("worker0", "round 20", 90)
         victim = cluster.procs["server1"][0]
         os.kill(victim.pid, signal.SIGKILL)
         victim.wait(10)
