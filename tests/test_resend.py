@@ -4,8 +4,8 @@ import pytest
 from kvstore_byteps.errors import PeerError
 from kvstore_byteps.van.codec import decode_meta, encode_meta
 from kvstore_byteps.van.message import Control, ControlCommand, Message, Meta
-from kvstore_byteps.van.resend import (MAX_RETRIES, MAX_RTO_S, MIN_RTO_S, Resender,
-                                       RetransmitTimer, signature)
+from kvstore_byteps.van.resend import (INITIAL_RTO_S, MAX_RETRIES, MAX_RTO_S, MIN_RTO_S,
+                                       Resender, RetransmitTimer, signature)
 from tests import vectors
 
 
@@ -122,3 +122,33 @@ def test_retransmit_timer_is_rfc_6298():
     assert abs(timer.rto - (timer.srtt + 4 * timer.rttvar)) < 1e-12
     timer.backoff()
     assert abs(timer.rto - 2 * (timer.srtt + 4 * timer.rttvar)) < 1e-12
+
+
+def _ack_of(message):
+    ack, _ = Resender(my_id=message.meta.recver).on_receive(message)
+    return ack
+
+
+def test_fast_retransmit_an_ack_of_a_later_message_resends_the_earlier_ones_at_once():
+    worker = Resender(my_id=9)
+    a, b, c = (_request(ts, recver=8) for ts in (1, 2, 3))
+    other = _request(4, recver=10)
+    for message in (a, other, b, c):
+        worker.on_send(message, now=0.0)
+    worker.on_receive(_ack_of(b), now=0.01)
+    assert worker.due(0.01) == [a]              # long before any timeout; not c, not node 10
+    assert worker.timer(8).rto == MIN_RTO_S     # (b's round trip measured; no backoff)
+    worker.on_receive(_ack_of(c), now=0.02)     # a was sent again after c: not lost again
+    assert worker.due(0.02) == []
+    srtt = worker.timer(8).srtt
+    worker.on_receive(_ack_of(a), now=0.5)      # the resend's ACK: no sample (Karn)
+    assert worker.timer(8).srtt == srtt and worker.pending == 1 and worker.resent == 1
+
+
+def test_no_fast_retransmit_where_the_van_reorders_sends():
+    worker = Resender(my_id=9, in_order=False)  # the p3 van sends by priority
+    a, b = _request(1, recver=8), _request(2, recver=8)
+    worker.on_send(a, now=0.0)
+    worker.on_send(b, now=0.0)
+    worker.on_receive(_ack_of(b), now=0.01)
+    assert worker.due(0.01) == [] and worker.due(INITIAL_RTO_S) == [a]

@@ -25,6 +25,10 @@ class Van(abc.ABC):
     """Abstract transport. Only ``send``, ``register_recv_buffer``, ``expect_frame`` and
     ``revoke_frame`` are thread-safe."""
 
+    #: whether each peer receives this van's messages in the order ``send`` was called
+    #: (PS_RESEND's fast retransmit relies on it)
+    in_order = True
+
     @abc.abstractmethod
     def bind(self, node: Node, max_retry: int) -> int:
         """Listen at ``node.hostname``/``node.port`` (0: any free port); return the bound port."""

@@ -49,6 +49,8 @@ def _rank(message: Message) -> float:
 class P3Van(ZMQVan):
     """ZMQVan whose sends go out highest priority first, from one sender thread."""
 
+    in_order = False
+
     def __init__(self, config: Config):
         super().__init__(config)
         self._queue: List[Tuple[int, int, Message]] = []     # (-priority, arrival, message)

@@ -246,10 +246,9 @@ class Postoffice:
             except Exception:   # a hook's bug must not stop the node
                 log.exception("a tick hook failed")
         if self._resender is not None:
-            with self._resend_lock:
-                again = self._resender.due(now)
-            for message in again:
-                self.van.send(message)
+            with self._resend_lock:       # sent in the order the resender recorded them
+                for message in self._resender.due(now):
+                    self.van.send(message)
 
     def _on_message(self, message: Message) -> bool:
         if message.meta.is_control:
@@ -297,7 +296,8 @@ class Postoffice:
                 self.recovery_epoch = action.epoch
                 self._member_ids = frozenset(node.id for node in action.nodes)
                 if self.config.resend:
-                    self._resender = Resender(self.my_node.id, self.config.resend_timeout_ms)
+                    self._resender = Resender(self.my_node.id, self.config.resend_timeout_ms,
+                                              in_order=self.van.in_order)
                 self.van.on_nodes(self.nodes)
                 self.van.on_ready()
                 if action.epoch:     # before any request reaches the restarted server's app
@@ -399,12 +399,15 @@ class Postoffice:
         return self._transmit(message)
 
     def _transmit(self, message: Message) -> int:
+        if self._resender is None:
+            return self.van.send(message)
         # Kept for resending *before* it leaves: the ACK may come back before van.send
         # returns, and an ACK for a message not kept yet was lost, so it was resent for nothing.
-        if self._resender is not None:
-            with self._resend_lock:
-                self._resender.on_send(message, time.monotonic())
-        return self.van.send(message)
+        # Kept and sent under one lock, so the resender's order of sends is the wire's (fast
+        # retransmit reads an ACK as "everything sent before it arrived").
+        with self._resend_lock:
+            self._resender.on_send(message, time.monotonic())
+            return self.van.send(message)
 
     # ------------------------------------------------------------------ barrier / stop
     def barrier(self, group: int, customer_id: int = 0, timeout: Optional[float] = None) -> None:

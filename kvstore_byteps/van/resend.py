@@ -17,6 +17,12 @@ Beyond ps-lite (the wire is the same):
   and its variation, measured from ACKs of messages sent once (Karn's rule), timeout = SRTT +
   4 RTTVAR within [MIN_RTO_S, MAX_RTO_S]; each resend doubles the message's timeout and the
   peer's, up to MAX_RTO_S. So a lost message costs a few round trips, not a fixed second.
+* Fast retransmit (TCP's, RFC 5681, for a channel that never reorders): a van whose messages to
+  a peer arrive in the order they were sent (``in_order``: zmq, byteps_tcp; not p3, which
+  reorders by priority) and a receiver that acknowledges in arrival order make the ACK of a
+  message sent once also say that every message sent to that peer before it arrived, or was
+  lost: those still unacknowledged are sent again at once, not after a timeout. (The
+  postoffice keeps the order: it records and sends a message under one lock.)
 * Once the node says goodbye (:meth:`Resender.leave`, after the shutdown barrier) an
   unacknowledged message is given up quietly: its receiver may have left already.
 """
@@ -78,23 +84,31 @@ class _Pending:
     message: Message
     sent_at: float
     timeout: float
+    seq: int                # when it was (last) sent, in this node's order of sends
     retries: int = 0
+    lost: bool = False      # a later message to the same peer was acknowledged first
 
     @property
     def deadline(self) -> float:
-        return self.sent_at + self.timeout
+        return -1.0 if self.lost else self.sent_at + self.timeout
 
 
 class Resender:
     """Bookkeeping of one node; the postoffice calls it around sends, receives and ticks.
 
-    ``timeout_ms``: a fixed retransmission timeout (PS_RESEND_TIMEOUT); None: adaptive."""
+    ``timeout_ms``: a fixed retransmission timeout (PS_RESEND_TIMEOUT); None: adaptive.
+    ``in_order``: the van delivers each peer's messages in the order they were sent (fast
+    retransmit)."""
 
-    def __init__(self, my_id: int, timeout_ms: Optional[int] = None):
+    def __init__(self, my_id: int, timeout_ms: Optional[int] = None, in_order: bool = True):
         self.my_id = my_id
         self.fixed = None if timeout_ms is None else timeout_ms / 1000.0
+        self.in_order = in_order
         self._timers: Dict[int, RetransmitTimer] = {}
         self._pending: Dict[int, _Pending] = {}
+        #: peer -> its pending messages by signature, in the order they were (last) sent
+        self._by_peer: Dict[int, Dict[int, _Pending]] = {}
+        self._seq = 0
         self._seen: Set[int] = set()
         self._leaving = False
         self.resent = 0           # messages sent again (for tests and diagnostics)
@@ -117,7 +131,19 @@ class Resender:
         meta.sender = self.my_id
         sig = signature(meta)
         if sig not in self._pending:
-            self._pending[sig] = _Pending(message, now, self._timeout(meta.recver))
+            pending = self._pending[sig] = _Pending(message, now, self._timeout(meta.recver),
+                                                    self._next_seq())
+            self._by_peer.setdefault(meta.recver, {})[sig] = pending
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _forget(self, sig: int) -> Optional[_Pending]:
+        pending = self._pending.pop(sig, None)
+        if pending is not None:
+            del self._by_peer[pending.message.meta.recver][sig]
+        return pending
 
     def on_receive(self, message: Message, now: float = 0.0) -> Tuple[Optional[Message], bool]:
         """``(ack to send or None, whether to deliver the message)``."""
@@ -129,8 +155,7 @@ class Resender:
             return None, True
         if not meta.request and meta.control.cmd == ControlCommand.EMPTY:
             # a data answer: its request arrived (no RTT sample: the answer may have waited)
-            self._pending.pop(_signature(meta.app_id, self.my_id, meta.sender, meta.timestamp,
-                                         True), None)
+            self._forget(_signature(meta.app_id, self.my_id, meta.sender, meta.timestamp, True))
         sig = signature(meta)
         ack = Message(Meta(customer_id=K_EMPTY, recver=meta.sender,
                            control=Control(cmd=ControlCommand.ACK, msg_sig=sig)))
@@ -140,20 +165,28 @@ class Resender:
         return ack, True
 
     def _acknowledged(self, sig: int, now: float) -> None:
-        pending = self._pending.pop(sig, None)
-        if pending is not None and pending.retries == 0 and self.fixed is None:
-            self.timer(pending.message.meta.recver).sample(max(0.0, now - pending.sent_at))
+        pending = self._forget(sig)
+        if pending is None or pending.retries:      # (Karn: what a resend's ACK says is unclear)
+            return
+        peer = pending.message.meta.recver
+        if self.fixed is None:
+            self.timer(peer).sample(max(0.0, now - pending.sent_at))
+        if self.in_order:
+            for earlier in self._by_peer[peer].values():     # oldest first
+                if earlier.seq > pending.seq:
+                    break
+                earlier.lost = True
 
     def leave(self) -> None:
         """The node passed its shutdown barrier: from now on, give up quietly."""
         self._leaving = True
 
     def due(self, now: float) -> List[Message]:
-        """Messages to send again now; PeerError once one was retried MAX_RETRIES times."""
+        """Messages to send again now, in this order (send them before anything else is
+        recorded); PeerError once one was retried MAX_RETRIES times."""
+        overdue = [(sig, p) for sig, p in self._pending.items() if now >= p.deadline]
         again, gone = [], []
-        for sig, pending in self._pending.items():
-            if now < pending.deadline:
-                continue
+        for sig, pending in overdue:
             recver = pending.message.meta.recver
             if pending.retries >= MAX_RETRIES:
                 if not self._leaving:
@@ -161,16 +194,20 @@ class Resender:
                                     % (recver, sig, MAX_RETRIES))
                 gone.append(sig)
                 continue
-            pending.retries += 1
-            pending.sent_at = now
-            if self.fixed is None:
+            if not pending.lost and self.fixed is None:   # timed out: wait longer from now on
                 self.timer(recver).backoff()
                 pending.timeout = min(MAX_RTO_S, max(pending.timeout * 2,
                                                      self.timer(recver).rto))
+            pending.retries += 1
+            pending.sent_at, pending.lost = now, False
+            self._forget(sig)                     # sent again: now the peer's newest
+            pending.seq = self._next_seq()
+            self._pending[sig] = pending
+            self._by_peer[recver][sig] = pending
             self.resent += 1
             again.append(pending.message)
         for sig in gone:
-            del self._pending[sig]
+            self._forget(sig)
         self.given_up += len(gone)
         return again
 
