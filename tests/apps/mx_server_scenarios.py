@@ -188,8 +188,6 @@ SCENARIOS = {
     # rows 8 and 9 never get a gradient: on a row_sparse weight they keep their values
     "sparse-ftrl": lambda out: sparse(out, mx.optimizer.Ftrl(learning_rate=0.1, lamda1=0.01,
                                                              rescale_grad=1.0), 8),
-    "sparse-sgd-wd": lambda out: sparse(out, mx.optimizer.SGD(learning_rate=0.1, momentum=0.9,
-                                                              wd=0.1, rescale_grad=1.0), 8),
     "trainer-pushpull": trainer_pushpull,
     "trainer-sgd16": lambda out: trainer(out, "sgd", "float16"),
     "trainer-adam": lambda out: trainer(out, "adam", "float32"),
