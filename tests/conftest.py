@@ -41,7 +41,7 @@ KIND = {
     "test_launch": "cluster", "test_mxnet_patch_hook": "cluster", "test_netns": "cluster",
     "test_server_cluster": "cluster", "test_ssh_launcher": "cluster",
     "test_worker_behaviour": "cluster", "test_worker_training": "cluster",
-    "test_recovery_cluster": "cluster", "test_recovery": "unit", "test_job_end": "cluster", "test_claims": "unit", "test_server_profiler": "unit", "test_p3_van": "loopback",
+    "test_recovery_cluster": "cluster", "test_recovery": "unit", "test_job_end": "cluster", "test_claims": "unit", "test_server_profiler": "unit", "test_docs": "unit", "test_p3_van": "loopback",
 }
 
 

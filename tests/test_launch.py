@@ -212,16 +212,6 @@ def test_unreadable_hostfile_is_one_line(tmp_path, capsys):
         in capsys.readouterr().err
 
 
-def test_readme_documents_every_variable_and_the_test_command():
-    with open(os.path.join(ROOT, "README.md")) as readme:
-        text = readme.read()
-    names = [v for k, v in vars(Env).items() if k.isupper()]
-    assert [n for n in names if "| `%s` |" % n not in text] == []
-    with open(os.path.join(ROOT, ".ci", "run")) as ci:
-        assert "python -m pytest -q tests" in ci.read()  # what the README says .ci/run runs
-    assert "**Run the tests**: `bash .ci/run`" in text and "`python -m pytest -q tests`" in text
-
-
 # ---- the launcher as a process ------------------------------------------------------------
 
 @pytest.fixture
