@@ -63,6 +63,18 @@ class Cluster:
                                      % (text, name, timeout, self.dump()))
             time.sleep(0.2)
 
+    def stop_training(self, stop_file, timeout, workers=("worker0", "worker1")):
+        """Workers running ``byteps_checks.py until STOP_FILE`` are still training: stop them,
+        wait for every process, check that all exited 0 and every worker's sums were exact;
+        return ``wait_all``'s results."""
+        assert all(self.procs[w][0].poll() is None for w in workers), self.dump()
+        stop_file.write_text("")
+        results = self.wait_all(timeout)
+        assert_all_ok(results, self)
+        for name in workers:
+            assert "ROUNDS OK" in results[name][1], results[name][1]
+        return results
+
     def wait_all(self, timeout):
         """Wait for every process; on timeout kill all and raise with everyone's output."""
         import time

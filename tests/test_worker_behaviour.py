@@ -157,13 +157,8 @@ def test_fuzzed_frames_from_strangers_leave_training_exact_and_the_log_bounded(t
         cluster.start("fuzzer", app("fuzzer.py", "127.0.0.1:%s,127.0.0.1:%d"
                                     % (scheduler_port, server_port), 2000, 7))
         cluster.procs["fuzzer0"][0].wait(60)
-        assert cluster.procs["worker0"][0].poll() is None, cluster.dump()   # still training
-        stop_file.write_text("")
-        results = cluster.wait_all(100)
-        assert_all_ok(results, cluster)
+        results = cluster.stop_training(stop_file, 100)
     assert "FUZZ SENT 4000" in results["fuzzer0"][1]
-    for name in ("worker0", "worker1"):
-        assert "ROUNDS OK" in results[name][1], results[name][1]
     for name in ("scheduler0", "server0"):
         lines = [line for line in results[name][1].splitlines()
                  if " WARNING " in line or " ERROR " in line or "Traceback" in line]
