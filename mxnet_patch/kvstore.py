@@ -73,9 +73,8 @@ class _ViewCache(dict):
 def close_at_exit(close) -> None:
     """Run ``close`` when the main thread has finished, before any ``atexit`` handler.
 
-    A script may end with pushpulls still queued (``Module.fit`` returns with the last
-    round in flight; so does any script without a final ``waitall``): ``close`` completes
-    them, which needs the van. ``atexit`` handlers run last-registered first, and pyzmq
+    A script may end with pushpulls still queued (any script without a final ``waitall``
+    or a read of its outputs): ``close`` completes them, which needs the van. ``atexit`` handlers run last-registered first, and pyzmq
     registers its garbage collector's (which zero-copy sends need) only at the first such
     send, after this store was made; MXNet's engine shutdown is one too. Python runs the
     ``threading`` module's exit hooks first (as ``concurrent.futures`` relies on), so

@@ -1,7 +1,7 @@
 """A dist_byteps worker script that ends with work still queued, as users' scripts do.
 
     python ending.py pushpull    # pushpulls of 8 x 4 MB keys, then the script ends
-    python ending.py fit         # Module.fit, then the script ends (its last round in flight)
+    python ending.py fit         # Module.fit, then the script ends
     python ending.py fresh STEPS MB   # STEPS rounds of pushpulls of arrays made fresh every
                                      # step and dropped at once; sums checked every 5 steps
 
