@@ -1,0 +1,38 @@
+"""The README's demo job: gluon training on digits over dist_byteps, 2 workers x 2 servers.
+
+Runs examples/train_digits.py through launch.py as run_demo.sh does (but 2 epochs): with our
+BytePS servers and 2 CPU contexts per worker (the local reduce on the path too), and with
+upstream MXNet's servers.
+"""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from tests.support.paths import REPO
+
+ACCURACY = re.compile(r"^\[worker 0\] \[digits\] final test accuracy ([0-9.]+) after 2 epochs",
+                      re.MULTILINE)
+# After 2 epochs the demo reaches ~0.95 (deterministic seeds); 0.9 leaves room, while a broken
+# gradient sum (zeros, or garbage) stays far below it. One worker's gradients only would still
+# learn, but then the workers' parameters differ and the demo's own identity check fails.
+MIN_ACCURACY = 0.9
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("server, contexts", [("byteps", 2), ("mxnet", 1)])
+def test_demo_trains_digits_over_two_workers_and_two_servers(spawn, server, contexts):
+    argv = [sys.executable, os.path.join(REPO, "launch.py"), "-n", "2", "-s", "2",
+            "--server", server, "--timeout", "90", "--env", "BYTEPS_START_TIMEOUT=40",
+            "--env", "BYTEPS_REQUEST_TIMEOUT=60",
+            sys.executable, os.path.join(REPO, "examples", "train_digits.py"),
+            "--epochs", "2", "--contexts", str(contexts)]
+    proc = spawn(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, _ = proc.communicate(timeout=110)
+    assert proc.returncode == 0, out
+    found = ACCURACY.findall(out)
+    assert len(found) == 1, "expected one final accuracy line from rank 0\n" + out
+    assert float(found[0]) > MIN_ACCURACY, out
+    assert "[digits] parameters identical on all 2 workers" in out, out
+    assert len(re.findall(r"\[digits\] epoch \d/2 ", out)) == 2, out

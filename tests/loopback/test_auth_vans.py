@@ -1,0 +1,107 @@
+"""BYTEPS_AUTH_KEY: only nodes holding the cluster's key join and send (zmq: CURVE; byteps_tcp:
+a mutual HMAC proof in the hello). Unit tests, in-process nodes, and a real cluster with rogues."""
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from kvstore_byteps.config import Config, Role, VanType
+from kvstore_byteps.errors import AuthenticationError
+from kvstore_byteps.van import auth
+from kvstore_byteps.van.postoffice import Postoffice
+from kvstore_byteps.van.tcp_van import exchange_hellos
+from tests.support.procs import free_port
+from tests.support.kv_nodes import start_all, start_trio
+
+
+KEY = b"k" * 32
+
+
+ROLES = (Role.SCHEDULER, Role.SERVER, Role.WORKER)
+
+
+VANS = [VanType.ZMQ, VanType.BYTEPS_TCP]
+
+
+def handshake(key_a, key_b):
+    """Both ends of the byteps_tcp hello over a socket pair: each end's result or error."""
+    a, b = socket.socketpair()
+    results = {}
+
+    def side(name, sock, key, label):
+        try:
+            results[name] = exchange_hellos(sock, 7 if name == "a" else 8,
+                                            key and auth.hmac_key(key), label, "peer " + name)
+        except Exception as exc:
+            results[name] = exc
+        finally:
+            sock.close()   # a refusing side hangs up, as the van does
+    threads = [threading.Thread(target=side, args=("a", a, key_a, auth.CONNECTOR)),
+               threading.Thread(target=side, args=("b", b, key_b, auth.ACCEPTOR))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    return results["a"], results["b"]
+
+
+def test_tcp_hello_with_the_same_key_passes_and_returns_the_ids():
+    assert handshake(KEY, KEY) == (8, 7)
+    assert handshake(None, None) == (8, 7)
+
+
+def test_tcp_hello_with_another_key_or_none_fails_on_both_sides_with_the_cause():
+    a, b = handshake(KEY, b"o" * 32)
+    assert isinstance(a, AuthenticationError) and "different BYTEPS_AUTH_KEY" in str(a)
+    assert isinstance(b, AuthenticationError) and "different BYTEPS_AUTH_KEY" in str(b)
+    a, b = handshake(None, KEY)
+    assert isinstance(a, AuthenticationError) and "requires authentication" in str(a)
+    assert isinstance(b, AuthenticationError) and "does not authenticate" in str(b)
+
+
+def config(role, port, van, key, timeout=20.0):
+    return Config(role=role, num_workers=1, num_servers=1, root_uri="127.0.0.1",
+                  root_port=port, node_host="127.0.0.1", start_timeout=timeout,
+                  request_timeout=10.0, van_type=van, auth_key=key)
+
+
+def echo_double(req, server):
+    if req.meta.push:
+        server.respond(req)
+    else:
+        server.respond(req, req.keys, np.full(2, 2, np.float32), req.lens)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("van", VANS, ids=lambda v: v.value)
+def test_nodes_holding_the_key_form_a_cluster_and_exchange_data(van):
+    port = free_port()
+    nodes, worker = start_trio([config(role, port, van, KEY) for role in ROLES], echo_double)
+    try:
+        worker.wait(worker.push([1], np.ones(2, np.float32), [8]))
+        assert np.array_equal(np.frombuffer(worker.wait(worker.pull([1])).vals, np.float32),
+                              [2, 2])
+    finally:
+        for po in reversed(nodes):
+            po.stop()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("van", VANS, ids=lambda v: v.value)
+def test_a_node_with_another_key_stops_at_once_naming_the_scheduler(van):
+    port = free_port()
+    scheduler = Postoffice(config(Role.SCHEDULER, port, van, KEY))
+    intruder = Postoffice(config(Role.SERVER, port, van, b"o" * 32))
+    forming = threading.Thread(target=start_all, args=([scheduler], 25), daemon=True)
+    forming.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(AuthenticationError, match="scheduler.*different BYTEPS_AUTH_KEY"):
+            intruder.start()
+        assert time.monotonic() - started < 15        # at once, not at the deadline (20 s)
+        assert forming.is_alive() and not scheduler.stopped   # the scheduler still waits
+    finally:
+        scheduler.stop()
+        intruder.stop()

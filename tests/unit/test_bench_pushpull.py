@@ -1,0 +1,40 @@
+"""bench_pushpull's command line: where its results go (no jobs are run here)."""
+import importlib.util
+import os
+
+import pytest
+from tests.support.paths import REPO
+
+_PATH = os.path.join(REPO, "benchmarks", "bench_pushpull.py")
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_pushpull", _PATH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("out, plot, results", [
+    ("bench_out/pushpull.png", "bench_out/pushpull.png", "bench_out/pushpull.json"),
+    ("r.svg", "r.svg", "r.json"),
+    ("a/b.PDF", "a/b.PDF", "a/b.json"),
+    ("bench_out/run1.json", "bench_out/run1.png", "bench_out/run1.json"),
+])
+def test_out_names_the_plot_or_the_results(bench, out, plot, results):
+    assert bench.output_paths(out) == (plot, results)
+
+
+def test_an_out_that_is_neither_is_refused_before_anything_runs(bench, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.parse_args(["--out", "results.txt"])
+    assert exc.value.code == 2
+    assert "--out results.txt: name the plot (.png, .svg, .pdf) or the results (.json)" \
+        in capsys.readouterr().err
+
+
+def test_the_default_out_is_a_png_with_its_json(bench):
+    args = bench.parse_args([])
+    assert (args.plot_path, args.json_path) == (os.path.join("bench_out", "pushpull.png"),
+                                                 os.path.join("bench_out", "pushpull.json"))

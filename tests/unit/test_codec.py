@@ -1,0 +1,119 @@
+"""PBMeta codec against the golden vectors captured from MXNet 1.9.1."""
+import pytest
+
+from kvstore_byteps.config import Role
+from kvstore_byteps.errors import ProtocolError
+from kvstore_byteps.van.codec import decode_meta, encode_meta
+from kvstore_byteps.van.membership import (VanClock, barrier_request, control_message,
+                                           terminate_message)
+from kvstore_byteps.van.message import (K_EMPTY, ControlCommand, DataType, Meta, Node)
+from tests.support import vectors
+
+MESSAGE_VECTORS = vectors.message_vectors()
+
+
+def test_all_message_vectors_present():
+    assert len(MESSAGE_VECTORS) == 28
+
+
+@pytest.mark.parametrize("name", MESSAGE_VECTORS)
+def test_decode_then_encode_is_byte_identical(name):
+    raw = vectors.read(name + ".meta.bin")
+    assert encode_meta(decode_meta(raw)) == raw
+
+
+@pytest.mark.parametrize("name", MESSAGE_VECTORS)
+def test_decoded_fields_match_index(name):
+    entry = next(v for v in vectors.load_index() if v["name"] == name)
+    expected = entry["meta_decoded"]
+    meta = decode_meta(vectors.read(name + ".meta.bin"))
+    assert meta.head == expected.get("head", 0)
+    assert meta.request == expected["request"] and meta.push == expected["push"]
+    assert meta.pull == expected["pull"]
+    assert meta.timestamp == expected.get("timestamp", K_EMPTY)
+    assert meta.app_id == expected.get("app_id", K_EMPTY)
+    assert meta.customer_id == expected["customer_id"]
+    assert meta.data_type == [int(t.split("(")[0]) for t in expected.get("data_type", [])]
+    if "control" in expected:
+        assert meta.control.cmd == int(expected["control"]["cmd"].split("(")[0])
+        assert [n.port for n in meta.control.nodes] == [
+            n["port"] for n in expected["control"].get("node", [])]
+
+
+def _node(role, port, node_id=K_EMPTY, customer_id=0):
+    return Node(role=role, id=node_id, hostname="127.0.0.1", port=port, customer_id=customer_id)
+
+
+def test_add_node_request_built_from_scratch():
+    msg = control_message(ControlCommand.ADD_NODE, 1, timestamp=0, nodes=[_node(Role.WORKER, 39431)])
+    assert encode_meta(msg.meta) == vectors.read("04_add_node_request_worker.meta.bin")
+
+
+def test_add_node_reply_built_from_scratch():
+    nodes = [_node(Role.WORKER, 39431, 9), _node(Role.SERVER, 43905, 8),
+             _node(Role.WORKER, 58517, 11), _node(Role.SCHEDULER, 9091, 1, -1340796848)]
+    msg = control_message(ControlCommand.ADD_NODE, 9, timestamp=0, nodes=nodes)
+    assert encode_meta(msg.meta) == vectors.read("05_add_node_reply.meta.bin")
+
+
+def test_barrier_request_and_terminate_built_from_scratch():
+    clock = VanClock()
+    clock.tick()                      # ADD_NODE took timestamp 0
+    assert encode_meta(barrier_request(7, 0, clock).meta) == vectors.read(
+        "06_barrier_request_g7.meta.bin")
+    assert encode_meta(terminate_message(9).meta) == vectors.read("17_terminate_self.meta.bin")
+
+
+def test_heartbeat_built_from_scratch():
+    msg = control_message(ControlCommand.HEARTBEAT, 1, timestamp=3, nodes=[_node(Role.WORKER, 9102, 11)])
+    assert encode_meta(msg.meta) == vectors.read("40_heartbeat_from_worker.meta.bin")
+
+
+def test_kv_push_and_pull_metas_built_from_scratch():
+    kv_types = [DataType.UINT64, DataType.OTHER, DataType.INT32]
+    push = Meta(head=0, request=True, push=True, app_id=0, timestamp=1, customer_id=0,
+                data_type=kv_types)
+    assert encode_meta(push) == vectors.read("11_push_init_request.meta.bin")
+    pull = Meta(head=0, request=True, pull=True, app_id=0, timestamp=3, customer_id=0,
+                data_type=kv_types[:2])
+    assert encode_meta(pull) == vectors.read("14_pull_request.meta.bin")
+    command = Meta(head=3, request=True, simple_app=True, app_id=0, timestamp=0, customer_id=0)
+    assert encode_meta(command) == vectors.read("09_cmd_syncmode_request.meta.bin")
+
+
+def test_garbage_negative_varints_survive():
+    meta = decode_meta(vectors.read("07_barrier_response.meta.bin"))
+    assert meta.control.barrier_group == -1948267904
+    assert decode_meta(vectors.read("05_add_node_reply.meta.bin")).control.nodes[-1].customer_id < 0
+
+
+def test_rank_hint_rides_on_the_node_and_is_optional():
+    asked = Node(Role.WORKER, hostname="198.18.0.3", port=4000, rank_hint=3)
+    msg = control_message(ControlCommand.ADD_NODE, 1, nodes=[asked, Node(Role.SERVER, port=1)])
+    decoded = decode_meta(encode_meta(msg.meta)).control.nodes
+    assert decoded[0].rank_hint == 3 and decoded[1].rank_hint is None
+    plain = control_message(ControlCommand.ADD_NODE, 1, nodes=[Node(Role.SERVER, port=1)])
+    assert b"\xa0\x06" not in encode_meta(plain.meta)  # field 100 absent unless asked
+
+
+def test_extension_fields_round_trip_and_are_optional():
+    extra = {"error": "bad key", "round": 5, "pull_timestamp": 77}
+    meta = Meta(head=0, app_id=0, timestamp=2, extra=extra)
+    decoded = decode_meta(encode_meta(meta))
+    assert decoded.extra == extra
+    assert decode_meta(encode_meta(Meta(head=0))).extra is None
+
+
+@pytest.mark.parametrize("raw", [b"\xff\xff\xff", b"\x1a\x02\x08", b"\x1a\x00", b"\x0a\x05ab"])
+def test_malformed_meta_raises_protocol_error(raw):
+    with pytest.raises(ProtocolError):
+        decode_meta(raw)
+
+
+def test_a_node_whose_hostname_is_not_utf8_is_a_protocol_error():
+    from kvstore_byteps.van.message import ControlCommand, Control, Node, Role
+    meta = Meta(control=Control(cmd=ControlCommand.ADD_NODE,
+                                nodes=[Node(Role.WORKER, hostname="AAAA", port=5)]))
+    raw = encode_meta(meta).replace(b"AAAA", b"\xff\xfe\xfd\xfc")
+    with pytest.raises(ProtocolError, match="not UTF-8"):
+        decode_meta(raw)

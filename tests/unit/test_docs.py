@@ -1,0 +1,53 @@
+"""The README and docs/ say what the code does: every variable, the test command, the current
+benchmark results, and links that lead somewhere (mkdocs --strict checks docs/ itself)."""
+import os
+import re
+import sys
+
+from kvstore_byteps.config import Env
+from tests.support.paths import REPO
+
+DOCS = os.path.join(REPO, "docs")
+
+
+def read(*path):
+    with open(os.path.join(REPO, *path)) as source:
+        return source.read()
+
+
+def anchors(markdown):
+    """The heading ids mkdocs makes: lower case, punctuation dropped, spaces to hyphens."""
+    return {re.sub(r"[\s]+", "-", re.sub(r"[^\w\s-]", "", heading.strip().lower()))
+            for heading in re.findall(r"^#+ (.*)$", markdown, re.M)}
+
+
+def test_every_variable_is_in_the_configuration_page():
+    text = read("docs", "configuration.md")
+    names = [v for k, v in vars(Env).items() if k.isupper()]
+    assert [n for n in names if "| `%s` |" % n not in text] == []
+
+
+def test_the_readme_is_a_front_door_with_the_two_commands():
+    text = read("README.md")
+    assert text.count("\n") <= 300
+    assert "**Run the tests**: `bash .ci/run`" in text and "`python -m pytest -q tests`" in text
+    assert "python -m pytest -q tests" in read(".ci", "run")   # what the README says it runs
+    assert "**Run the demo job**: `bash examples/run_demo.sh`" in text
+
+
+def test_the_readmes_links_into_docs_lead_to_pages_and_headings():
+    for page, anchor in re.findall(r"\]\(docs/([\w-]+\.md)(?:#([\w-]+))?\)", read("README.md")):
+        target = read("docs", page)
+        assert not anchor or anchor in anchors(target), (page, anchor)
+
+
+def test_the_performance_page_shows_the_results_files_table():
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    try:
+        import results_table
+    finally:
+        sys.path.pop(0)
+    page = read("docs", "performance.md")
+    shown = page.split("<!-- results table: made by benchmarks/results_table.py -->\n")[1]
+    shown = shown.split("<!-- end of results table -->")[0]
+    assert shown == results_table.table()

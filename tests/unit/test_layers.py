@@ -1,0 +1,94 @@
+"""The import arrows of DESIGN.md, checked on the source (module-level and lazy imports alike)."""
+import ast
+import os
+
+import pytest
+from tests.support.paths import REPO
+
+PKG = os.path.join(REPO, "kvstore_byteps")
+
+
+def modules(folder):
+    for dirpath, _, files in os.walk(folder):
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(dirpath, name)
+                yield os.path.relpath(path, REPO)[:-3].replace(os.sep, "."), path
+
+
+def imported(module, path):
+    """Absolute names of everything ``path`` imports."""
+    package = module.rsplit(".", 1)[0]
+    names = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            names.add(base)
+            names.update("%s.%s" % (base, alias.name) for alias in node.names)
+    return names
+
+
+def forbidden(module):
+    """Prefixes ``module`` must not import, per DESIGN.md's layers."""
+    server = ["kvstore_byteps.server", "kvstore_byteps.serving"]
+    ours_below = ["kvstore_byteps.van", "kvstore_byteps.engine"] + server + [
+        "kvstore_byteps.scheduler", "mxnet_patch"]
+    if module in ("kvstore_byteps.config", "kvstore_byteps.errors"):
+        return ours_below + ["kvstore_byteps.mxproto", "mxnet", "zmq"]
+    if module == "kvstore_byteps.mxproto":     # MXNet's protocol: no transport, no MXNet
+        return ours_below + ["mxnet", "zmq"]
+    if module.startswith("kvstore_byteps.compress"):   # pure numpy codecs
+        return ours_below + ["kvstore_byteps.mxproto", "mxnet", "zmq"]
+    if module.startswith("kvstore_byteps.van"):    # the transport knows nothing of MXNet
+        return ["kvstore_byteps.engine"] + server + ["kvstore_byteps.mxproto", "mxnet_patch",
+                                                    "mxnet"]
+    if module.startswith("kvstore_byteps.engine"):
+        return server + ["mxnet_patch", "mxnet"]
+    if module.startswith(tuple(server)):
+        return ["kvstore_byteps.engine", "mxnet_patch"]
+    if module.startswith("kvstore_byteps.launcher"):
+        return ours_below + ["mxnet", "zmq"]
+    return []
+
+
+def matches(name, prefix):
+    """``prefix`` itself and its submodules."""
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def test_matcher_catches_submodules_only():
+    assert matches("kvstore_byteps.serving.rounds.KeyRounds", "kvstore_byteps.serving")
+    assert not matches("kvstore_byteps.serverless", "kvstore_byteps.server")
+
+
+CASES = [(m, p) for m, p in modules(PKG)]
+
+
+@pytest.mark.parametrize("module,path", CASES, ids=[m for m, _ in CASES])
+def test_module_respects_layers(module, path):
+    bad = sorted(name for name in imported(module, path) for prefix in forbidden(module)
+                 if matches(name, prefix))
+    assert not bad, "%s imports %s, which its layer may not" % (module, bad)
+
+
+def test_launcher_uses_only_config():
+    """launch.py is the installed launcher; the launcher knows config and nothing else of ours."""
+    script = {n for n in imported("launch", os.path.join(REPO, "launch.py"))
+              if n.startswith(("kvstore_byteps", "mxnet_patch"))}
+    assert script == {"kvstore_byteps.launcher.cli", "kvstore_byteps.launcher.cli.main"}, script
+    allowed = ("kvstore_byteps.config", "kvstore_byteps.launcher")
+    for module, path in CASES:
+        if module.startswith("kvstore_byteps.launcher"):
+            ours = {n for n in imported(module, path) if n.startswith("kvstore_byteps.")}
+            assert all(n.startswith(allowed) for n in ours), (module, ours)
+
+
+def test_zmq_imported_by_the_zmq_van_only():
+    users = {m for m, p in CASES if any(n == "zmq" or n.startswith("zmq.")
+                                        for n in imported(m, p))}
+    assert users == {"kvstore_byteps.van.zmq_van", "kvstore_byteps.van.zmq_auth"}, users
