@@ -1,4 +1,4 @@
-"""Tests of mxnet_patch.engine_async against MXNet 1.9.1's real dependency engine."""
+"""mxnet_patch.engine_async under MXNET_ENGINE_TYPE=NaiveEngine (in a fresh interpreter)."""
 import os
 import subprocess
 import sys

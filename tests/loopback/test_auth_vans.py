@@ -1,5 +1,5 @@
-"""BYTEPS_AUTH_KEY: only nodes holding the cluster's key join and send (zmq: CURVE; byteps_tcp:
-a mutual HMAC proof in the hello). Unit tests, in-process nodes, and a real cluster with rogues."""
+"""BYTEPS_AUTH_KEY on both vans, in-process nodes on 127.0.0.1: the byteps_tcp hello's proof, and
+nodes with the same key forming a cluster while one with another key stops at once."""
 import socket
 import threading
 import time

@@ -1,4 +1,5 @@
-"""The BytePS TCP van: its wire format, landing buffers, and in-process nodes on 127.0.0.1."""
+"""The BytePS TCP van with in-process nodes on 127.0.0.1: data, landing buffers, broken streams,
+claimed node ids, ZeroMQ peers, the receive loop's wake-ups and a full socket."""
 import selectors
 import socket
 import struct

@@ -1,5 +1,4 @@
-"""BYTEPS_AUTH_KEY: only nodes holding the cluster's key join and send (zmq: CURVE; byteps_tcp:
-a mutual HMAC proof in the hello). Unit tests, in-process nodes, and a real cluster with rogues."""
+"""BYTEPS_AUTH_KEY, pure parts: where the key comes from, the proofs, the launcher's checks."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""The BytePS TCP van: its wire format, landing buffers, and in-process nodes on 127.0.0.1."""
+"""The BytePS TCP van's pure parts: hello and header format, the receive-buffer pool, the reader."""
 import struct
 
 import numpy as np
