@@ -44,7 +44,9 @@ class VanType(enum.Enum):
 
 
 class ServerKind(enum.Enum):
-    """Which server an upstream ``DMLC_ROLE=server`` MXNet process runs (``MXNET_KVSTORE_SERVER``)."""
+    """A kind of parameter server: MXNet's C++ one or ours. What an upstream ``DMLC_ROLE=server``
+    MXNet process runs (``MXNET_KVSTORE_SERVER``), and what a ``dist_byteps`` worker found it
+    talks to (the probe)."""
 
     MXNET = "mxnet"
     BYTEPS = "byteps"

@@ -24,7 +24,6 @@ Two kinds of servers are spoken to, found out at start by a probe command:
   which arrives when the round is merged) a pull.
 """
 import dataclasses
-import enum
 import json
 import logging
 import threading
@@ -34,7 +33,7 @@ import numpy as np
 
 from ..compress.params import CompressionSpec, parse_compression_params
 from ..compress.state import PartitionCompressor
-from ..config import Config
+from ..config import Config, ServerKind
 from ..errors import KVStoreBytePSError, PeerError
 from ..logs import announce
 from ..mxproto import PROBE_ANSWER, SERVER_DTYPES, RequestType, ServerCommand, encode_cmd
@@ -92,11 +91,6 @@ def split_answer(result, count: int) -> List[memoryview]:
     return [vals[int(offsets[i]):int(offsets[i + 1])] for i in range(count)]
 
 
-class ServerFlavor(enum.Enum):
-    BYTEPS = "byteps"
-    MXNET = "mxnet"
-
-
 @dataclasses.dataclass(frozen=True)
 class Slot:
     """One partition of a key on the wire: its ps key and its byte range in the tensor."""
@@ -142,7 +136,7 @@ class WorkerEngine:
         self.kv: Optional[KVWorker] = None
         self.rank: Optional[int] = None
         self.num_workers = config.num_workers
-        self.flavor: Optional[ServerFlavor] = None
+        self.flavor: Optional[ServerKind] = None
         self._partitioner = Partitioner(config)
         self._layouts: Dict[int, KeyLayout] = {}
         self._layout_lock = threading.Lock()
@@ -170,12 +164,12 @@ class WorkerEngine:
         self.kv = KVWorker(self.po)
         self.rank, self.num_workers = self.po.my_rank, self.po.num_workers
         self.flavor = self._probe_servers()
-        if self.flavor is not ServerFlavor.BYTEPS:
+        if self.flavor is not ServerKind.BYTEPS:
             self._kept = None        # MXNet's servers keep weights: nothing to restore them
         # Our servers take a round's pull along with its push (one message less per partition
         # and round). Not with async rounds (a pull is answered at once there), nor with kept
         # rounds (a restarted server is sent the pushes again, and would not know the pulls).
-        self._pulls_ride = (config.pull_with_push and self.flavor is ServerFlavor.BYTEPS
+        self._pulls_ride = (config.pull_with_push and self.flavor is ServerKind.BYTEPS
                             and not config.enable_async and self._kept is None)
         self.po.on_recovery(lambda node, epoch: self.kv.post(
             lambda: self._restore_server(node, epoch)))
@@ -199,7 +193,7 @@ class WorkerEngine:
     def describe(self) -> str:
         """What this worker talks to and how: the line rank 0 prints at start-up."""
         cfg = self.config
-        kind = ("BytePS servers (the BytePS data path)" if self.flavor is ServerFlavor.BYTEPS
+        kind = ("BytePS servers (the BytePS data path)" if self.flavor is ServerKind.BYTEPS
                 else "MXNet's own servers (MXNet's key layout, no BytePS data path)")
         credit = self._credit()
         return ("dist_byteps: %d workers, %d %s; van %s; partitions of %d bytes; credit %s%s"
@@ -210,14 +204,14 @@ class WorkerEngine:
                    "; each pull sent with its push" if self._pulls_ride else ""))
 
     # ------------------------------------------------------------------ set-up
-    def _probe_servers(self) -> ServerFlavor:
+    def _probe_servers(self) -> ServerKind:
         request = self.kv.command(ServerCommand.BYTEPS_PROBE)
         self._wait(request, "the server probe")
         answers = set(request.bodies.values())
         if answers == {PROBE_ANSWER}:
-            return ServerFlavor.BYTEPS
+            return ServerKind.BYTEPS
         if answers == {b""}:
-            return ServerFlavor.MXNET
+            return ServerKind.MXNET
         raise KVStoreBytePSError("servers of mixed kinds answered the probe (%s); use either "
                                  "only BytePS servers or only MXNet servers" % sorted(answers))
 
@@ -246,7 +240,7 @@ class WorkerEngine:
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         code = dtype_code(dtype)
         init_cmd = encode_cmd(RequestType.DEFAULT, code)
-        if self.flavor is ServerFlavor.MXNET:
+        if self.flavor is ServerKind.MXNET:
             pskv = encode_default_key(key, nbytes // dtype.itemsize, dtype.itemsize,
                                       self.po.num_servers, self.config.bigarray_bound)
             offsets = np.concatenate(([0], np.cumsum(pskv.lens)))[:-1]
@@ -285,7 +279,7 @@ class WorkerEngine:
         try:
             stored = self._pull_all(layout)
         except PeerError as exc:
-            if self.flavor is not ServerFlavor.BYTEPS or self.config.key_hash_fn != "balanced":
+            if self.flavor is not ServerKind.BYTEPS or self.config.key_hash_fn != "balanced":
                 raise
             raise PeerError("%s. The servers do not hold this worker's partitions of %s where "
                             "it placed them: with BYTEPS_KEY_HASH_FN=balanced (the default) "
@@ -369,7 +363,7 @@ class WorkerEngine:
         or an upstream push, acked only when the round is merged), two workers that ordered
         partitions differently could each hold the credit the other needs. Upstream servers
         therefore get no credit limit (priorities still order the queue), as MXNet's worker."""
-        if self.flavor is not ServerFlavor.BYTEPS:
+        if self.flavor is not ServerKind.BYTEPS:
             return None
         return self.config.scheduling_credit * self.config.partition_bytes
 
@@ -381,7 +375,7 @@ class WorkerEngine:
         """Items grouped into requests: small partitions of one server and cmd share one
         (BytePS servers only: upstream's take exactly one key per request); a compressed
         partition always goes alone."""
-        if self.flavor is not ServerFlavor.BYTEPS:
+        if self.flavor is not ServerKind.BYTEPS:
             return [[item] for item in items]
         if self.compression is None:
             return group_small(items, self._server_of, SMALL_PARTITION_BYTES,
@@ -403,7 +397,7 @@ class WorkerEngine:
             raise KVStoreBytePSError("gradient compression and BYTEPS_SERVER_RECOVERY cannot be "
                                      "used together yet: a restarted server could not rebuild "
                                      "the compressors' error feedback")
-        if self.flavor is not ServerFlavor.BYTEPS:
+        if self.flavor is not ServerKind.BYTEPS:
             raise KVStoreBytePSError("gradient compression needs kvstore-byteps servers; these "
                                      "are MXNet's")
         if self.config.enable_async:
@@ -569,7 +563,7 @@ class WorkerEngine:
         return kept
 
     def _why_not_restorable(self) -> Optional[str]:
-        if self.flavor is not ServerFlavor.BYTEPS:
+        if self.flavor is not ServerKind.BYTEPS:
             return ("this worker talks to MXNet's own servers, which kept the weights and the "
                     "optimizer state")
         if self.config.enable_async:

@@ -51,7 +51,7 @@ from ..van.kv import KVPairs, KVRequest
 from .recovery import RecoveryGate
 from .rounds import KeyRounds
 from .dist import KVStoreDistServer
-from .engine import SumEngine
+from .summing import SumThreads
 from .protocol import parse_dense
 from .store import Entry, StorageKind, publish
 from .batch import BatchAnswer, BatchSlot, split_values
@@ -102,7 +102,7 @@ class BytePSServer(KVStoreDistServer):
         if pacing_lead_bytes is not None and not enable_async:
             self.pacer = PushPacer(num_workers, pacing_lead_bytes, pacing_hold_s)
             self._hold_expiry = HoldExpiry(self.pacer, _send_all)
-        self._engine = SumEngine(engine_threads)
+        self._summing = SumThreads(engine_threads)
         # the engine threads' work, as stages of the server profile (profiler.py)
         self._accumulate = self.profiler.timed("sum", self._accumulate, _describe_sum)
         self._add_async = self.profiler.timed(
@@ -229,7 +229,7 @@ class BytePSServer(KVStoreDistServer):
         with self._keys_lock:
             for ps_key, (dtype, size, nbytes, rounds) in restored.items():
                 self._keys[ps_key] = _BytePSKey(ps_key, dtype, None, size,
-                                                self._engine.bind(nbytes), rounds)
+                                                self._summing.bind(nbytes), rounds)
                 self.expect_pushes(ps_key, nbytes)
         self._recovery = None
         log.warning("restarted server (restart %d): rebuilt the rounds of %d ps key(s) from %d "
@@ -252,7 +252,7 @@ class BytePSServer(KVStoreDistServer):
             if self.pacer.held_total:
                 log.info("pacing held %d push acknowledgement(s); the hold limit released %d",
                          self.pacer.held_total, self.pacer.expired_total)
-        self._engine.close(timeout)
+        self._summing.close(timeout)
         super().close()
 
     def __enter__(self) -> "BytePSServer":
@@ -314,7 +314,7 @@ class BytePSServer(KVStoreDistServer):
         values = codec.decode(data, key.size, r)
         r = key.rounds.begin_push(req.sender, r)
         self._ack_push(req, server, values.nbytes)
-        self._engine.submit(key.thread, lambda: self._accumulate(key, r, values))
+        self._summing.submit(key.thread, lambda: self._accumulate(key, r, values))
 
     # -- dispatch ---------------------------------------------------------------------------
     def _handle_byteps(self, req, server, cmd: Cmd) -> None:
@@ -365,7 +365,7 @@ class BytePSServer(KVStoreDistServer):
             return
         _check_matches(key, values)
         if self.enable_async:
-            self._engine.submit(key.thread, lambda: self._add_async(req, server, key, values, pull))
+            self._summing.submit(key.thread, lambda: self._add_async(req, server, key, values, pull))
             if not pull:
                 self._respond(server, req)
             return
@@ -376,7 +376,7 @@ class BytePSServer(KVStoreDistServer):
             self._ack_push(req, server, values.nbytes)
         if attached is not None:
             self._serve_attached(attached, server, lambda: self._pull(attached, server, key))
-        self._engine.submit(key.thread, lambda: self._accumulate(key, r, values))
+        self._summing.submit(key.thread, lambda: self._accumulate(key, r, values))
 
     def _serve_attached(self, attached, server, serve: Callable[[], None]) -> None:
         """Run ``serve`` for a pull that rode along with a push already acknowledged: a
@@ -420,7 +420,7 @@ class BytePSServer(KVStoreDistServer):
     def _init_key(self, ps_key: int, values: np.ndarray) -> _BytePSKey:
         rounds = None if self.enable_async else KeyRounds(ps_key, self.num_workers, values.size,
                                                           values.dtype)
-        thread = self._engine.bind(values.nbytes)
+        thread = self._summing.bind(values.nbytes)
         self.expect_pushes(ps_key, values.nbytes)
         log.debug("BytePS key %d: %d bytes of %s on engine thread %d", ps_key, values.nbytes,
                   values.dtype, thread)
@@ -478,11 +478,11 @@ class BytePSServer(KVStoreDistServer):
             _check_matches(key, part)
         for key, part in zip(keys, values):
             if self.enable_async:
-                self._engine.submit(key.thread,
+                self._summing.submit(key.thread,
                                     lambda k=key, v=part: self._add_async(req, server, k, v, False))
                 continue
             r = key.rounds.begin_push(req.sender)
-            self._engine.submit(key.thread, lambda k=key, r=r, v=part: self._accumulate(k, r, v))
+            self._summing.submit(key.thread, lambda k=key, r=r, v=part: self._accumulate(k, r, v))
         self._ack_push(req, server, sum(part.nbytes for part in values))
 
     def _ack_push(self, req, server, nbytes: int) -> None:

@@ -28,8 +28,8 @@ import numpy as np
 
 from ..errors import ProtocolError
 from ..logs import PeerLog
-from .compression import GradientCompression, dequantize_2bit, packed_nbytes_2bit, \
-    parse_compression_params
+from .twobit import GradientCompression, dequantize_2bit, packed_nbytes_2bit, \
+    parse_twobit_params
 from ..mxproto import Cmd, RequestType, ServerCommand, decode_cmd
 from .profiler import ServerProfiler
 from .protocol import CompressedPush, parse_compressed, parse_dense, parse_row_sparse
@@ -193,7 +193,7 @@ class KVStoreDistServer:
         self.sync_mode = True
 
     def _cmd_compression(self, body: bytes) -> None:
-        self.compression = parse_compression_params(body)
+        self.compression = parse_twobit_params(body)
         log.info("gradient compression: %s", self.compression)
 
     def _cmd_profiler(self, body: bytes) -> None:

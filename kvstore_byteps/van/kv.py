@@ -210,7 +210,7 @@ class KVWorker:
         self._lock = threading.Lock()
         self._next_timestamp = 0
         self._pending: Dict[int, Request] = {}       # in the order sent: oldest first
-        self._customer = postoffice.register_customer(app_id, customer_id, self._on_message)
+        self._customer = postoffice.register_handler(app_id, customer_id, self._on_message)
         postoffice.on_failure(self._fail_pending)
         #: held while a request is stamped and sent, and while a restarted server is restored:
         #: a request is either in the restoring worker's report or sent after it, never both
@@ -496,7 +496,7 @@ class KVServer:
         self.request_handler = request_handler
         self.command_handler = command_handler
         self._peer_log = PeerLog(log)
-        postoffice.register_customer(app_id, app_id, self._on_message)
+        postoffice.register_handler(app_id, app_id, self._on_message)
 
     def respond(self, req: KVRequest, keys=None, vals=None, lens=None,
                 error: Optional[str] = None, body: bytes = b"") -> None:

@@ -7,7 +7,7 @@ handler on its own thread so a slow handler never stalls the receive loop.
 Thread-safety: ``start``, ``barrier`` and ``finalize`` are for the owning thread (the receive
 loop does their work: start runs the membership there, a barrier is posted to it through the
 node's connection to itself, finalize ends it with a TERMINATE to itself); ``send`` and
-``register_customer`` are thread-safe.
+``register_handler`` are thread-safe.
 """
 import logging
 import queue
@@ -348,7 +348,7 @@ class Postoffice:
         customer.accept(message)
 
     # ------------------------------------------------------------------ apps
-    def register_customer(self, app_id: int, customer_id: int,
+    def register_handler(self, app_id: int, customer_id: int,
                           handler: Callable[[Message], None]) -> HandlerThread:
         """Route data messages of (app_id, customer_id) to ``handler`` on its own thread."""
         customer = HandlerThread(app_id, customer_id, handler)

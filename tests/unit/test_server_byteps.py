@@ -8,7 +8,7 @@ import pytest
 from kvstore_byteps.errors import ProtocolError
 from kvstore_byteps.serving.rounds import KeyRounds
 from kvstore_byteps.serving.byteps import BytePSServer
-from kvstore_byteps.serving.engine import SumEngine
+from kvstore_byteps.serving.summing import SumThreads
 from kvstore_byteps.mxproto import RequestType, ServerCommand
 from tests.support.server_fakes import WORKER0, WORKER1, WORKER2, FakeServer, command, pull, push, \
     request, \
@@ -195,7 +195,7 @@ def test_key_rounds_reuse_a_slot_only_after_every_answer():
 
 
 def test_engine_binds_equal_keys_evenly_and_runs_tasks_in_order():
-    engine = SumEngine(4)
+    engine = SumThreads(4)
     try:
         bound = [engine.bind(4096000) for _ in range(8)]
         assert sorted(bound.count(i) for i in range(4)) == [2, 2, 2, 2]

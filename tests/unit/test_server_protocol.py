@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 
 from kvstore_byteps.errors import ProtocolError
-from kvstore_byteps.serving.compression import CompressionType, dequantize_2bit, \
-    packed_nbytes_2bit, parse_compression_params, quantize_2bit
+from kvstore_byteps.serving.twobit import CompressionType, dequantize_2bit, \
+    packed_nbytes_2bit, parse_twobit_params, quantize_2bit
 from kvstore_byteps.mxproto import Cmd, RequestType, cantor_pair, cantor_unpair, decode_cmd, \
     encode_cmd
 from kvstore_byteps.serving.protocol import CompressedPush, parse_compressed, parse_dense, \
@@ -142,9 +142,9 @@ def test_two_bit_quantize_matches_mxnet_rules_and_round_trips():
 
 
 def test_compression_parameters_as_mxnet_sends_them():
-    params = parse_compression_params(vector_request("31_cmd_gradient_compression").meta.body)
+    params = parse_twobit_params(vector_request("31_cmd_gradient_compression").meta.body)
     assert params.type is CompressionType.TWO_BIT and params.threshold == 0.5 and params.enabled
-    assert not parse_compression_params(b"0").enabled
+    assert not parse_twobit_params(b"0").enabled
     for bad in (b"", b"x,1", b"7,0.5", b"1,-2", b"1,0.5,3"):
         with pytest.raises(ProtocolError, match="gradient compression"):
-            parse_compression_params(bad)
+            parse_twobit_params(bad)

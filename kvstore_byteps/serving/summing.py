@@ -14,14 +14,14 @@ from typing import Callable, List
 
 from ..errors import DeadlineError
 
-__all__ = ["SumEngine"]
+__all__ = ["SumThreads"]
 
 log = logging.getLogger(__name__)
 
 _STOP = object()
 
 
-class SumEngine:
+class SumThreads:
     """A fixed set of worker threads, each with its own FIFO queue. Thread-safe."""
 
     def __init__(self, num_threads: int, name: str = "byteps-sum"):

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import ProtocolError
 
-__all__ = ["CompressionType", "GradientCompression", "parse_compression_params",
+__all__ = ["CompressionType", "GradientCompression", "parse_twobit_params",
            "packed_nbytes_2bit", "dequantize_2bit", "quantize_2bit"]
 
 
@@ -41,7 +41,7 @@ class GradientCompression:
         return self.type is not CompressionType.NONE
 
 
-def parse_compression_params(body: bytes) -> GradientCompression:
+def parse_twobit_params(body: bytes) -> GradientCompression:
     """Parse ``"<type>[,<threshold>]"`` (e.g. ``b"1,0.500000"``); ProtocolError if malformed."""
     text = bytes(body).decode("ascii", errors="replace").strip()
     parts = text.split(",")
