@@ -52,15 +52,15 @@ def run_server(config: Config) -> int:
         keep_freed_memory()
     postoffice = Postoffice(config)
     server = build_server(config, config.num_workers, key_begin=0)
-    server.expect_pushes = postoffice.van.register_recv_buffer
     try:
         # registered before start, as upstream does, so no early request finds no handler
         profiler = server.profiler          # requests and commands as profile stages
-        KVServer(postoffice, app_id=0,
-                 request_handler=profiler.timed("request", server.handle_request,
-                                                _describe_request),
-                 command_handler=profiler.timed("command", server.handle_command,
-                                                _describe_command))
+        kv_server = KVServer(postoffice, app_id=0,
+                             request_handler=profiler.timed("request", server.handle_request,
+                                                            _describe_request),
+                             command_handler=profiler.timed("command", server.handle_command,
+                                                            _describe_command))
+        server.expect_pushes = kv_server.expect_requests
 
         def restarted(node, epoch):     # this server took over a dead one's id
             if node.id == postoffice.my_id:

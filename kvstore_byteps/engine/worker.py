@@ -265,7 +265,7 @@ class WorkerEngine:
     def _init(self, key, value, out):
         layout = self.layout(key, value.shape, value.dtype)
         for slot in layout.slots:    # where this key's answers will land, every round
-            self.po.van.register_recv_buffer(slot.ps_key, slot.nbytes)
+            self.kv.expect_answers(slot.ps_key, slot.nbytes)
             if self._kept is not None:
                 with self.kv.send_lock:    # a report may be iterating the kept keys
                     self._kept_rounds(slot, layout.dtype)
@@ -500,12 +500,12 @@ class WorkerEngine:
             self.kv.push(keys, vals, lens, cmd=cmd, priority=priority,
                          callback=lambda request: done(request.error, group))
             return
-        riding = _RidingPull(self, group, self._expect_answer(group))
+        riding = _RidingPull(self, group)
         for item in group:
             item.handoff = riding
         self.kv.push_with_pull(keys, vals, lens, cmd=cmd, priority=priority,
                                push_callback=lambda request: done(request.error, group),
-                               pull_callback=riding.arrived)
+                               pull_callback=riding.arrived, into=self._landing_target(group))
 
     def _pull(self, items, done) -> None:
         riding: Dict[int, tuple] = {}
@@ -521,10 +521,7 @@ class WorkerEngine:
             if self._compressed(group[0]):
                 self._pull_compressed(group[0], done)
                 continue
-            landing = self._expect_answer(group)
-
-            def on_answer(request, group=group, landing=landing):
-                self.po.van.revoke_frame(landing)   # before done() gives the outputs back
+            def on_answer(request, group=group):
                 error = request.error
                 if error is None:
                     if self._kept is not None:     # on the thread completing requests
@@ -532,26 +529,22 @@ class WorkerEngine:
                             self._kept[item.partition.ps_key].record_answer()
                     try:
                         for item, vals in zip(group, split_answer(request.result, len(group))):
-                            self._local_broadcast(item, vals, maybe_in_place=landing is not None)
+                            self._local_broadcast(item, vals, maybe_in_place=request.landed)
                     except KVStoreBytePSError as exc:
                         error = exc
                 done(error, group)
-            try:
-                self.kv.pull([item.partition.ps_key for item in group],
-                             cmd=group[0].task.context.layout.round_cmd,
-                             priority=group[0].priority, callback=on_answer)
-            except BaseException:
-                self.po.van.revoke_frame(landing)
-                raise
+            self.kv.pull([item.partition.ps_key for item in group],
+                         cmd=group[0].task.context.layout.round_cmd,
+                         priority=group[0].priority, callback=on_answer,
+                         into=self._landing_target(group))
 
-    def _expect_answer(self, group):
-        """Ask the van to land the answer to a one-partition pull straight in the first
-        output's span (byteps_tcp: saves copying every byte of the sum once more)."""
+    def _landing_target(self, group):
+        """Where the answer to a one-partition pull may land: the first output's span
+        (byteps_tcp lands it there, saving a copy of every byte of the sum)."""
         if len(group) != 1:
             return None
         item = group[0]
-        return self.po.van.expect_frame(item.partition.ps_key,
-                                        self._span(item.task.context.outputs[0], item.partition))
+        return self._span(item.task.context.outputs[0], item.partition)
 
     # ------------------------------------------------------------------ restarted servers
     def _kept_rounds(self, slot, dtype) -> KeptRounds:
@@ -654,8 +647,9 @@ class _RidingPull:
     it may come first (pacing can hold an acknowledgement while the round completes):
     whichever of the two comes second copies the sums out and finishes the items."""
 
-    def __init__(self, engine: "WorkerEngine", group: list, landing):
-        self._engine, self._group, self._landing = engine, group, landing
+    def __init__(self, engine: "WorkerEngine", group: list):
+        self._engine, self._group = engine, group
+        self._landed = False           # the sums may already be in the outputs
         self._lock = threading.Lock()
         self._answered = False
         self._error: Optional[BaseException] = None
@@ -664,7 +658,6 @@ class _RidingPull:
 
     def arrived(self, request) -> None:
         """The pull request completed (answered, refused, failed or past its deadline)."""
-        self._engine.po.van.revoke_frame(self._landing)   # before done() gives outputs back
         error, values = request.error, {}
         if error is None:
             try:
@@ -675,6 +668,7 @@ class _RidingPull:
         self._group = None    # the items refer to this object: no reference cycle
         with self._lock:
             self._answered, self._error, self._values = True, error, values
+            self._landed = request.landed
             waiting, self._waiting = self._waiting, []
         for items, done in waiting:
             self._deliver(items, done)
@@ -693,7 +687,7 @@ class _RidingPull:
             try:
                 for item in items:   # (popped: the receive buffer goes back to the pool)
                     self._engine._local_broadcast(item, self._values.pop(id(item)),
-                                                  maybe_in_place=self._landing is not None)
+                                                  maybe_in_place=self._landed)
             except KVStoreBytePSError as exc:
                 error = exc
         done(error, items)

@@ -108,6 +108,9 @@ class Request:
         #: server id -> the message sent there, kept with BYTEPS_SERVER_RECOVERY (re-sent if
         #: that server is restarted)
         self.messages: Dict[int, Message] = {}
+        #: a pull asked to land its answer in the caller's array (``into``), and the van can:
+        #: the answer's bytes may already be there (compare addresses before copying)
+        self.landed = False
 
     def waits_for(self, server: int) -> bool:
         with self._lock:
@@ -263,22 +266,55 @@ class KVWorker:
              callback=None, extra=None) -> Request:
         return self._request(keys, vals, lens, cmd, True, False, priority, callback, extra)
 
-    def pull(self, keys, cmd: int = 0, priority: int = 0, callback=None, extra=None) -> Request:
-        return self._request(keys, None, None, cmd, False, True, priority, callback, extra)
+    def pull(self, keys, cmd: int = 0, priority: int = 0, callback=None, extra=None,
+             into=None) -> Request:
+        """Pull ``keys``. ``into``: a writable C-contiguous uint8 array the answer's value
+        bytes belong in (one key): a van that receives in place (byteps_tcp) lands them there,
+        saving a copy, and ``request.landed`` says so; from the callback on nothing more is
+        written there, answered or not, so the array may be given back."""
+        keys = as_keys(keys)
+        callback, landing = self._land(keys, into, callback)
+        try:
+            return self._request(keys, None, None, cmd, False, True, priority, callback, extra)
+        except BaseException:
+            self.po.van.revoke_frame(landing)
+            raise
+
+    def expect_answers(self, key: int, nbytes: int) -> None:
+        """Answers of ``nbytes`` for ``key`` will come every round: a van that receives in
+        place sets up their buffer now."""
+        self.po.van.register_recv_buffer(key, nbytes)
+
+    def _land(self, keys: np.ndarray, into, callback):
+        """``(callback, landing)``: where a one-key pull's answer lands (``into``), and the
+        callback that first takes the landing back (before the caller may free ``into``)."""
+        landing = None
+        if into is not None and len(keys) == 1:
+            landing = self.po.van.expect_frame(int(keys[0]), into)
+        if landing is None:
+            return callback, None
+
+        def landed(request):
+            self.po.van.revoke_frame(landing)
+            request.landed = True
+            if callback is not None:
+                callback(request)
+        return landed, landing
 
     def pushpull(self, keys, vals, lens=None, cmd: int = 0, priority: int = 0,
                  callback=None, extra=None) -> Request:
         return self._request(keys, vals, lens, cmd, True, True, priority, callback, extra)
 
     def push_with_pull(self, keys, vals, lens=None, cmd: int = 0, priority: int = 0,
-                       push_callback=None, pull_callback=None):
+                       push_callback=None, pull_callback=None, into=None):
         """A push with the pull of the same keys riding along (kvstore-byteps servers only):
         one message instead of two. Returns ``(push, pull)`` requests. The server acknowledges
         the push as usual and answers the pull, under the pull's own timestamp, as if it had
         arrived right after the push; unlike a pushpull, the push's answer does not wait for
-        the round. If the push fails, so does the pull."""
+        the round. If the push fails, so does the pull. ``into``: as for :meth:`pull`."""
         keys, lens, slices = self._sliced(keys, vals, lens, push=True)
         servers = _server_ids(slices)
+        pull_callback, landing = self._land(keys, into, pull_callback)
         pull = self._new_request(_describe("pull (with its push)", keys), servers,
                                  pull_callback)
 
@@ -288,8 +324,12 @@ class KVWorker:
             if push_callback is not None:
                 push_callback(request)
         push = self._new_request(_describe("push", keys), servers, pushed)
-        self._send_slices(push, slices, cmd, True, False, priority,
-                          {"pull_timestamp": pull.timestamp})
+        try:
+            self._send_slices(push, slices, cmd, True, False, priority,
+                              {"pull_timestamp": pull.timestamp})
+        except BaseException:
+            self.po.van.revoke_frame(landing)
+            raise
         return push, pull
 
     def command(self, head: int, body: bytes = b"", callback=None) -> Request:
@@ -497,6 +537,11 @@ class KVServer:
         self.command_handler = command_handler
         self._peer_log = PeerLog(log)
         postoffice.register_handler(app_id, app_id, self._on_message)
+
+    def expect_requests(self, key: int, nbytes: int) -> None:
+        """Requests carrying ``nbytes`` for ``key`` will come every round: a van that receives
+        in place sets up their buffer now."""
+        self.po.van.register_recv_buffer(key, nbytes)
 
     def respond(self, req: KVRequest, keys=None, vals=None, lens=None,
                 error: Optional[str] = None, body: bytes = b"") -> None:

@@ -92,3 +92,17 @@ def test_zmq_imported_by_the_zmq_van_only():
     users = {m for m, p in CASES if any(n == "zmq" or n.startswith("zmq.")
                                         for n in imported(m, p))}
     assert users == {"kvstore_byteps.van.zmq_van", "kvstore_byteps.van.zmq_auth"}, users
+
+
+def test_the_engine_and_the_server_never_reach_into_the_van():
+    """The KV layer owns where answers land and which buffers requests use; the worker engine,
+    the server and the MXNet store speak to it, not to the van under it (``po.van``)."""
+    reaching = []
+    for module, path in CASES + list(modules(os.path.join(REPO, "mxnet_patch"))):
+        if not module.startswith(("kvstore_byteps.engine", "kvstore_byteps.serving",
+                                  "kvstore_byteps.server", "mxnet_patch")):
+            continue
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Attribute) and node.attr == "van":
+                reaching.append("%s:%d" % (module, node.lineno))
+    assert not reaching, reaching
