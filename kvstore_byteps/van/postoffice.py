@@ -248,7 +248,17 @@ class Postoffice:
         if self._resender is not None:
             with self._resend_lock:       # sent in the order the resender recorded them
                 for message in self._resender.due(now):
-                    self.van.send(message)
+                    self._resend(message)
+
+    def _resend(self, message: Message) -> None:
+        try:
+            self.van.send(message)
+        except (PeerError, ProtocolError):
+            if not self._resender.leaving:
+                raise               # a peer gone mid-job: the node stops, naming it
+            # after the shutdown barrier the peer may have left before its ACK: not an error
+            log.debug("resend to node %s after the shutdown barrier failed; given up",
+                      message.meta.recver)
 
     def _on_message(self, message: Message) -> bool:
         if message.meta.is_control:
@@ -448,13 +458,13 @@ class Postoffice:
         if self._finalized or self._thread is None:
             return
         self._finalized = True
+        if self._resender is not None:   # everyone is leaving: ACKs of the last messages,
+            with self._resend_lock:      # and their receivers, may be gone
+                self._resender.leave()
         try:
             if barrier and not self._stopped.is_set():
                 self.barrier(ALL_GROUP, timeout=timeout)
         finally:
-            if self._resender is not None:   # the others are leaving too: ACKs may not come
-                with self._resend_lock:
-                    self._resender.leave()
             self.stop()
 
     def stop(self) -> None:

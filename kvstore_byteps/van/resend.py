@@ -23,7 +23,7 @@ Beyond ps-lite (the wire is the same):
   message sent once also say that every message sent to that peer before it arrived, or was
   lost: those still unacknowledged are sent again at once, not after a timeout. (The
   postoffice keeps the order: it records and sends a message under one lock.)
-* Once the node says goodbye (:meth:`Resender.leave`, after the shutdown barrier) an
+* Once the node says goodbye (:meth:`Resender.leave`, as it enters the shutdown barrier) an
   unacknowledged message is given up quietly: its receiver may have left already.
 """
 import dataclasses
@@ -178,8 +178,13 @@ class Resender:
                 earlier.lost = True
 
     def leave(self) -> None:
-        """The node passed its shutdown barrier: from now on, give up quietly."""
+        """The node entered its shutdown barrier: from now on, give up quietly."""
         self._leaving = True
+
+    @property
+    def leaving(self) -> bool:
+        """Whether :meth:`leave` was called (resends may find their receiver gone)."""
+        return self._leaving
 
     def due(self, now: float) -> List[Message]:
         """Messages to send again now, in this order (send them before anything else is
