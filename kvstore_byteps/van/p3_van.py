@@ -25,7 +25,6 @@ from typing import List, Tuple
 
 from ..config import Config
 from ..errors import ProtocolError
-from ..logs import PeerLog
 from .message import ControlCommand, Message
 from .zmq_van import ZMQVan
 
@@ -57,7 +56,6 @@ class P3Van(ZMQVan):
         self._arrivals = itertools.count()
         self._ready = threading.Condition()
         self._stopped = False
-        self._sender_log = PeerLog(log)
         self._sender = threading.Thread(target=self._sending, daemon=True, name="p3-van-send")
         self._sender.start()
 
@@ -83,7 +81,7 @@ class P3Van(ZMQVan):
             try:
                 ZMQVan.send(self, message)
             except Exception as exc:    # the peer is gone: its requests fail at their deadline
-                self._sender_log.warning(message.meta.recver, "could not send to node %s: %s",
+                self._peer_log.warning(message.meta.recver, "could not send to node %s: %s",
                                          message.meta.recver, exc)
             if message.meta.control.cmd == ControlCommand.TERMINATE:
                 return
