@@ -35,13 +35,12 @@ from .profiler import ServerProfiler
 from .protocol import CompressedPush, parse_compressed, parse_dense, parse_row_sparse
 from .store import Entry, StorageKind, check_rows, dense_rows
 from .updater import RowSparseGrad, Updater, load_mxnet_updater
+from ..van.message import id_to_rank, is_worker_id, worker_rank_to_id
 
 __all__ = ["KVStoreDistServer"]
 
 log = logging.getLogger(__name__)
 
-#: ps-lite's node id of worker rank 0, the worker MXNet sends the optimizer from
-_RANK0_WORKER_ID = 9
 #: commands MXNet's own workers send; they ignore error answers, so a refusal of rank 0's
 #: (MXNet's workers all send the same) ends the job instead of training wrongly in silence
 _MXNET_COMMANDS = frozenset({ServerCommand.CONTROLLER, ServerCommand.SET_MULTI_PRECISION,
@@ -115,7 +114,7 @@ class KVStoreDistServer:
 
     def _is_worker(self, node_id: int) -> bool:
         """Whether ``node_id`` is one of the cluster's worker ids (9, 11, ...: ps-lite's)."""
-        return node_id >= 9 and node_id % 2 == 1 and (node_id - 9) // 2 < self.num_workers
+        return is_worker_id(node_id) and id_to_rank(node_id) < self.num_workers
 
     def handle_command(self, req, server) -> None:
         """A SimpleApp command; answered after it was handled (kStopServer then stops)."""
@@ -134,7 +133,7 @@ class KVStoreDistServer:
             log.exception("command %d from node %s failed", req.meta.head, req.sender)
             error = "server error: %s: %s" % (type(exc).__name__, exc)
         if error is not None and req.meta.head in _MXNET_COMMANDS and \
-                req.sender == _RANK0_WORKER_ID:
+                req.sender == worker_rank_to_id(0):
             self._refused_rank0(ServerCommand(req.meta.head), error)
         elif error is not None:
             self._peer_log.warning(req.sender, "command %s from node %s refused: %s",

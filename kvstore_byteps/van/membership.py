@@ -38,7 +38,7 @@ from ..config import Role
 from ..errors import ClusterStartError, JobAbortedError
 from .message import (ALL_GROUP, K_EMPTY, SCHEDULER_GROUP, SCHEDULER_ID, SERVER_GROUP,
                       WORKER_GROUP, ControlCommand, Control, Message, Meta, Node,
-                      server_rank_to_id, worker_rank_to_id)
+                      role_of_id, server_rank_to_id, worker_rank_to_id)
 
 
 #: how long the scheduler stays up after passing on a node's reason to end the job
@@ -268,7 +268,7 @@ class SchedulerMembership:
         for node in self.nodes:
             if node.id == node_id:
                 return node
-        return Node(Role.WORKER if node_id % 2 else Role.SERVER, node_id)
+        return Node(role_of_id(node_id), node_id)
 
     def describe_missing(self) -> str:
         have = {Role.WORKER: 0, Role.SERVER: 0}

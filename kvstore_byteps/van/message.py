@@ -52,6 +52,9 @@ class DataType(enum.IntEnum):
     OTHER = 11
 
 
+# Node ids (ps-lite's rules, the only place they are written out): the scheduler is 1, the
+# groups 1, 2, 4 and their unions up to 7; server rank r is 8 + 2r, worker rank r is 9 + 2r.
+
 def server_rank_to_id(rank: int) -> int:
     return 8 + 2 * rank
 
@@ -63,6 +66,21 @@ def worker_rank_to_id(rank: int) -> int:
 def id_to_rank(node_id: int) -> int:
     """ps-lite's ``max((id - 8) / 2, 0)`` with C integer division."""
     return max(int((node_id - 8) / 2), 0)
+
+
+def is_server_id(node_id: int) -> bool:
+    """Whether ``node_id`` is a server's (not a group's, the scheduler's or a worker's)."""
+    return node_id >= 8 and node_id % 2 == 0
+
+
+def is_worker_id(node_id: int) -> bool:
+    """Whether ``node_id`` is a worker's."""
+    return node_id >= 9 and node_id % 2 == 1
+
+
+def role_of_id(node_id: int) -> Role:
+    """The role of a server's or worker's node id."""
+    return Role.WORKER if is_worker_id(node_id) else Role.SERVER
 
 
 @dataclasses.dataclass
