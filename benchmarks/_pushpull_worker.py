@@ -107,7 +107,7 @@ def compressed_sums(kv, outs, params, rounds: int):
     workers = kv.num_workers
     for key, out in enumerate(outs):
         flat = np.full(int(np.prod(out.shape)), workers * (workers + 1) / 2.0, np.float32)
-        for slot in kv._engine.layout(key, out.shape, np.float32).slots:
+        for slot in kv._engine.layout(key, out.shape, np.float32).partitions:
             if slot.nbytes < spec.min_compress_bytes:
                 continue
             n = slot.nbytes // 4
@@ -126,8 +126,8 @@ def compressed_sums(kv, outs, params, rounds: int):
 def store_flavor(kv) -> str:
     """What the store talked to: ``byteps``/``mxnet`` servers for dist_byteps, else its type."""
     engine = getattr(kv, "_engine", None)
-    flavor = getattr(engine, "flavor", None)
-    return flavor.value if flavor is not None else kv.type
+    dialect = getattr(engine, "dialect", None)
+    return dialect.kind.value if dialect is not None else kv.type
 
 
 def main(argv=None) -> int:

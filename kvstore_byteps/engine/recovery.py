@@ -4,17 +4,29 @@ Per ps key: the count of rounds pushed and of pulls answered, and copies of the 
 (a ring of two buffers, allocated at the first push: twice the key's bytes, and one copy of the
 data per push). See :mod:`kvstore_byteps.recovery_report` for why two and for the wire format.
 
-Threads: :meth:`KeptRounds.record_push` runs on the PUSH stage thread under the KV worker's
-``send_lock``, :meth:`record_answer` on the thread that completes requests; the report is built
-on that thread under ``send_lock``, so it sees every push sent before it and none after.
+:class:`RecoveryKeeper` owns the kept rounds and the restore; :class:`Unrestorable` stands in
+for it where a restarted server cannot be restored (and says why). Threads: a push is recorded
+by the KV layer's ``on_send`` hook, atomically with its send; an answer on the thread that
+completes requests; the report is built by the KV layer on that thread, atomically with sends,
+so it holds every push sent before it and none sent after.
 """
-from typing import List, Optional
+import logging
+import threading
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from ..recovery_report import KeyReport
+from ..errors import PeerError
+from ..mxproto import SERVER_DTYPES, RequestType, encode_cmd
+from ..recovery_report import REPORT_CMD, KeyReport, encode_report
+from ..van.message import Node, id_to_rank
 
-__all__ = ["KeptRounds"]
+__all__ = ["KeptRounds", "RecoveryKeeper", "Unrestorable"]
+
+log = logging.getLogger(__name__)
+
+#: heads of plain BytePS round requests (a push of one of these is in a recovery report)
+_ROUND_CMDS = frozenset(encode_cmd(RequestType.BYTEPS, dtype) for dtype in SERVER_DTYPES)
 
 
 class KeptRounds:
@@ -47,3 +59,90 @@ class KeptRounds:
             previous = self._ring[(self.pushed - 2) % 2]
         return KeyReport(self.ps_key, self.dtype, self.nbytes, self.pushed, self.answered,
                          latest, previous)
+
+
+class Unrestorable:
+    """A worker that cannot restore a restarted server: it fails the requests waiting on it,
+    naming ``reason``."""
+
+    def __init__(self, kv, rank: int, reason: str, on_failure: Callable[[BaseException], None]):
+        self.kv, self.rank, self.reason, self._on_failure = kv, rank, reason, on_failure
+
+    def keep(self, layout) -> None:
+        """Nothing is kept."""
+
+    def on_send(self, group, buffers) -> None:
+        """Nothing to record (no ``on_send`` hook)."""
+        return None
+
+    def answered(self, group) -> None:
+        """Nothing to count."""
+
+    def restore(self, node: Node, epoch: int) -> None:
+        error = PeerError("%s was restarted and lost what it held; worker rank %s cannot "
+                          "restore it: %s" % (node.describe_rank(), self.rank, self.reason))
+        log.error("%s", error)
+        self._on_failure(error)
+        self.kv.fail_server(node.id, error)
+
+
+class RecoveryKeeper(Unrestorable):
+    """Keeps every ps key's rounds and last two pushes, and restores a restarted server."""
+
+    def __init__(self, kv, rank: int, on_failure: Callable[[BaseException], None]):
+        super().__init__(kv, rank, "", on_failure)
+        self._kept: Dict[int, KeptRounds] = {}
+        self._lock = threading.Lock()      # the dict: a report may be built meanwhile
+
+    def keep(self, layout) -> None:
+        """Keep the rounds of ``layout``'s partitions from now on."""
+        for part in layout.partitions:
+            self._rounds(part, layout.dtype)
+
+    def _rounds(self, part, dtype) -> KeptRounds:
+        kept = self._kept.get(part.ps_key)
+        if kept is None:
+            with self._lock:
+                kept = self._kept.setdefault(part.ps_key, KeptRounds(
+                    part.ps_key, dtype, part.nbytes, part.server))
+        return kept
+
+    def on_send(self, group, buffers):
+        """The KV layer's ``on_send`` hook for a push of ``group``'s ``buffers``."""
+        def record():
+            for item, data in zip(group, buffers):
+                self._rounds(item.partition, item.task.context.layout.dtype).record_push(data)
+        return record
+
+    def answered(self, group) -> None:
+        """``group``'s pulls were answered (on the thread that completes requests)."""
+        for item in group:
+            self._kept[item.partition.ps_key].record_answer()
+
+    def restore(self, node: Node, epoch: int) -> None:
+        """On the thread that completes requests: ``node`` is a restarted server. Send it this
+        worker's report of every ps key it holds, then re-send what it never answered."""
+        rank, sizes = id_to_rank(node.id), []
+
+        def report():
+            with self._lock:
+                reports = [kept.report() for kept in self._kept.values() if kept.server == rank]
+            body, keys, vals, lens = encode_report(reports)
+            sizes.extend((len(reports), vals.nbytes))
+            return REPORT_CMD, body, keys, vals, lens
+
+        def reported(request):
+            if request.error is not None:
+                log.error("worker rank %d: the restarted %s refused this worker's report: %s",
+                          self.rank, node.describe_rank(), request.error)
+                self._on_failure(request.error)
+        self.kv.restorer.restore(node.id, epoch, report, _answered_by_report,
+                                 callback=reported)
+        log.warning("worker rank %d: sent the restarted %s its report (%d ps keys, %d bytes)",
+                    self.rank, node.describe_rank(), *sizes)
+
+
+def _answered_by_report(meta) -> bool:
+    """Whether a request part sent to the dead server is carried by the report: a push of a
+    plain round (not a pull, not a command)."""
+    return meta.push and not meta.pull and meta.head in _ROUND_CMDS

@@ -11,11 +11,8 @@ without pickling and, above a small size, without copying.
 Thread-safety: every KVWorker and KVServer method is thread-safe. Request callbacks and server
 handlers run on the customer's thread: keep them short.
 
-Restarted servers (BYTEPS_SERVER_RECOVERY): requests to a server that took over a dead one's id
-carry its ``epoch``, so it can tell them from requests meant for the dead process;
-:meth:`KVWorker.restore_server` re-sends what the dead one never answered.
+Restarted servers (BYTEPS_SERVER_RECOVERY) are a plug-in of the worker (:mod:`.restore`).
 """
-import dataclasses
 import logging
 import threading
 import time
@@ -28,6 +25,7 @@ from ..future import Future
 from ..logs import PeerLog
 from .kv_keys import as_keys, slice_request
 from .message import DataType, Message, Meta, server_rank_to_id
+from .restore import NoRestore, Restorer
 
 log = logging.getLogger(__name__)
 #: a worker's complaints about answers, once per peer in full, then counted
@@ -105,8 +103,8 @@ class Request:
         self.result: Optional[KVPairs] = None
         self.head: Optional[int] = None
         self.bodies: Dict[int, bytes] = {}      # server id -> body of its answer
-        #: server id -> the message sent there, kept with BYTEPS_SERVER_RECOVERY (re-sent if
-        #: that server is restarted)
+        #: server id -> the message sent there, kept by the recovery plug-in (re-sent if that
+        #: server is restarted)
         self.messages: Dict[int, Message] = {}
         #: a pull asked to land its answer in the caller's array (``into``), and the van can:
         #: the answer's bytes may already be there (compare addresses before copying)
@@ -218,11 +216,8 @@ class KVWorker:
         #: held while a request is stamped and sent, and while a restarted server is restored:
         #: a request is either in the restoring worker's report or sent after it, never both
         self.send_lock = threading.RLock()
-        self._epochs: Dict[int, int] = {}            # server id -> restarts (when > 0)
-        #: BYTEPS_SERVER_RECOVERY: keep each request's messages (to re-send them to a restarted
-        #: server) and let requests to an unreachable server wait for it
-        self._restorable = postoffice.config.server_recovery
-        self._parked_logged: set = set()
+        #: what restarted servers need of this layer (BYTEPS_SERVER_RECOVERY), or nothing
+        self.restorer = (Restorer if postoffice.config.server_recovery else NoRestore)(self)
         # Requests completed by callback (no one calls wait) still get a deadline: the
         # postoffice's tick notices an overdue request and the customer thread, which also
         # completes requests with their answers, fails it.
@@ -263,8 +258,12 @@ class KVWorker:
 
     # -------------------------------------------------------------- public API
     def push(self, keys, vals, lens=None, cmd: int = 0, priority: int = 0,
-             callback=None, extra=None) -> Request:
-        return self._request(keys, vals, lens, cmd, True, False, priority, callback, extra)
+             callback=None, extra=None, on_send: Optional[Callable[[], None]] = None) -> Request:
+        """Push ``vals`` (``lens`` bytes per key). ``on_send()``, if given, runs right before the
+        request is sent, while nothing else is: a restarted server's report either holds what
+        it recorded or the request is sent after the report (see :mod:`.restore`)."""
+        return self._request(keys, vals, lens, cmd, True, False, priority, callback, extra,
+                             on_send)
 
     def pull(self, keys, cmd: int = 0, priority: int = 0, callback=None, extra=None,
              into=None) -> Request:
@@ -341,7 +340,7 @@ class KVWorker:
                 meta = Meta(head=head, body=body, request=True, simple_app=True,
                             app_id=self.app_id, customer_id=self.customer_id,
                             timestamp=request.timestamp, recver=server)
-                self._send(request, self._stamped(Message(meta)))
+                self._send(request, Message(meta))
         return request
 
     def wait(self, request: Request) -> KVPairs:
@@ -352,41 +351,37 @@ class KVWorker:
         self._customer.post(work)
 
     # -------------------------------------------------------------- restarted servers
-    def restore_server(self, server: int, epoch: int, report: Optional[tuple],
-                       answered_by_report: Callable[[Meta], bool],
-                       callback=None) -> Optional[Request]:
-        """``server`` was restarted (its ``epoch``-th time): send it ``report``, a push of
-        ``(head, body, keys, vals, lens)`` (what it must rebuild; None: nothing), then, for
-        every request still waiting on it, count the part sent there as answered when
-        ``answered_by_report(meta)`` (a push the report carries) and re-send it otherwise.
-        Call on the customer thread, holding ``send_lock`` since the report was built.
-        Returns the report's request (``callback`` runs when it is answered)."""
+    def send_push(self, server: int, head: int, body: bytes, keys, vals, lens, what: str,
+                  callback=None) -> Request:
+        """A push of ``keys``/``vals``/``lens`` with ``head`` and ``body`` to ``server`` alone
+        (a recovery report)."""
+        request = self._new_request(what, [server], callback)
+        data, types = _frames(keys, vals, lens, with_empty_vals=True)
+        meta = Meta(head=head, body=body, request=True, push=True, app_id=self.app_id,
+                    customer_id=self.customer_id, timestamp=request.timestamp,
+                    data_type=types, recver=server)
         with self.send_lock:
-            self._epochs[server] = epoch
-            sent = None
-            if report is not None:
-                head, body, keys, vals, lens = report
-                sent = self._new_request("recovery report to node %d" % server, [server],
-                                         callback)
-                data, types = _frames(keys, vals, lens, with_empty_vals=True)
-                meta = Meta(head=head, body=body, request=True, push=True, app_id=self.app_id,
-                            customer_id=self.customer_id, timestamp=sent.timestamp,
-                            data_type=types, recver=server)
-                self._send(sent, self._stamped(Message(meta, data)))
+            self._send(request, Message(meta, data))
+        return request
+
+    def waiting_on(self, server: int, but: Optional[Request] = None) -> List[Request]:
+        """The pending requests that wait for an answer of ``server`` (except ``but``)."""
+        with self._lock:
+            return [r for r in self._pending.values() if r is not but and r.waits_for(server)]
+
+    def count_answered(self, request: Request, server: int) -> None:
+        """Count ``server``'s part of ``request`` as answered, with no data (a restarted server
+        holds it from the report)."""
+        request._on_response(server, Meta(), KVPairs(np.empty(0, np.uint64), memoryview(b""),
+                                                     None))
+        if request.done:
             with self._lock:
-                waiting = [r for r in self._pending.values()
-                           if r is not sent and r.waits_for(server) and server in r.messages]
-            for request in waiting:
-                message = request.messages[server]
-                if answered_by_report(message.meta):
-                    request._on_response(server, Meta(), KVPairs(np.empty(0, np.uint64),
-                                                                 memoryview(b""), None))
-                    if request.done:
-                        with self._lock:
-                            self._pending.pop(request.timestamp, None)
-                else:
-                    self._send(request, self._stamped(message))
-        return sent
+                self._pending.pop(request.timestamp, None)
+
+    def resend(self, request: Request, message: Message) -> None:
+        """Send ``message`` of ``request`` again (to a restarted server)."""
+        with self.send_lock:
+            self._send(request, message)
 
     def fail_server(self, server: int, error: BaseException) -> None:
         """Fail every request waiting on ``server`` with ``error``."""
@@ -397,22 +392,13 @@ class KVWorker:
         for request in failing:
             request._fail(error)
 
-    def _stamped(self, message: Message) -> Message:
-        """``message`` as it goes to a restarted server now: with its epoch. A copy, so a copy
-        kept for PS_RESEND still says what it was (a restarted server drops it)."""
-        epoch = self._epochs.get(message.meta.recver)
-        if not epoch:
-            return message
-        meta = dataclasses.replace(message.meta, extra=dict(message.meta.extra or {},
-                                                            epoch=epoch))
-        return Message(meta, message.data)
-
     # -------------------------------------------------------------- internals
-    def _request(self, keys, vals, lens, cmd, push, pull, priority, callback, extra) -> Request:
+    def _request(self, keys, vals, lens, cmd, push, pull, priority, callback, extra,
+                 on_send=None) -> Request:
         keys, lens, slices = self._sliced(keys, vals, lens, push)
         op = "pushpull" if push and pull else ("push" if push else "pull")
         request = self._new_request(_describe(op, keys), _server_ids(slices), callback)
-        self._send_slices(request, slices, cmd, push, pull, priority, extra)
+        self._send_slices(request, slices, cmd, push, pull, priority, extra, on_send)
         return request
 
     def _sliced(self, keys, vals, lens, push: bool):
@@ -423,8 +409,11 @@ class KVWorker:
         return keys, lens, slice_request(keys, vals if push else None, lens,
                                          self.po.server_key_ranges())
 
-    def _send_slices(self, request: Request, slices, cmd, push, pull, priority, extra) -> None:
+    def _send_slices(self, request: Request, slices, cmd, push, pull, priority, extra,
+                     on_send=None) -> None:
         with self.send_lock:
+            if on_send is not None:
+                on_send()
             for part in slices:
                 data, types = _frames(part.keys, part.vals if push else None, part.lens,
                                       with_empty_vals=True)
@@ -432,7 +421,7 @@ class KVWorker:
                             customer_id=self.customer_id, timestamp=request.timestamp,
                             priority=priority, data_type=types, extra=extra,
                             recver=server_rank_to_id(part.server_rank))
-                self._send(request, self._stamped(Message(meta, data)))
+                self._send(request, Message(meta, data))
 
     def _fail_request(self, request: Request, error: BaseException) -> None:
         with self._lock:
@@ -454,20 +443,12 @@ class KVWorker:
         return request
 
     def _send(self, request: Request, message: Message) -> None:
-        if self._restorable:
-            request.messages[message.meta.recver] = message
+        message = self.restorer.stamp(request, message)
         try:
             self.po.send(message)
         except PeerError as exc:
-            if not (self._restorable and message.meta.recver % 2 == 0
-                    and not self.po.stopped):
+            if not self.restorer.park(request, message, exc):
                 self._fail_send(request, message, exc)
-            # a server may be restarted (BYTEPS_SERVER_RECOVERY): the request waits for it,
-            # and is re-sent then; its deadline and the server's heartbeat timeout still hold
-            if message.meta.recver not in self._parked_logged:
-                self._parked_logged.add(message.meta.recver)
-                log.warning("%s: server node %d is unreachable (%s); requests to it wait for "
-                            "it to be restarted", request.what, message.meta.recver, exc)
         except Exception as exc:
             self._fail_send(request, message, exc)
 
@@ -482,12 +463,7 @@ class KVWorker:
             _PEER_LOG.warning(meta.sender, "worker got a request from node %d; dropped",
                               meta.sender)
             return
-        epoch = self._epochs.get(meta.sender)
-        if epoch and (meta.extra or {}).get("epoch") != epoch:
-            # from the process a restarted server replaced (it only seemed dead): not its
-            # answer to give any more
-            _PEER_LOG.warning(meta.sender, "dropped an answer of server node %d from before "
-                              "its restart %d", meta.sender, epoch)
+        if not self.restorer.accepts(meta):
             return
         with self._lock:
             request = self._pending.get(meta.timestamp)

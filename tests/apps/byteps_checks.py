@@ -247,7 +247,7 @@ def check_compress(kv, params_json, contexts):
     ctxs = [mx.cpu(i) for i in range(contexts)]
     kv.init(0, mx.nd.zeros((n,)))
     spec = parse_compression_params(params)
-    [slot] = kv._engine.layout(0, (n,), np.float32).slots
+    [slot] = kv._engine.layout(0, (n,), np.float32).partitions
     workers = [PartitionCompressor(spec, salt=slot.ps_key) for _ in range(kv.num_workers)]
     server = PartitionCompressor(server_side(spec), salt=slot.ps_key)
 
@@ -263,7 +263,7 @@ def check_compress(kv, params_json, contexts):
         expected = server.decode(server.encode(total, r), n, r)
         for g in grads:
             np.testing.assert_allclose(g.asnumpy(), expected, rtol=1e-5, atol=1e-5)
-    pushed = kv._engine.compressed_bytes_pushed
+    pushed = kv._engine.compressed.bytes_pushed
     print("COMPRESS OK %d bytes pushed for %d uncompressed (%.4f)"
           % (pushed, rounds * n * 4, pushed / (rounds * n * 4.0)), flush=True)
 

@@ -4,7 +4,8 @@ import types
 import numpy as np
 import pytest
 
-from kvstore_byteps.engine.worker import group_small, split_answer
+from kvstore_byteps.engine.layout import group_small
+from kvstore_byteps.engine.routes import split_answer
 from kvstore_byteps.serving.byteps import BytePSServer
 from kvstore_byteps.mxproto import RequestType, encode_cmd
 from kvstore_byteps.van.kv import KVPairs

@@ -106,3 +106,39 @@ def test_the_engine_and_the_server_never_reach_into_the_van():
             if isinstance(node, ast.Attribute) and node.attr == "van":
                 reaching.append("%s:%d" % (module, node.lineno))
     assert not reaching, reaching
+
+
+def test_the_engine_leaves_the_kv_layers_locks_to_it():
+    """Recording a push atomically with its send is the KV layer's hook (``on_send``), not the
+    engine holding ``send_lock``."""
+    holding = []
+    for module, path in CASES:
+        if not module.startswith("kvstore_byteps.engine"):
+            continue
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Attribute) and node.attr == "send_lock":
+                holding.append("%s:%d" % (module, node.lineno))
+    assert not holding, holding
+
+
+def test_the_engines_parts_do_not_import_the_engine():
+    """Layouts, routes and the recovery keeper are parts the worker engine is composed of:
+    their arrows point down, never back to ``engine.worker``."""
+    for module, path in CASES:
+        if module.startswith("kvstore_byteps.engine.") and module != "kvstore_byteps.engine.worker":
+            assert not any(matches(name, "kvstore_byteps.engine.worker")
+                           for name in imported(module, path)), module
+
+
+def test_node_id_arithmetic_lives_in_the_message_module():
+    """ps-lite's node id rules (servers even from 8, workers odd from 9) are written once."""
+    import re
+    pattern = re.compile(r"(id|recver|sender)\w*\s*%\s*2|\b[89] \+ 2 \*")
+    found = []
+    for module, path in CASES:
+        if module == "kvstore_byteps.van.message":
+            continue
+        for number, line in enumerate(open(path), 1):
+            if pattern.search(line):
+                found.append("%s:%d" % (module, number))
+    assert not found, found
