@@ -558,8 +558,8 @@ def run_gloo(workers: int, shapes_file: str, case: Case, args) -> Run:
         master = "%s:%d" % (net.address(0), port)
     else:
         sys.path.insert(0, ROOT)
-        from kvstore_byteps.van.netif import pick_free_port
-        master = "127.0.0.1:%d" % pick_free_port()
+        from kvstore_byteps.ports import free_port
+        master = "127.0.0.1:%d" % free_port()
     procs = []
     try:
         for rank in range(workers):

@@ -14,13 +14,13 @@ import argparse
 import os
 import shlex
 import signal
-import socket
 import sys
 from typing import List, Optional, Sequence
 
 import kvstore_byteps
 
 from ..config import Env
+from ..ports import free_port
 from . import netns, ssh
 from .job import EXIT_SPAWN_FAILED, STOP_SIGNALS, Job, NodeStarter
 from .plan import (JobShape, Launcher, LaunchError, ProcSpec, SchedulerProgram, ServerProgram,
@@ -35,13 +35,6 @@ DEFAULT_LINK_RATE = "1gbit"
 
 class _Stopped(Exception):
     """A stop signal arrived while the network or the preflight was being set up."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free now (the scheduler binds it moments later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def _positive(kind):

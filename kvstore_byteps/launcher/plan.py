@@ -11,7 +11,7 @@ import re
 import sys
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from kvstore_byteps.config import Env, Role
+from kvstore_byteps.config import Env, Role, ServerKind
 
 #: BytePS's name for a worker's rank, set by the launcher.
 WORKER_ID = Env.WORKER_ID
@@ -44,7 +44,8 @@ class SchedulerProgram(enum.Enum):
 
 
 class ServerProgram(enum.Enum):
-    """Which program each server runs."""
+    """Which program each server runs: a process of ours, or MXNet's server process, which runs
+    the :class:`ServerKind` its knob (``MXNET_KVSTORE_SERVER``) names."""
 
     BYTEPS = "byteps"            # our server, without MXNet
     MXNET = "mxnet"              # upstream MXNet's C++ server
@@ -95,8 +96,8 @@ def server_program(program: ServerProgram,
     if program is ServerProgram.BYTEPS:
         return [python, "-m", "kvstore_byteps.server"], {}
     # Set the knob either way so a stray MXNET_KVSTORE_SERVER in our environment can't flip it.
-    kind = "byteps" if program is ServerProgram.BYTEPS_KNOB else "mxnet"
-    return [python, "-c", "import mxnet"], {Env.KVSTORE_SERVER: kind}
+    kind = ServerKind.BYTEPS if program is ServerProgram.BYTEPS_KNOB else ServerKind.MXNET
+    return [python, "-c", "import mxnet"], {Env.KVSTORE_SERVER: kind.value}
 
 
 # ---------------------------------------------------------------------------------- --env

@@ -39,9 +39,3 @@ def choose_host(node_host: Optional[str], interface: Optional[str]) -> str:
             return address
     return "127.0.0.1"
 
-
-def pick_free_port() -> int:
-    """ps-lite's way: bind a throw-away socket to port 0 and read the port the OS chose."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]

@@ -26,7 +26,8 @@ from .membership import (Connect, Fail, NodeDead, NodeMembership, NodeRecovered,
                          terminate_message)
 from .message import (ALL_GROUP, K_EMPTY, SCHEDULER_ID, Message, Node, id_to_rank)
 from .kv_keys import KeyRange, server_key_ranges
-from .netif import choose_host, pick_free_port
+from ..ports import free_port
+from .netif import choose_host
 from .resend import Resender
 
 log = logging.getLogger(__name__)
@@ -192,7 +193,7 @@ class Postoffice:
                 raise ConfigError("DMLC_PS_ROOT_PORT must be set (the scheduler's port)")
             host = choose_host(cfg.node_host, cfg.interface)
             hint = cfg.worker_id if cfg.role is Role.WORKER else None
-            me = Node(cfg.role, K_EMPTY, host, cfg.port or pick_free_port(), rank_hint=hint)
+            me = Node(cfg.role, K_EMPTY, host, cfg.port or free_port(""), rank_hint=hint)
             if cfg.port:     # asked for by the user: another port would surprise them
                 try:
                     me.port = self.van.bind(me, max_retry=0)

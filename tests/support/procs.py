@@ -1,21 +1,14 @@
 """Processes and ports for tests: free ports, bounded waits, and killing a process tree."""
 import os
 import signal
-import socket
 import time
 
 import pytest
 
 from kvstore_byteps.launcher.procs import pid_alive  # noqa: F401  (tests import it from here)
+from kvstore_byteps.ports import free_port  # noqa: F401  (tests import it from here)
 
 KILL_GRACE_S = 3.0
-
-
-def free_port(host="127.0.0.1"):
-    """A TCP port on ``host`` that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 def wait_until(predicate, timeout, what):

@@ -38,7 +38,7 @@ def forbidden(module):
     server = ["kvstore_byteps.server", "kvstore_byteps.serving"]
     ours_below = ["kvstore_byteps.van", "kvstore_byteps.engine"] + server + [
         "kvstore_byteps.scheduler", "mxnet_patch"]
-    if module in ("kvstore_byteps.config", "kvstore_byteps.errors"):
+    if module in ("kvstore_byteps.config", "kvstore_byteps.errors", "kvstore_byteps.ports"):
         return ours_below + ["kvstore_byteps.mxproto", "mxnet", "zmq"]
     if module == "kvstore_byteps.mxproto":     # MXNet's protocol: no transport, no MXNet
         return ours_below + ["mxnet", "zmq"]
@@ -77,11 +77,11 @@ def test_module_respects_layers(module, path):
 
 
 def test_launcher_uses_only_config():
-    """launch.py is the installed launcher; the launcher knows config and nothing else of ours."""
+    """launch.py is the installed launcher; the launcher knows config (and the free-port helper) and nothing else of ours."""
     script = {n for n in imported("launch", os.path.join(REPO, "launch.py"))
               if n.startswith(("kvstore_byteps", "mxnet_patch"))}
     assert script == {"kvstore_byteps.launcher.cli", "kvstore_byteps.launcher.cli.main"}, script
-    allowed = ("kvstore_byteps.config", "kvstore_byteps.launcher")
+    allowed = ("kvstore_byteps.config", "kvstore_byteps.ports", "kvstore_byteps.launcher")
     for module, path in CASES:
         if module.startswith("kvstore_byteps.launcher"):
             ours = {n for n in imported(module, path) if n.startswith("kvstore_byteps.")}
