@@ -110,7 +110,7 @@ def engine_rate(workers, keys, nbytes, threads, rounds, warmup=2):
     senders = [9 + 2 * w for w in range(workers)]
     data = {s: np.full(nbytes // 4, 1.0 + i, np.float32) for i, s in enumerate(senders)}
     times = []
-    with BytePSServer(workers, engine_threads=threads) as server:
+    with BytePSServer(workers, summing_threads=threads) as server:
         sink = NullResponder(expected_sum=sum(1.0 + i for i in range(workers)))
         for k in range(keys):
             server.handle_request(make_request(senders[0], k, data[senders[0]], True, False, cmd),

@@ -133,7 +133,7 @@ class Config:
     partition_bytes: int = 4096000
     partition_spread_bytes: int = 262144
     scheduling_credit: int = 4
-    server_engine_threads: int = 4
+    server_summing_threads: int = 4
     #: a worker's round pushes may run this far ahead of the slowest worker's before the
     #: server holds their acknowledgements (serving/pacing.py); 0 (default): no pacing
     #: (it helped with fewer servers than workers on 1 Gbit/s links, cost 5% on loopback)
@@ -198,8 +198,8 @@ class Config:
             partition_spread_bytes=env.get(Env.PARTITION_SPREAD_BYTES, _nonnegative_int,
                                            262144),
             scheduling_credit=env.get(Env.SCHEDULING_CREDIT, _positive_int, 4),
-            server_engine_threads=env.get(Env.SERVER_ENGINE_THREAD, _positive_int,
-                                          default_server_engine_threads(usable_cores())),
+            server_summing_threads=env.get(Env.SERVER_ENGINE_THREAD, _positive_int,
+                                          default_server_summing_threads(usable_cores())),
             server_pacing_bytes=env.get(Env.SERVER_PACING_BYTES, _nonnegative_int, 0),
             server_pacing_hold_ms=env.get(Env.SERVER_PACING_HOLD_MS, _positive_int, 200),
             enable_async=env.flag(Env.ENABLE_ASYNC, False),
@@ -294,7 +294,7 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def default_server_engine_threads(cores: int) -> int:
+def default_server_summing_threads(cores: int) -> int:
     """BytePS's 4 summing threads, but at most half the cores: the server's receive, request
     and ZeroMQ threads need the rest. Measured on 2 cores shared by 2 workers and 2 servers
     (loopback, ResNet-50's gradients): 1 thread 136 ms per step, 2 threads 138, 4 threads

@@ -9,7 +9,7 @@ exits 0. ``run_server(config)`` is the same without the process around it; the
 
 This module is the thin transport adapter; the logic lives in :mod:`kvstore_byteps.serving`,
 split by job, all pure or testable without sockets (``protocol``, ``compression``,
-``unpickle``, ``updater``, ``store``, ``dist``, ``rounds``, ``engine``, ``batch``, ``byteps``).
+``unpickle``, ``updater``, ``store``, ``dist``, ``rounds``, ``summing``, ``batch``, ``byteps``).
 """
 import logging
 import sys
@@ -32,9 +32,9 @@ _END_JOB_WAIT_S = 5.0
 
 
 def build_server(config: Config, num_workers: int, key_begin: int) -> BytePSServer:
-    """The server object for ``config`` (engine threads, async flag), not yet attached."""
+    """The server object for ``config`` (summing threads, async flag), not yet attached."""
     return BytePSServer(num_workers, key_begin=key_begin,
-                        engine_threads=config.server_engine_threads,
+                        summing_threads=config.server_summing_threads,
                         enable_async=config.enable_async,
                         pacing_lead_bytes=config.server_pacing_bytes or None,
                         pacing_hold_s=config.server_pacing_hold_ms / 1000.0)
@@ -81,12 +81,12 @@ def run_server(config: Config) -> int:
             if postoffice.stopped:     # the van died (its error was logged): stop serving
                 raise PeerError("server rank %d: the van stopped before kStopServer: %s"
                                 % (postoffice.my_rank, postoffice.error))
-            if server.recovery_error is not None:
+            if server.restart.error is not None:
                 raise PeerError("server rank %d: %s" % (postoffice.my_rank,
-                                                        server.recovery_error))
-            if server.restore_overdue(time.monotonic()):
+                                                        server.restart.error))
+            if server.restart.overdue(time.monotonic()):
                 raise PeerError("server rank %d: %s" % (postoffice.my_rank,
-                                                        server.describe_restore_wait()))
+                                                        server.restart.describe_wait()))
         if server.job_error is not None:     # even if kStopServer came right after
             _end_job(postoffice, server.job_error)
     except BaseException:

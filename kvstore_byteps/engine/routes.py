@@ -87,9 +87,7 @@ class PlainRoute:
         self.kv, self.tracer, self.keeper = kv, tracer, keeper
 
     def push(self, group, done) -> None:
-        buffers = [send_buffer(item) for item in group]
-        vals = buffers[0] if len(buffers) == 1 else np.concatenate(buffers)
-        keys, lens = self._keys_lens(group)
+        keys, buffers, vals, lens = _payload(group)
         self.kv.push(keys, vals, lens, cmd=group[0].task.context.layout.round_cmd,
                      priority=group[0].priority,
                      callback=lambda request: done(request.error, group),
@@ -106,13 +104,18 @@ class PlainRoute:
                 except KVStoreBytePSError as exc:
                     error = exc
             done(error, group)
-        self.kv.pull(self._keys_lens(group)[0], cmd=group[0].task.context.layout.round_cmd,
-                     priority=group[0].priority, callback=on_answer, into=_landing(group))
+        self.kv.pull([item.partition.ps_key for item in group],
+                     cmd=group[0].task.context.layout.round_cmd, priority=group[0].priority,
+                     callback=on_answer, into=_landing(group))
 
-    @staticmethod
-    def _keys_lens(group):
-        return ([item.partition.ps_key for item in group],
-                [item.partition.nbytes for item in group])
+
+def _payload(group):
+    """``(keys, buffers, vals, lens)`` of a push of ``group``: its ps keys, each partition's
+    bytes, those bytes as one buffer, and their lengths."""
+    buffers = [send_buffer(item) for item in group]
+    vals = buffers[0] if len(buffers) == 1 else np.concatenate(buffers)
+    return ([item.partition.ps_key for item in group], buffers, vals,
+            [item.partition.nbytes for item in group])
 
 
 class RidingRoute(PlainRoute):
@@ -121,9 +124,7 @@ class RidingRoute(PlainRoute):
     know the pulls)."""
 
     def push(self, group, done) -> None:
-        buffers = [send_buffer(item) for item in group]
-        vals = buffers[0] if len(buffers) == 1 else np.concatenate(buffers)
-        keys, lens = self._keys_lens(group)
+        keys, _, vals, lens = _payload(group)
         riding = RidingPull(self.tracer, group)
         for item in group:
             item.handoff = riding

@@ -2,8 +2,9 @@
 
 ``protocol`` (the frame layouts of MXNet's requests), ``store`` (the key-value store of MXNet's
 semantics), ``dist`` (KVStoreDistServer: MXNet's server behaviour), ``byteps`` (BytePSServer:
-the BytePS data path on top), ``rounds`` (per-key sync rounds, double-buffered), ``engine``
-(the summing threads), ``batch`` (batched small keys), ``updater`` (the optimizer on the
-server), ``unpickle`` (the restricted unpickler for optimizers), ``compression`` (MXNet's
-2-bit gradient compression).
+the BytePS data path on top), ``rounds`` (per-key sync rounds, double-buffered), ``summing``
+(the summing threads), ``batch`` (batched small keys), ``compressed`` (the compressed BytePS
+path), ``restart`` and ``recovery`` (a restarted server's filter and its wait for the workers'
+reports), ``pacing``, ``profiler``, ``updater`` (the optimizer on the server), ``unpickle``
+(the restricted unpickler for optimizers), ``twobit`` (MXNet's 2-bit gradient compression).
 """

@@ -36,7 +36,7 @@ class BatchAnswer:
     """Collects the sums of a batch pull and answers the request once all are in."""
 
     def __init__(self, req, server, count: int, respond: Callable):
-        self.req, self.server, self._respond = req, server, respond
+        self.req, self.server, self.reply = req, server, respond
         self._parts: List = [None] * count
         self._missing = count
         self._lock = threading.Lock()
@@ -54,7 +54,7 @@ class BatchAnswer:
         if complete:
             lens = np.array([p.nbytes for p in self._parts], dtype=np.int32)
             vals = np.concatenate([p.reshape(-1).view(np.uint8) for p in self._parts])
-            self._respond(self.server, self.req, keys=self.req.keys, vals=vals, lens=lens)
+            self.reply(self.server, self.req, keys=self.req.keys, vals=vals, lens=lens)
 
 
 class BatchSlot:

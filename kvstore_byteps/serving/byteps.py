@@ -14,7 +14,7 @@ BytePS path, one key per request, ``lens=[nbytes]`` like a default push:
   our worker sends: the value lands in the inherited store, where default-type pulls read it
   back) or, failing that, the first BytePS-type push of the key;
 * sync (default): each round every worker pushes once (acked at once) and pulls once; the
-  pushes are summed by the key's engine thread; a pull is answered with the round's sum when
+  pushes are summed by the key's summing thread; a pull is answered with the round's sum when
   all ``num_workers`` pushes of that round are summed. Rounds are counted per (key, worker);
   see :mod:`.rounds` for the double buffering. A pushpull (push=1, pull=1) is a push
   followed by a pull and gets one answer, with the sum. A push may instead carry the
@@ -28,12 +28,12 @@ BytePS path, one key per request, ``lens=[nbytes]`` like a default push:
 * a default-type (cmd 0/2/5) pull of a BytePS key returns its initial value (sync) or the
   current weights (async).
 
-A server restarted in place of a dead one (:meth:`BytePSServer.begin_recovery`) drops requests
-meant for the dead process, waits for every worker's report and rebuilds each key's rounds
-from them (:mod:`.recovery`); the keys' initial values are lost.
+Plugged in: the compressed path (request type 4, :mod:`.compressed`), and, on a server
+restarted in place of a dead one (:meth:`BytePSServer.begin_recovery`), a filter in front that
+drops requests meant for the dead process and holds the rest until every worker's report
+rebuilt the keys' rounds (:mod:`.restart`).
 """
 import dataclasses
-import json
 import logging
 import threading
 import time
@@ -41,14 +41,12 @@ from typing import Callable, Dict, Optional
 
 import numpy as np
 
-from ..compress.params import parse_compression_params as parse_byteps_compression
-from ..compress.state import PartitionCompressor, server_side
-from ..errors import ConfigError, ProtocolError
+from ..errors import ProtocolError
 from ..mxproto import (PROBE_ANSWER, SERVER_DTYPES, Cmd, RequestType, ServerCommand,
                        encode_cmd)
-from ..recovery_report import REPORT_CMD, decode_report
 from ..van.kv import KVPairs, KVRequest
-from .recovery import RecoveryGate
+from .compressed import COMPRESSED_HEADS, CompressedPath, claimed_round
+from .restart import NotRestarted, RestartFilter
 from .rounds import KeyRounds
 from .dist import KVStoreDistServer
 from .summing import SumThreads
@@ -63,9 +61,6 @@ __all__ = ["BytePSServer"]
 #: Request heads of the plain BytePS path (request type 3, any server dtype).
 _BYTEPS_HEADS = frozenset(encode_cmd(RequestType.BYTEPS, dtype)
                           for dtype in SERVER_DTYPES.values())
-#: Request heads of the compressed BytePS path (request type 4, any server dtype).
-_COMPRESSED_HEADS = frozenset(encode_cmd(RequestType.BYTEPS_COMPRESSED, dtype)
-                              for dtype in SERVER_DTYPES.values())
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +72,7 @@ class _BytePSKey:
     #: init value (sync) / current weights (async); published. None on a restarted server
     value: Optional[np.ndarray]
     size: int                       # elements
-    thread: int                     # engine thread the key is bound to
+    thread: int                     # summing thread the key is bound to
     rounds: Optional[KeyRounds]     # sync mode only
 
 
@@ -89,7 +84,7 @@ def _describe_sum(key: "_BytePSKey", r: Optional[int], values: np.ndarray) -> tu
 class BytePSServer(KVStoreDistServer):
     """KVStoreDistServer plus the BytePS data path. Call :meth:`close` to stop its threads."""
 
-    def __init__(self, num_workers: int, key_begin: int = 0, engine_threads: int = 4,
+    def __init__(self, num_workers: int, key_begin: int = 0, summing_threads: int = 4,
                  enable_async: bool = False,
                  updater_loader: Callable[[bytes], Updater] = load_mxnet_updater,
                  pacing_lead_bytes: Optional[int] = None, pacing_hold_s: float = 0.2):
@@ -102,8 +97,8 @@ class BytePSServer(KVStoreDistServer):
         if pacing_lead_bytes is not None and not enable_async:
             self.pacer = PushPacer(num_workers, pacing_lead_bytes, pacing_hold_s)
             self._hold_expiry = HoldExpiry(self.pacer, _send_all)
-        self._summing = SumThreads(engine_threads)
-        # the engine threads' work, as stages of the server profile (profiler.py)
+        self._summing = SumThreads(summing_threads)
+        # the summing threads' work, as stages of the server profile (profiler.py)
         self._accumulate = self.profiler.timed("sum", self._accumulate, _describe_sum)
         self._add_async = self.profiler.timed(
             "sum", self._add_async, lambda req, server, key, values, pull: _describe_sum(
@@ -113,52 +108,45 @@ class BytePSServer(KVStoreDistServer):
         #: Called with (ps key, bytes per push) when a key is initialised, so a
         #: receive-into-place van can set up the buffers its pushes will land in.
         self.expect_pushes: Callable[[int, int], None] = lambda ps_key, nbytes: None
-        #: the dist_byteps workers' CompressionSpec, once set (``compression`` is MXNet's 2-bit)
-        self.byteps_compression = None
-        self._sum_compressors: Dict[int, PartitionCompressor] = {}   # per compressed ps key
-        self._compressed_sums: Dict[int, tuple] = {}     # ps key -> (round, bytes)
-        self._compress_lock = threading.RLock()   # _compressed_sum -> _sum_compressor
-        self._handlers[RequestType.BYTEPS_COMPRESSED] = self._handle_byteps_compressed
-        self._commands[ServerCommand.BYTEPS_COMPRESSION] = self._cmd_compression_spec
-        self._handlers[RequestType.BYTEPS_RECOVERY] = self._unexpected_report
-        #: > 0: this server was restarted in place of a dead one (the scheduler's count)
-        self.epoch = 0
-        self._recovery: Optional[RecoveryGate] = None
-        #: why restoring failed (the server must exit); None while all is well
-        self.recovery_error: Optional[str] = None
-        #: requests dropped because they were meant for the process before the restart
-        self.stale_requests = 0
+        #: the dist_byteps workers' compressed path (``compression`` is MXNet's 2-bit)
+        self.compressed = CompressedPath(self, enable_async)
+        #: in front of every request: a filter once this server replaced a dead one
+        self.restart: NotRestarted = NotRestarted()
+
+    def request_handlers(self) -> dict:
+        return {**super().request_handlers(),
+                RequestType.BYTEPS: self._handle_byteps,
+                RequestType.BYTEPS_COMPRESSED: lambda req, server, cmd: self.compressed.handle(
+                    req, server, cmd),
+                RequestType.BYTEPS_RECOVERY: self._unexpected_report}
+
+    def command_handlers(self) -> dict:
+        return {**super().command_handlers(),
+                ServerCommand.BYTEPS_PROBE: lambda body: PROBE_ANSWER,
+                ServerCommand.BYTEPS_COMPRESSION: lambda body: self.compressed.set_spec(body)}
 
     # -- restarted server ---------------------------------------------------------------------
     def begin_recovery(self, epoch: int, deadline: float) -> None:
         """This server took over a dead one's id (its ``epoch``-th restart): hold every request
         until all workers' reports arrived, before monotonic time ``deadline``."""
-        self.epoch = epoch
-        self._recovery = RecoveryGate(self.num_workers, deadline)
+        self.restart = RestartFilter(self, epoch, deadline)
 
-    @property
-    def restoring(self) -> bool:
-        """Whether reports are still awaited."""
-        return self._recovery is not None
-
-    def describe_restore_wait(self) -> str:
-        gate = self._recovery
-        return ("restarted server (restart %d) still lacks the recovery reports of worker "
-                "node(s) %s; every worker needs BYTEPS_SERVER_RECOVERY=1"
-                % (self.epoch, gate.missing() if gate else []))
-
-    def restore_overdue(self, now: float) -> bool:
-        gate = self._recovery
-        return gate is not None and now > gate.deadline
+    def restore_keys(self, restored: Dict[int, tuple]) -> None:
+        """The keys as the workers' reports rebuilt them: ps key -> (dtype, bytes, rounds)."""
+        with self._keys_lock:
+            for ps_key, (dtype, nbytes, rounds) in restored.items():
+                self._keys[ps_key] = _BytePSKey(ps_key, dtype, None, nbytes // dtype.itemsize,
+                                                self._summing.bind(nbytes), rounds)
+                self.expect_pushes(ps_key, nbytes)
 
     def handle_request(self, req, server) -> None:
-        if self.epoch and not self._admit(req, server, is_command=False):
+        if not self.restart.admit(req, server, is_command=False):
             return
         extra = req.meta.extra
         if extra and "pull_timestamp" in extra:
             why_not = self._why_no_riding_pull(req)
             if why_not:    # the pull would never be answered: say so now instead
-                self._refuse(req, server, why_not)
+                self.refuse(req, server, why_not)
                 return
         super().handle_request(req, server)
 
@@ -174,75 +162,16 @@ class BytePSServer(KVStoreDistServer):
         return None
 
     def handle_command(self, req, server) -> None:
-        if self.epoch and not self._admit(req, server, is_command=True):
+        if not self.restart.admit(req, server, is_command=True):
             return
         super().handle_command(req, server)
-
-    def _admit(self, req, server, is_command: bool) -> bool:
-        """On a restarted server: drop what was sent to the dead process (no epoch or an
-        older one: its data is in the reports, or it is re-sent), take reports, and hold the
-        rest until every report is in."""
-        if (req.meta.extra or {}).get("epoch") != self.epoch:
-            self.stale_requests += 1
-            if self.stale_requests == 1:
-                log.warning("restarted server: dropping requests sent to the server before "
-                            "it (first from node %s); their senders re-send them", req.sender)
-            return False
-        gate = self._recovery
-        if gate is None:
-            return True
-        if not is_command and req.meta.head == REPORT_CMD:
-            self._take_report(gate, req, server)
-        else:
-            gate.held.append((is_command, req, server))
-        return False
-
-    def _take_report(self, gate: RecoveryGate, req, server) -> None:
-        try:
-            if not self._is_worker(req.sender):
-                raise ProtocolError("node %s is not a worker of this cluster" % req.sender)
-            complete = gate.add(req.sender, decode_report(req.meta.body, req.keys, req.vals,
-                                                          req.lens))
-        except ProtocolError as exc:
-            self._refuse(req, server, str(exc))
-            return
-        self._respond(server, req)
-        if complete:
-            self._restore(gate)
 
     def _unexpected_report(self, req, server, cmd: Cmd) -> None:
         raise ProtocolError("a recovery report, but this server is not waiting for one (it "
                             "was not restarted, or every worker reported already)")
 
-    def _restore(self, gate: RecoveryGate) -> None:
-        """Every report is in: rebuild the keys, then run the held requests."""
-        try:
-            restored = {}
-            for ps_key, (dtype, nbytes, states) in gate.keys().items():
-                size = nbytes // dtype.itemsize
-                rounds = KeyRounds.restored(ps_key, self.num_workers, size, dtype, states)
-                restored[ps_key] = (dtype, size, nbytes, rounds)
-        except ProtocolError as exc:
-            self.recovery_error = "the workers' recovery reports do not fit together: %s" % exc
-            log.error("restarted server: %s", self.recovery_error)
-            return
-        with self._keys_lock:
-            for ps_key, (dtype, size, nbytes, rounds) in restored.items():
-                self._keys[ps_key] = _BytePSKey(ps_key, dtype, None, size,
-                                                self._summing.bind(nbytes), rounds)
-                self.expect_pushes(ps_key, nbytes)
-        self._recovery = None
-        log.warning("restarted server (restart %d): rebuilt the rounds of %d ps key(s) from %d "
-                    "workers' reports; serving again", self.epoch, len(restored),
-                    self.num_workers)
-        for is_command, req, server in gate.held:
-            if is_command:
-                super().handle_command(req, server)
-            else:
-                super().handle_request(req, server)
-
     def close(self, timeout: float = 10.0) -> None:
-        """Finish queued summations and stop the engine threads (and the pacing thread)."""
+        """Finish queued summations and stop the summing threads (and the pacing thread)."""
         if self._hold_expiry is not None:
             self._hold_expiry.close()
             left = self.pacer.release_all()
@@ -261,61 +190,6 @@ class BytePSServer(KVStoreDistServer):
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _cmd_probe(self, body: bytes) -> bytes:
-        return PROBE_ANSWER
-
-    def _cmd_compression_spec(self, body: bytes) -> None:
-        """BYTEPS_COMPRESSION: the workers' compression dict, as JSON (checked here again)."""
-        if self.enable_async:
-            raise ProtocolError("gradient compression needs synchronous training "
-                                "(BYTEPS_ENABLE_ASYNC is on)")
-        try:
-            params = json.loads(body.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise ProtocolError("BYTEPS_COMPRESSION body is not JSON: %s" % exc) from None
-        try:
-            self.byteps_compression = parse_byteps_compression(params)
-        except ConfigError as exc:
-            raise ProtocolError(str(exc)) from None
-        self._sum_compressors.clear()
-        self._compressed_sums.clear()
-
-    def _sum_compressor(self, ps_key: int) -> PartitionCompressor:
-        """The key's compressor: its codec decodes pushes, and it compresses the rounds' sums
-        (with its own error feedback). Built on first use, after the workers' spec."""
-        with self._compress_lock:
-            compressor = self._sum_compressors.get(ps_key)
-            if compressor is None:
-                compressor = self._sum_compressors[ps_key] = PartitionCompressor(
-                    server_side(self.byteps_compression), salt=ps_key)
-            return compressor
-
-    # -- compressed BytePS requests (one key each) -----------------------------------------
-    def _handle_byteps_compressed(self, req, server, cmd: Cmd) -> None:
-        """(Not ``_handle_compressed``: that is MXNet's 2-bit path of the base class.)
-        A push of compressed values (decoded, then summed as usual) or a pull answered
-        with the round's sum compressed; the round (the seeded codecs' step) is claimed."""
-        if self.byteps_compression is None:
-            raise ProtocolError("a compressed request, but no worker set gradient compression")
-        if req.keys is None or len(req.keys) != 1 or req.meta.push == req.meta.pull:
-            raise ProtocolError("a compressed request has one key and is a push or a pull")
-        r = _claimed_round(req)
-        if r is None:
-            raise ProtocolError("a compressed request must say its round")
-        key = self._batch_key(int(req.keys[0]), cmd)    # initialised by rank 0's init push
-        if req.meta.pull:
-            self._pull(req, server, key)
-            return
-        codec = self._sum_compressor(key.ps_key).codec
-        data = np.frombuffer(req.vals, np.uint8)
-        if data.size != codec.wire_bytes(key.size):
-            raise ProtocolError("compressed push of key %d has %d bytes, expected %d"
-                                % (key.ps_key, data.size, codec.wire_bytes(key.size)))
-        values = codec.decode(data, key.size, r)
-        r = key.rounds.begin_push(req.sender, r)
-        self._ack_push(req, server, values.nbytes)
-        self._summing.submit(key.thread, lambda: self._accumulate(key, r, values))
-
     # -- dispatch ---------------------------------------------------------------------------
     def _handle_byteps(self, req, server, cmd: Cmd) -> None:
         attached = self._attached_pull(req)
@@ -326,7 +200,7 @@ class BytePSServer(KVStoreDistServer):
         if parsed.push:
             self._push(req, server, parsed.ps_key, parsed.values, parsed.pull, attached)
         else:
-            self._pull(req, server, self._known(parsed.ps_key, cmd))
+            self.pull(req, server, self._known(parsed.ps_key, cmd))
 
     def _attached_pull(self, req) -> Optional[KVRequest]:
         """The pull riding along with a push (``pull_timestamp``; see ``KVWorker.push_with_pull``;
@@ -359,7 +233,7 @@ class BytePSServer(KVStoreDistServer):
             if pull:
                 self._answer(req, server, key.value)
             else:
-                self._respond(server, req)
+                self.send_answer(server, req)
             if attached is not None:
                 self._answer(attached, server, key.value)
             return
@@ -367,15 +241,21 @@ class BytePSServer(KVStoreDistServer):
         if self.enable_async:
             self._summing.submit(key.thread, lambda: self._add_async(req, server, key, values, pull))
             if not pull:
-                self._respond(server, req)
+                self.send_answer(server, req)
             return
-        r = key.rounds.begin_push(req.sender, _claimed_round(req))
+        r = key.rounds.begin_push(req.sender, claimed_round(req))
         if pull:
-            self._pull(req, server, key)
+            self.pull(req, server, key)
         else:
             self._ack_push(req, server, values.nbytes)
         if attached is not None:
-            self._serve_attached(attached, server, lambda: self._pull(attached, server, key))
+            self._serve_attached(attached, server, lambda: self.pull(attached, server, key))
+        self._summing.submit(key.thread, lambda: self._accumulate(key, r, values))
+
+    def begin_sum(self, req, server, key: _BytePSKey, values: np.ndarray, r: int) -> None:
+        """A push of ``key``'s round ``r`` (as claimed): counted, acknowledged, summed."""
+        r = key.rounds.begin_push(req.sender, r)
+        self._ack_push(req, server, values.nbytes)
         self._summing.submit(key.thread, lambda: self._accumulate(key, r, values))
 
     def _serve_attached(self, attached, server, serve: Callable[[], None]) -> None:
@@ -384,9 +264,10 @@ class BytePSServer(KVStoreDistServer):
         try:
             serve()
         except ProtocolError as exc:
-            self._refuse(attached, server, str(exc))
+            self.refuse(attached, server, str(exc))
 
-    def _pull(self, req, server, key: _BytePSKey) -> None:
+    def pull(self, req, server, key: _BytePSKey) -> None:
+        """A pull of ``key``: answered now (async) or when its round is summed."""
         if self.enable_async:
             self._answer(req, server, key.value)
             return
@@ -401,7 +282,7 @@ class BytePSServer(KVStoreDistServer):
             if key is not None:
                 return key, False
             initial = self._initial_value(ps_key)
-            if initial is None and self.epoch:
+            if initial is None and self.restart.epoch:
                 # a first push here would be taken as the key's initial value: a wrong sum
                 raise ProtocolError("BytePS push of ps key %d, which no worker's recovery "
                                     "report named" % ps_key)
@@ -422,7 +303,7 @@ class BytePSServer(KVStoreDistServer):
                                                           values.dtype)
         thread = self._summing.bind(values.nbytes)
         self.expect_pushes(ps_key, values.nbytes)
-        log.debug("BytePS key %d: %d bytes of %s on engine thread %d", ps_key, values.nbytes,
+        log.debug("BytePS key %d: %d bytes of %s on summing thread %d", ps_key, values.nbytes,
                   values.dtype, thread)
         return _BytePSKey(ps_key, values.dtype, publish(values.copy()), values.size, thread,
                           rounds)
@@ -445,7 +326,7 @@ class BytePSServer(KVStoreDistServer):
         if push == pull:
             raise ProtocolError("a BytePS request of %d keys must be a push or a pull, not both"
                                 % len(req.keys))
-        keys = [self._batch_key(int(k), cmd) for k in req.keys]
+        keys = [self.key_of(int(k), cmd) for k in req.keys]
         if push:
             self._push_batch(req, server, keys, split_values(req, cmd, len(keys)))
             if attached is not None:
@@ -455,7 +336,7 @@ class BytePSServer(KVStoreDistServer):
         self._pull_batch(req, server, keys)
 
     def _pull_batch(self, req, server, keys) -> None:
-        batch = BatchAnswer(req, server, len(keys), self._respond)
+        batch = BatchAnswer(req, server, len(keys), self.send_answer)
         for index, key in enumerate(keys):
             if self.enable_async:
                 batch.fill(index, key.value)
@@ -464,8 +345,9 @@ class BytePSServer(KVStoreDistServer):
             if ready is not None:
                 batch.fill(index, ready)
 
-    def _batch_key(self, ps_key: int, cmd: Cmd) -> _BytePSKey:
-        """A key of a batch: known, or initialised earlier by a default-type push."""
+    def key_of(self, ps_key: int, cmd: Cmd) -> _BytePSKey:
+        """A key of a batch or a compressed request: known, or initialised earlier by a
+        default-type push."""
         with self._keys_lock:
             if ps_key not in self._keys:
                 initial = self._initial_value(ps_key)
@@ -489,12 +371,12 @@ class BytePSServer(KVStoreDistServer):
         """Acknowledge a round push now, or (sync rounds with pacing on) once the other
         workers caught up; the pacer is None in async mode."""
         if self.pacer is None:
-            self._respond(server, req)
+            self.send_answer(server, req)
             return
-        _send_all(self.pacer.arrived(req.sender, nbytes, lambda: self._respond(server, req),
+        _send_all(self.pacer.arrived(req.sender, nbytes, lambda: self.send_answer(server, req),
                                      time.monotonic()))
 
-    # -- engine tasks -----------------------------------------------------------------------
+    # -- summing tasks ----------------------------------------------------------------------
     def _accumulate(self, key: _BytePSKey, r: int, values: np.ndarray) -> None:
         tokens, total = key.rounds.accumulate(r, values)
         for token in tokens:
@@ -510,23 +392,11 @@ class BytePSServer(KVStoreDistServer):
         if pull:
             self._answer(req, server, key.value)
 
-    def _compressed_sum(self, ps_key: int, r: int, total: np.ndarray) -> np.ndarray:
-        """Round ``r``'s sum as pulled: compressed once per round (with error feedback when
-        the workers use it, so what this compression drops is sent with later rounds) and the
-        same bytes for every worker. Rounds are answered in order (see rounds.py)."""
-        with self._compress_lock:
-            cached = self._compressed_sums.get(ps_key)
-            if cached is not None and cached[0] == r:
-                return cached[1]
-            data = self._sum_compressor(ps_key).encode(total, r)
-            self._compressed_sums[ps_key] = (r, data)
-            return data
-
     def _answer(self, req, server, value: np.ndarray) -> None:
-        if req.meta.head in _COMPRESSED_HEADS:      # every answer passes here: no decoding
-            value = self._compressed_sum(int(req.keys[0]), _claimed_round(req), value)
+        if req.meta.head in COMPRESSED_HEADS:      # every answer passes here: no decoding
+            value = self.compressed.answer_value(req, value)
         lens = np.array([value.nbytes], dtype=np.int32)
-        self._respond(server, req, keys=req.keys, vals=value, lens=lens)
+        self.send_answer(server, req, keys=req.keys, vals=value, lens=lens)
 
 
 def _send_all(acks) -> None:
@@ -539,8 +409,3 @@ def _check_matches(key: _BytePSKey, values: np.ndarray) -> None:
         raise ProtocolError("key %d holds %d x %s, push has %d x %s"
                             % (key.ps_key, key.size, key.dtype, values.size, values.dtype))
 
-
-def _claimed_round(req) -> Optional[int]:
-    extra = getattr(req.meta, "extra", None) or {}
-    value = extra.get("round")
-    return None if value is None else int(value)

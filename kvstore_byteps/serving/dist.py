@@ -79,40 +79,49 @@ class KVStoreDistServer:
             lambda key, grad, weight: ("update key %d" % key, None))
         self._stopped = threading.Event()
         self._done = threading.Event()       # stopped, or the job must end (job_error)
-        self._handlers = {
-            RequestType.DEFAULT: self._handle_default,
-            RequestType.ROW_SPARSE: self._handle_row_sparse,
-            RequestType.COMPRESSED: self._handle_compressed,
-            RequestType.BYTEPS: self._handle_byteps,
-            RequestType.BYTEPS_COMPRESSED: self._handle_byteps,   # BytePSServer: its own
-        }
-        self._commands = {
-            ServerCommand.CONTROLLER: self._cmd_controller,
-            ServerCommand.SET_MULTI_PRECISION: self._cmd_multi_precision,
-            ServerCommand.STOP_SERVER: lambda body: None,
-            ServerCommand.SYNC_MODE: self._cmd_sync_mode,
-            ServerCommand.SET_GRADIENT_COMPRESSION: self._cmd_compression,
-            ServerCommand.SET_PROFILER_PARAMS: self._cmd_profiler,
-            ServerCommand.BYTEPS_PROBE: self._cmd_probe,
-        }
+        self._handlers = self.request_handlers()
+        self._commands = self.command_handlers()
+
+    def request_handlers(self) -> dict:
+        """Request type -> ``handler(req, server, cmd)``: MXNet's three (a subclass adds)."""
+        return {RequestType.DEFAULT: self._handle_default,
+                RequestType.ROW_SPARSE: self._handle_row_sparse,
+                RequestType.COMPRESSED: self._handle_compressed}
+
+    def command_handlers(self) -> dict:
+        """Command -> ``handler(body)`` returning the answer's body (None: empty)."""
+        return {ServerCommand.CONTROLLER: self._cmd_controller,
+                ServerCommand.SET_MULTI_PRECISION: self._cmd_multi_precision,
+                ServerCommand.STOP_SERVER: lambda body: None,
+                ServerCommand.SYNC_MODE: self._cmd_sync_mode,
+                ServerCommand.SET_GRADIENT_COMPRESSION: self._cmd_compression,
+                ServerCommand.SET_PROFILER_PARAMS: self._cmd_profiler,
+                # what upstream answers to a command it does not know: an empty body
+                ServerCommand.BYTEPS_PROBE: lambda body: b""}
 
     # -- transport-facing callbacks --------------------------------------------------------
     def handle_request(self, req, server) -> None:
         """A KV request from a worker; answered now, at the end of its round, or with an error."""
         try:
-            if not self._is_worker(req.sender):
+            if not self.is_worker(req.sender):
                 # a stranger's push would be summed into every worker's round
                 raise ProtocolError("node %s is not a worker of this cluster" % req.sender)
             cmd = decode_cmd(req.meta.head)
-            self._handlers[cmd.request_type](req, server, cmd)
+            handler = self._handlers.get(cmd.request_type)
+            if handler is None:
+                raise ProtocolError("request type %d (%s) is not served by %s (BytePS "
+                                    "request types need BytePSServer)"
+                                    % (cmd.request_type, cmd.request_type.name,
+                                       type(self).__name__))
+            handler(req, server, cmd)
         except ProtocolError as exc:
-            self._refuse(req, server, str(exc))
+            self.refuse(req, server, str(exc))
         except Exception as exc:  # a bug or a failing updater must not take the server down
             self._peer_log.warning(req.sender, "request from node %s failed", req.sender,
                                    exc_info=True)
-            self._refuse(req, server, "server error: %s: %s" % (type(exc).__name__, exc))
+            self.refuse(req, server, "server error: %s: %s" % (type(exc).__name__, exc))
 
-    def _is_worker(self, node_id: int) -> bool:
+    def is_worker(self, node_id: int) -> bool:
         """Whether ``node_id`` is one of the cluster's worker ids (9, 11, ...: ps-lite's)."""
         return is_worker_id(node_id) and id_to_rank(node_id) < self.num_workers
 
@@ -121,12 +130,16 @@ class KVStoreDistServer:
         error, body = None, None
         try:
             command = _command_of(req.meta.head)
-            if command == ServerCommand.STOP_SERVER and not self._is_worker(req.sender):
+            if command == ServerCommand.STOP_SERVER and not self.is_worker(req.sender):
                 # without authentication anyone reaching the port could stop the job
                 raise ProtocolError("kStopServer refused: node %s is not a worker of this "
                                     "cluster" % req.sender)
             with self._lock:
-                body = self._commands[command](bytes(req.meta.body or b""))
+                handler = self._commands.get(command)
+                if handler is None:
+                    raise ProtocolError("command %s is not served by %s"
+                                        % (command.name, type(self).__name__))
+                body = handler(bytes(req.meta.body or b""))
         except ProtocolError as exc:
             error = str(exc)
         except Exception as exc:
@@ -138,7 +151,7 @@ class KVStoreDistServer:
         elif error is not None:
             self._peer_log.warning(req.sender, "command %s from node %s refused: %s",
                                    req.meta.head, req.sender, error)
-        self._respond(server, req, error=error, body=body or b"")
+        self.send_answer(server, req, error=error, body=body or b"")
         if error is None and req.meta.head == ServerCommand.STOP_SERVER:
             self._stopped.set()
             self._done.set()
@@ -198,9 +211,6 @@ class KVStoreDistServer:
     def _cmd_profiler(self, body: bytes) -> None:
         self.profiler.command(body)
 
-    def _cmd_probe(self, body: bytes) -> bytes:
-        return b""     # what upstream answers to a command it does not know
-
     # -- request types ----------------------------------------------------------------------
     def _handle_default(self, req, server, cmd: Cmd) -> None:
         parsed = parse_dense(req, cmd)
@@ -229,9 +239,6 @@ class KVStoreDistServer:
                 self._push_rows(req, server, parsed)
             else:
                 self._answer_rows(req, server, parsed.master_key, parsed.rows)
-
-    def _handle_byteps(self, req, server, cmd: Cmd) -> None:
-        raise ProtocolError("BytePS requests (request type 3) need BytePSServer")
 
     # -- pushes -----------------------------------------------------------------------------
     def _push_dense(self, req, server, ps_key: int, values: np.ndarray, pull: bool) -> None:
@@ -278,7 +285,7 @@ class KVStoreDistServer:
         grad, waiting = entry.take_round()
         if self.updater is None and self.refused_optimizer is not None:
             for waiting_req, waiting_server in waiting:
-                self._refuse(waiting_req, waiting_server,
+                self.refuse(waiting_req, waiting_server,
                              "push of key %d refused: this server refused the optimizer (%s), "
                              "and storing the summed gradients as the weights would train "
                              "wrongly" % (self._mxnet_key(ps_key), self.refused_optimizer))
@@ -291,7 +298,7 @@ class KVStoreDistServer:
         except Exception as exc:
             log.exception("update of key %d failed", ps_key)
             for waiting_req, waiting_server in waiting:
-                self._refuse(waiting_req, waiting_server, "update of key %d failed: %s"
+                self.refuse(waiting_req, waiting_server, "update of key %d failed: %s"
                              % (ps_key, exc))
             return
         for waiting_req, waiting_server in waiting:
@@ -316,7 +323,7 @@ class KVStoreDistServer:
     def _reply(self, req, server, entry: Entry) -> None:
         """Ack a push; a request that also pulls gets the value published right now."""
         if not req.meta.pull:
-            self._respond(server, req)
+            self.send_answer(server, req)
         elif entry.kind is StorageKind.ROW_SPARSE:
             rows = (req.keys[1:] - req.keys[0]).astype(np.int64)
             self._answer_rows(req, server, int(req.keys[0]), rows)
@@ -328,26 +335,26 @@ class KVStoreDistServer:
         if cmd is not None and cmd.dtype != value.dtype:
             value = value.astype(cmd.dtype)  # upstream casts to the requested dtype as well
         lens = np.array([value.nbytes], dtype=np.int32)
-        self._respond(server, req, keys=req.keys, vals=value, lens=lens)
+        self.send_answer(server, req, keys=req.keys, vals=value, lens=lens)
 
     def _answer_rows(self, req, server, master_key: int, rows: np.ndarray) -> None:
         if len(rows) == 0:
             lens = np.zeros(len(req.keys), dtype=np.int32)
-            self._respond(server, req, keys=req.keys, vals=b"", lens=lens)
+            self.send_answer(server, req, keys=req.keys, vals=b"", lens=lens)
             return
         entry = self._entry(master_key, StorageKind.ROW_SPARSE)
         unit_len = entry.value.shape[1]
         check_rows(rows, unit_len, entry.value.shape, master_key)
         lens = np.full(len(rows) + 1, unit_len, dtype=np.int32)
         lens[0] = 0   # row_sparse answers count elements, not bytes (vector 26)
-        self._respond(server, req, keys=req.keys, vals=entry.value[rows], lens=lens)
+        self.send_answer(server, req, keys=req.keys, vals=entry.value[rows], lens=lens)
 
-    def _refuse(self, req, server, message: str) -> None:
+    def refuse(self, req, server, message: str) -> None:
         self._peer_log.warning(req.sender, "request from node %s refused: %s", req.sender, message)
-        self._respond(server, req, error=message)
+        self.send_answer(server, req, error=message)
 
     @staticmethod
-    def _respond(server, req, **kwargs) -> None:
+    def send_answer(server, req, **kwargs) -> None:
         try:
             server.respond(req, **kwargs)
         except Exception:  # the peer may be gone; that must not stop the server

@@ -14,7 +14,7 @@ parameters followed by one digit naming the command (MXNet's ``KVStoreServerProf
 MXNet's C++ server profiles its own engine operations and writes the file when the process
 exits. This one records our server's stages, as Chrome trace duration events on the thread
 that ran them: each request (``push``, ``pull``, ``pushpull`` with the key, sender and bytes),
-each command, each optimizer update and each summation task of the BytePS engine; it writes
+each command, each optimizer update and each summation task of the BytePS data path; it writes
 the file when profiling stops, on ``dump``, and when the server exits. Recording costs one
 attribute test per stage while profiling is off.
 """

@@ -12,8 +12,8 @@ answered; that is guaranteed by the per-worker rule above (round r+2 needs every
 round r+1 push, which each worker sends only after its round-r answer), and it is checked.
 
 Threads: ``begin_push`` and ``request_pull`` run on the transport's receive thread,
-``accumulate`` on the one engine thread the key is bound to; the summation itself runs outside
-the lock, since only that engine thread ever writes a slot's buffer.
+``accumulate`` on the one summing thread the key is bound to; the summation itself runs outside
+the lock, since only that summing thread ever writes a slot's buffer.
 """
 import dataclasses
 import threading
@@ -140,7 +140,7 @@ class KeyRounds:
             return None
 
     def accumulate(self, r: int, data: np.ndarray) -> Tuple[list, Optional[np.ndarray]]:
-        """Add one push of round ``r`` (engine thread of this key only).
+        """Add one push of round ``r`` (summing thread of this key only).
 
         Returns ``(tokens, sum)``: the pulls to answer now with ``sum`` when this push completed
         the round, else ``([], None)``.

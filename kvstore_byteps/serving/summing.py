@@ -26,7 +26,7 @@ class SumThreads:
 
     def __init__(self, num_threads: int, name: str = "byteps-sum"):
         if num_threads < 1:
-            raise ValueError("the engine needs at least one thread, got %r" % num_threads)
+            raise ValueError("summing needs at least one thread, got %r" % num_threads)
         self._queues: List[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(num_threads)]
         self._load = [0] * num_threads
         self._lock = threading.Lock()
@@ -60,7 +60,7 @@ class SumThreads:
             thread.join(max(0.0, deadline - time.monotonic()))
         alive = [t.name for t in self._threads if t.is_alive()]
         if alive:
-            raise DeadlineError("engine threads did not stop within %.1f s: %s"
+            raise DeadlineError("summing threads did not stop within %.1f s: %s"
                                 % (timeout, ", ".join(alive)))
 
     @staticmethod
@@ -72,4 +72,4 @@ class SumThreads:
             try:
                 task()
             except Exception:  # a task answers its own errors; never let the thread die
-                log.exception("engine task failed")
+                log.exception("summing task failed")

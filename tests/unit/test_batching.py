@@ -46,7 +46,7 @@ def batch_pull(sender, keys):
 
 @pytest.fixture
 def server():
-    with BytePSServer(2, engine_threads=2) as srv:
+    with BytePSServer(2, summing_threads=2) as srv:
         yield srv, FakeServer()
 
 

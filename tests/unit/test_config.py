@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 
 from kvstore_byteps.config import (Config, Role, ServerKind, VanType,
-                                   default_server_engine_threads, usable_cores)
+                                   default_server_summing_threads, usable_cores)
 from kvstore_byteps.errors import ConfigError
 
 
@@ -13,14 +13,14 @@ def test_defaults_match_upstream_and_byteps():
     assert cfg.role is Role.WORKER          # MXNet treats a missing DMLC_ROLE as worker
     assert cfg.van_type is VanType.ZMQ and cfg.kvstore_server is ServerKind.MXNET
     assert cfg.partition_bytes == 4096000
-    assert cfg.server_engine_threads == default_server_engine_threads(usable_cores())
+    assert cfg.server_summing_threads == default_server_summing_threads(usable_cores())
     assert cfg.bigarray_bound == 1000000
 
 
 def test_summing_threads_take_at_most_half_the_cores_and_four():
-    assert [default_server_engine_threads(n) for n in (1, 2, 3, 4, 6, 8, 64)] == \
+    assert [default_server_summing_threads(n) for n in (1, 2, 3, 4, 6, 8, 64)] == \
         [1, 1, 1, 2, 3, 4, 4]
-    assert Config.from_env({"BYTEPS_SERVER_ENGINE_THREAD": "7"}).server_engine_threads == 7
+    assert Config.from_env({"BYTEPS_SERVER_ENGINE_THREAD": "7"}).server_summing_threads == 7
 
 
 def test_parses_cluster_environment():

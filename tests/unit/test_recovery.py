@@ -206,12 +206,12 @@ def test_a_restarted_server_drops_stale_requests_holds_the_rest_then_serves_exac
         server.handle_request(stale, responder)
         early_pull = _byteps(WORKER1, 6)
         server.handle_request(early_pull, responder)
-        assert not responder.answers and server.stale_requests == 1 and server.restoring
+        assert not responder.answers and server.restart.stale_requests == 1 and server.restart.restoring
         server.handle_request(_report(WORKER0, [KeyReport(
             6, F32, 8, 2, 1, np.array([2, 2], F32), np.array([1, 1], F32))]), responder)
         server.handle_request(_report(WORKER1, [KeyReport(
             6, F32, 8, 1, 0, np.array([10, 10], F32))]), responder)
-        assert not server.restoring
+        assert not server.restart.restoring
         assert list(responder.wait_for(early_pull).values()) == [11, 11]   # round 0
         pull0 = _byteps(WORKER0, 6)
         server.handle_request(pull0, responder)
@@ -240,5 +240,5 @@ def test_a_bad_report_is_refused_and_the_deadline_names_who_did_not_report():
         bad.meta.body = b"{"
         server.handle_request(bad, responder)
         assert "not the expected JSON" in responder.answer_to(bad).error
-        assert not server.restore_overdue(49.0) and server.restore_overdue(51.0)
-        assert "[9, 11]" in server.describe_restore_wait()
+        assert not server.restart.overdue(49.0) and server.restart.overdue(51.0)
+        assert "[9, 11]" in server.restart.describe_wait()

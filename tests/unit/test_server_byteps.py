@@ -27,7 +27,7 @@ def bpull(sender, key, dtype=np.float32):
 
 @pytest.fixture
 def server():
-    with BytePSServer(2, engine_threads=2) as srv:
+    with BytePSServer(2, summing_threads=2) as srv:
         yield srv, FakeServer()
 
 
@@ -81,7 +81,7 @@ def test_pushpull_is_a_push_then_a_pull_with_one_answer(server):
 def test_many_rounds_with_racing_workers_give_exact_sums():
     """Three workers race over 4 keys for 40 rounds; every pull equals that round's sum."""
     keys, rounds, workers = [10, 11, 12, 13], 40, [WORKER0, WORKER1, WORKER2]
-    with BytePSServer(3, engine_threads=3) as srv:
+    with BytePSServer(3, summing_threads=3) as srv:
         fake = FakeServer()
         for key in keys:
             srv.handle_request(bpush(WORKER0, key, 0.0, size=1000), fake)
@@ -135,7 +135,7 @@ def test_protocol_violations_are_refused_and_the_round_still_completes(server):
 
 
 def test_async_mode_sums_into_the_weights_and_answers_pulls_at_once():
-    with BytePSServer(2, engine_threads=2, enable_async=True) as srv:
+    with BytePSServer(2, summing_threads=2, enable_async=True) as srv:
         fake = FakeServer()
         srv.handle_request(bpush(WORKER0, 4, 1.0), fake)
         pushes = [bpush(s, 4, 0.5) for s in (WORKER0, WORKER1, WORKER0, WORKER1)]
@@ -211,7 +211,7 @@ def test_engine_binds_equal_keys_evenly_and_runs_tasks_in_order():
 def test_probe_tells_byteps_server_from_mxnet_semantics():
     from kvstore_byteps.serving.dist import KVStoreDistServer
     from kvstore_byteps.mxproto import PROBE_ANSWER
-    with BytePSServer(1, engine_threads=1) as srv:
+    with BytePSServer(1, summing_threads=1) as srv:
         fake = FakeServer()
         probe = command(WORKER0, ServerCommand.BYTEPS_PROBE)
         srv.handle_command(probe, fake)
@@ -330,7 +330,7 @@ def test_the_initialising_push_answers_its_riding_pull_with_the_initial_value(se
 
 
 def test_a_riding_pull_where_none_can_be_answered_is_refused_not_left_waiting():
-    with BytePSServer(2, engine_threads=1) as srv, BytePSServer(2, engine_threads=1,
+    with BytePSServer(2, summing_threads=1) as srv, BytePSServer(2, summing_threads=1,
                                                                  enable_async=True) as asrv:
         fake = FakeServer()
         srv.handle_request(bpush(WORKER0, 8, 0.0), fake)

@@ -133,7 +133,7 @@ def bpull(sender, key):
 
 
 def test_server_holds_a_leading_workers_ack_but_sums_its_push_at_once():
-    with BytePSServer(2, engine_threads=1, pacing_lead_bytes=4096,
+    with BytePSServer(2, summing_threads=1, pacing_lead_bytes=4096,
                       pacing_hold_s=30.0) as srv:
         fake = FakeServer()
         for key in (1, 2, 3):
