@@ -162,16 +162,24 @@ class WorkerEngine:
         return self.layouts.get(key, shape, dtype)
 
     # ------------------------------------------------------------------ init / broadcast
-    def init(self, key: int, value: np.ndarray, out: Optional[Sequence[np.ndarray]] = None):
+    def init(self, key: int, value: np.ndarray, out: Optional[Sequence[np.ndarray]] = None,
+             any_order: bool = False):
         """Initialise ``key`` on the servers from rank 0's ``value``; every rank then reads the
-        stored value back (into ``out`` if given) and checks its size. Blocking."""
+        stored value back (into ``out`` if given) and checks its size. Blocking. Every worker
+        initialises its keys in the same order (a barrier pairs them), unless ``any_order``
+        (our servers only): then each read waits at the server for rank 0's value."""
         try:
-            return self._init(key, value, out)
+            return self._init(key, value, out, any_order)
         except KVStoreBytePSError as exc:
             self._note_failure(exc)
             raise
 
-    def _init(self, key, value, out):
+    def _init(self, key, value, out, any_order):
+        if any_order and self.dialect.kind is not ServerKind.BYTEPS:
+            raise KVStoreBytePSError("declaring tensors in any order needs kvstore-byteps "
+                                     "servers; these are MXNet's (start the servers with "
+                                     "MXNET_KVSTORE_SERVER=byteps or python -m "
+                                     "kvstore_byteps.server)")
         layout = self.layout(key, value.shape, value.dtype)
         for part in layout.partitions:    # where this key's answers will land, every round
             self.kv.expect_answers(part.ps_key, part.nbytes)
@@ -182,9 +190,10 @@ class WorkerEngine:
                                      cmd=layout.init_cmd) for p in layout.partitions]
             for request in requests:
                 self._wait(request, "initialising %s" % layout.name)
-        self.po.barrier(WORKER_GROUP, timeout=self.config.request_timeout)
+        if not any_order:
+            self.po.barrier(WORKER_GROUP, timeout=self.config.request_timeout)
         try:
-            stored = self._pull_all(layout)
+            stored = self._pull_all(layout, {"await_init": True} if any_order else None)
         except PeerError as exc:
             if (self.dialect.kind is not ServerKind.BYTEPS
                     or self.config.key_hash_fn != "balanced"):
@@ -198,10 +207,10 @@ class WorkerEngine:
             np.copyto(target.reshape(-1).view(np.uint8), stored)
         return stored.view(layout.dtype).reshape(layout.shape)
 
-    def _pull_all(self, layout: KeyLayout) -> np.ndarray:
+    def _pull_all(self, layout: KeyLayout, extra=None) -> np.ndarray:
         total = sum(p.nbytes for p in layout.partitions)
         stored = np.empty(total, np.uint8)
-        requests = [(p, self.kv.pull([p.ps_key], cmd=layout.init_cmd))
+        requests = [(p, self.kv.pull([p.ps_key], cmd=layout.init_cmd, extra=extra))
                     for p in layout.partitions]
         for part, request in requests:
             got = self._wait(request, "reading %s back" % layout.name)

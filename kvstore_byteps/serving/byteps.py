@@ -3,10 +3,8 @@
 Requests whose cmd carries request type 3 (``RequestType.BYTEPS``: cmd = cantor(3, dtype), 6
 for float32, 11 for float64, 17 for float16) take the BytePS path; every other request and
 command goes to the inherited :class:`KVStoreDistServer`, so unmodified ``dist_sync`` /
-``dist_async`` workers get exactly MXNet's behaviour.
-
-A ``dist_byteps`` worker finds out which server it talks to with the ``BYTEPS_PROBE``
-command, which this server answers ``PROBE_ANSWER`` (MXNet's server: an empty body).
+``dist_async`` workers get exactly MXNet's behaviour. The ``BYTEPS_PROBE`` command is
+answered ``PROBE_ANSWER`` (MXNet's server: an empty body).
 
 BytePS path, one key per request, ``lens=[nbytes]`` like a default push:
 
@@ -23,10 +21,10 @@ BytePS path, one key per request, ``lens=[nbytes]`` like a default push:
   round is summed, as if it had been sent right after the push (one message less per
   partition and round, the push's credit still returned at once). If the worker sets the
   ``round`` extension field of the meta, it must match the server's count;
-* async (``BYTEPS_ENABLE_ASYNC=1``): a push is added to the stored weights by the key's engine
-  thread and acked at once; a pull is answered at once with the weights as they are then;
+* async (``BYTEPS_ENABLE_ASYNC=1``): a push is added to the stored weights by the key's
+  summing thread and acked at once; a pull is answered at once with the weights as they are;
 * a default-type (cmd 0/2/5) pull of a BytePS key returns its initial value (sync) or the
-  current weights (async).
+  current weights (async); with ``await_init`` it waits for the key's initialising push.
 
 Plugged in: the compressed path (request type 4, :mod:`.compressed`), and, on a server
 restarted in place of a dead one (:meth:`BytePSServer.begin_recovery`), a filter in front that
@@ -52,6 +50,7 @@ from .dist import KVStoreDistServer
 from .summing import SumThreads
 from .protocol import parse_dense
 from .store import Entry, StorageKind, publish
+from .awaiting import InitWaits
 from .batch import BatchAnswer, BatchSlot, split_values
 from .pacing import HoldExpiry, PushPacer
 from .updater import Updater, load_mxnet_updater
@@ -112,6 +111,8 @@ class BytePSServer(KVStoreDistServer):
         self.compressed = CompressedPath(self, enable_async)
         #: in front of every request: a filter once this server replaced a dead one
         self.restart: NotRestarted = NotRestarted()
+        #: default pulls (req, server, cmd) that wait for their key's initialising push
+        self._init_waits = InitWaits(self._lock, lambda ps_key: ps_key in self._store)
 
     def request_handlers(self) -> dict:
         return {**super().request_handlers(),
@@ -214,7 +215,11 @@ class BytePSServer(KVStoreDistServer):
         return KVRequest(meta, KVPairs(req.keys, memoryview(b""), None))
 
     def _handle_default(self, req, server, cmd: Cmd) -> None:
-        if not req.meta.push and req.keys is not None and len(req.keys) == 1:
+        """MXNet's default requests; a pull of a BytePS key reads its initial value, and a pull
+        with ``await_init`` (a worker declaring a tensor in any order) waits for the key's
+        initialising push instead of being refused."""
+        one_key = req.keys is not None and len(req.keys) == 1
+        if not req.meta.push and one_key:
             key = self._keys.get(int(req.keys[0]))
             if key is not None:
                 if key.value is None:
@@ -223,7 +228,13 @@ class BytePSServer(KVStoreDistServer):
                                         "restored)" % key.ps_key)
                 self._answer(req, server, key.value)
                 return
+            if ((req.meta.extra or {}).get("await_init")
+                    and self._init_waits.hold(int(req.keys[0]), (req, server, cmd))):
+                return
         super()._handle_default(req, server, cmd)
+        if req.meta.push and one_key:
+            for held in self._init_waits.release(int(req.keys[0])):
+                super()._handle_default(*held)
 
     # -- BytePS requests --------------------------------------------------------------------
     def _push(self, req, server, ps_key: int, values: np.ndarray, pull: bool,

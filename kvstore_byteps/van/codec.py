@@ -13,7 +13,7 @@ from .pbmeta import PBMeta
 
 #: BytePS-only PBMeta fields; they travel in ``Meta.extra`` and upstream peers ignore them.
 EXTENSION_FIELDS = ("error", "rdma_addr", "rdma_rkey", "round", "dead_node", "epoch",
-                    "pull_timestamp", "abort")
+                    "pull_timestamp", "abort", "await_init")
 
 
 def encode_meta(meta: Meta) -> bytes:

@@ -59,6 +59,9 @@ _META_FIELDS = [
     ("pull_timestamp", 106, _F.TYPE_INT32, _F.LABEL_OPTIONAL, {}),
     # on a HEARTBEAT: why a node ends the job (to the scheduler), passed on to every node
     ("abort", 107, _F.TYPE_STRING, _F.LABEL_OPTIONAL, {}),
+    # on a default pull: answer it once the key's initialising push arrived (a worker that
+    # declares tensors in any order), instead of refusing a pull of an unknown key
+    ("await_init", 108, _F.TYPE_BOOL, _F.LABEL_OPTIONAL, {}),
 ]
 
 

@@ -345,3 +345,23 @@ def test_a_riding_pull_where_none_can_be_answered_is_refused_not_left_waiting():
         on_async = bpush(WORKER0, 8, 1.0, extra={"pull_timestamp": 5})
         asrv.handle_request(on_async, fake)
         assert "needs synchronous rounds" in fake.wait_for(on_async).error
+
+
+def test_a_pull_awaiting_init_is_answered_by_the_initialising_push(server):
+    """Workers declaring tensors in any order (the BytePS/Horovod APIs) read a key back before
+    rank 0's initialising push may have arrived: with ``await_init`` the read waits for it;
+    without, it is refused as before."""
+    server, fake = server
+    early = pull(WORKER1, 7)
+    early.meta.extra = {"await_init": True}
+    server.handle_request(early, fake)
+    plain = pull(WORKER1, 7)
+    server.handle_request(plain, fake)
+    assert "never initialised" in fake.answer_to(plain).error
+    assert early not in [a.req for a in fake.answers]           # held
+    server.handle_request(push(WORKER0, 7, np.arange(4, dtype=np.float32)), fake)
+    assert list(fake.wait_for(early).values()) == [0, 1, 2, 3]
+    late = pull(WORKER0, 7)
+    late.meta.extra = {"await_init": True}
+    server.handle_request(late, fake)
+    assert list(fake.wait_for(late).values()) == [0, 1, 2, 3]   # initialised: answered at once
