@@ -199,9 +199,18 @@ class KVStoreBytePS(KVStoreBase):
                                   self._per_key(key, out, "broadcast")):
             self._initialise(k, self._as_list(v)[0], self._as_list(o))
 
-    def _initialise(self, key, value, outs):
+    def declare(self, key, value):
+        """Initialise ``key`` from rank 0's ``value`` without pairing the workers' calls: each
+        worker may declare its keys in any order (kvstore-byteps servers only). Blocking."""
+        self._initialise(key, value, [], any_order=True)
+
+    def declared(self, key):
+        """Whether ``key`` was initialised (by init, broadcast or declare) on this worker."""
+        return self._int_key(key) in self._push_results
+
+    def _initialise(self, key, value, outs, any_order=False):
         ikey = self._int_key(key)
-        stored = self._engine.init(ikey, value.asnumpy())
+        stored = self._engine.init(ikey, value.asnumpy(), any_order=any_order)
         for out in outs:
             out[:] = nd.array(stored, ctx=out.context, dtype=out.dtype)
         self._push_results[ikey] = nd.array(stored, dtype=stored.dtype)

@@ -1,0 +1,149 @@
+"""Named collectives on the ``dist_byteps`` store: what the BytePS and Horovod APIs are built on.
+
+BytePS's and Horovod's MXNet APIs key every operation by a tensor *name*, and workers may meet
+their names in different orders (layers built from a dict, parameters initialised lazily). So:
+
+* a name's key is a hash of the name (:func:`key_of`), the same on every worker whatever the
+  order; two names of one job that hash alike are refused by name, never merged;
+* a name's key is declared (initialised on the servers) the first time it is used, without
+  pairing the workers' calls (``KVStoreBytePS.declare``: each worker's read-back waits at the
+  server for rank 0's value), and its partitions are placed by a hash of the key
+  (``BYTEPS_KEY_HASH_FN`` defaults to BytePS's ``djb2`` here; ``balanced`` placement depends
+  on the order of first use and is refused);
+* a reduction is a ``pushpull`` of the store (asynchronous, through MXNet's engine), with
+  MXNet operations for the scaling before and after it, so reading the result waits for it.
+
+Ranks: one ``dist_byteps`` worker per process. ``BYTEPS_LOCAL_RANK`` / ``BYTEPS_LOCAL_SIZE``
+(set by ``bpslaunch`` for each process it starts) give the local rank and size; the global
+rank is the store's rank, which ``bpslaunch`` makes ``worker id x local size + local rank``.
+"""
+import os
+import threading
+import zlib
+
+import mxnet as mx
+
+__all__ = ["Collective", "key_of", "COLLECTIVE"]
+
+#: keys are MXNet's C ints; hashes stay below 2**30 so they never meet the store's other keys
+_KEY_SPACE = 1 << 30
+
+
+def key_of(name: str) -> int:
+    """The store key of a tensor name: a CRC-32 of its UTF-8 bytes, within [0, 2**30)."""
+    return zlib.crc32(name.encode("utf-8")) % _KEY_SPACE
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value in (None, ""):
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError("%s=%r is not an integer" % (name, value)) from None
+
+
+class Collective:
+    """The process's store and the names it has declared. Thread-safe."""
+
+    def __init__(self):
+        self._kv = None
+        self._names = {}          # key -> name (collisions are refused)
+        self._auto = 0            # the count behind generated names
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------ life
+    def start(self):
+        """Join the job (once; later calls do nothing). Returns the store."""
+        with self._lock:
+            if self._kv is None:
+                placement = os.environ.setdefault("BYTEPS_KEY_HASH_FN", "djb2")
+                if placement == "balanced":
+                    raise ValueError(
+                        "BYTEPS_KEY_HASH_FN=balanced places partitions in the order tensors "
+                        "are first used, which the BytePS and Horovod APIs do not fix; use "
+                        "djb2 (BytePS's default), sdbm or built_in")
+                self._kv = mx.kv.create("dist_byteps")
+            return self._kv
+
+    @property
+    def started(self) -> bool:
+        """Whether :meth:`start` ran (and :meth:`shutdown` did not)."""
+        return self._kv is not None
+
+    def shutdown(self) -> None:
+        """Finish pending work and leave the job (the store's exit sequence). Idempotent."""
+        with self._lock:
+            kv, self._kv = self._kv, None
+            self._names.clear()
+        if kv is not None:
+            kv.close()
+
+    @property
+    def kv(self):
+        """The store; ValueError if the API was not initialised."""
+        kv = self._kv
+        if kv is None:
+            raise ValueError("not initialised: call init() first")
+        return kv
+
+    # ------------------------------------------------------------------ ranks
+    def rank(self) -> int:
+        return self.kv.rank
+
+    def size(self) -> int:
+        return self.kv.num_workers
+
+    @staticmethod
+    def local_rank() -> int:
+        return _env_int("BYTEPS_LOCAL_RANK", 0)
+
+    @staticmethod
+    def local_size() -> int:
+        return _env_int("BYTEPS_LOCAL_SIZE", 1)
+
+    # ------------------------------------------------------------------ names and keys
+    def auto_name(self, prefix: str) -> str:
+        """A generated name (``prefix.N``): the same on every worker that makes its unnamed
+        calls in the same order."""
+        with self._lock:
+            self._auto += 1
+            return "%s.%d" % (prefix, self._auto)
+
+    def declare(self, name: str, like) -> int:
+        """The key of ``name``, initialised on the servers with zeros shaped like ``like`` the
+        first time (blocking). ValueError if another name of this job has the same key."""
+        key = key_of(name)
+        kv = self.kv
+        with self._lock:
+            known = self._names.get(key)
+            if known is not None and known != name:
+                raise ValueError("tensor names %r and %r have the same key (%d); rename one"
+                                 % (known, name, key))
+            if known is None:
+                self._names[key] = name
+        if not kv.declared(key):
+            kv.declare(key, mx.nd.zeros(like.shape, dtype=like.dtype))
+        return key
+
+    # ------------------------------------------------------------------ reductions
+    def reduce(self, tensor, out, name: str, priority: int = 0, prescale: float = 1.0,
+               postscale: float = 1.0):
+        """``out`` = ``postscale`` x the sum over workers of ``prescale`` x ``tensor``
+        (``out`` may be ``tensor``). Asynchronous: reading ``out`` waits for it."""
+        key = self.declare(name, tensor)
+        source = tensor
+        if prescale != 1.0:
+            if out is tensor:
+                tensor *= prescale
+            else:
+                source = tensor * prescale      # the input stays as it is
+        self.kv.pushpull(key, source, out=out, priority=priority)
+        if postscale != 1.0:
+            out *= postscale
+        return out
+
+
+#: the process's collective (BytePS's and Horovod's APIs share it)
+COLLECTIVE = Collective()
