@@ -1,0 +1,246 @@
+"""BytePS's MXNet API (``byteps.mxnet``) on kvstore-byteps: ``import kvstore_byteps.mxnet as bps``.
+
+Names, signatures and semantics follow BytePS's module: :func:`init`, :func:`shutdown`,
+:func:`size`, :func:`rank`, :func:`local_rank`, :func:`local_size`,
+:func:`byteps_declare_tensor`, :func:`byteps_push_pull` (asynchronous, in place: the sum over
+all processes, divided by ``size()`` when averaging), :func:`broadcast_parameters`,
+:class:`DistributedOptimizer`, :class:`DistributedTrainer`, :class:`Compression`. Underneath,
+every process is one ``dist_byteps`` worker (see :mod:`mxnet_patch.collective` for how names
+become keys). What differs from BytePS, and what is refused, is in docs/migrating.md.
+"""
+import os
+import warnings
+
+import mxnet as mx
+
+from mxnet_patch.collective import COLLECTIVE
+
+__all__ = ["init", "shutdown", "suspend", "resume", "size", "rank", "local_rank", "local_size",
+           "byteps_declare_tensor", "byteps_push_pull", "broadcast_parameters",
+           "DistributedOptimizer", "DistributedTrainer", "Compression"]
+
+
+# ---------------------------------------------------------------------------- basics
+def init(lazy=True):
+    """Join the job (``BYTEPS_GLOBAL_RANK``, if set, is the rank this process asks for).
+    ``lazy`` is accepted for BytePS's signature: the store starts now either way."""
+    global_rank = os.environ.get("BYTEPS_GLOBAL_RANK")
+    if global_rank not in (None, "") and not os.environ.get("DMLC_WORKER_ID"):
+        os.environ["DMLC_WORKER_ID"] = global_rank
+    COLLECTIVE.start()
+
+
+def shutdown():
+    """Finish pending push_pulls and leave the job."""
+    COLLECTIVE.shutdown()
+
+
+def suspend():
+    """BytePS's elastic training; not supported: refused rather than ignored."""
+    raise NotImplementedError("suspend()/resume() (elastic training) are not supported by "
+                              "kvstore-byteps: stop the job and start it with the new size")
+
+
+def resume(num_workers, num_servers, global_rank=None, context=None):
+    """See :func:`suspend`."""
+    suspend()
+
+
+def size():
+    """The number of processes (workers x local size)."""
+    return COLLECTIVE.size()
+
+
+def rank():
+    """This process's rank: worker id x local size + local rank."""
+    return COLLECTIVE.rank()
+
+
+def local_rank():
+    """This process's rank on its host (``BYTEPS_LOCAL_RANK``)."""
+    return COLLECTIVE.local_rank()
+
+
+def local_size():
+    """The processes on this host (``BYTEPS_LOCAL_SIZE``)."""
+    return COLLECTIVE.local_size()
+
+
+# ---------------------------------------------------------------------------- push_pull
+def byteps_declare_tensor(name, **kwargs):
+    """Declare a tensor name (its key is made at its first push_pull, in any order across
+    processes). ``byteps_*`` compression options per tensor are refused: use
+    ``kv.set_gradient_compression`` with ``gluon.Trainer(kvstore='dist_byteps')``."""
+    if kwargs:
+        raise ValueError("byteps_declare_tensor(%r, %s): per-tensor compression options are "
+                         "not supported by kvstore_byteps.mxnet; compress every gradient with "
+                         "gluon.Trainer(..., kvstore='dist_byteps', compression_params=...)"
+                         % (name, ", ".join(sorted(kwargs))))
+
+
+def byteps_push_pull(tensor, version=0, priority=0, name=None, is_average=True):
+    """Sum ``tensor`` over all processes, in place (divided by ``size()`` if ``is_average``).
+    Asynchronous: reading ``tensor`` waits for the result. ``version`` is accepted for
+    BytePS's signature."""
+    if name is None:
+        name = COLLECTIVE.auto_name("byteps_push_pull")
+    COLLECTIVE.reduce(tensor, tensor, name, priority=priority,
+                      postscale=1.0 / size() if is_average else 1.0)
+
+
+#: broadcast tensors are named broadcast_<n>, counting across calls (BytePS says parameter_<n>,
+#: the names its DistributedTrainer uses too: a job using both would mix two tensors)
+_broadcasts = 0
+
+
+def broadcast_parameters(params, root_rank=0):
+    """Broadcast a dict of NDArrays (e.g. ``Module.get_params()``) from ``root_rank``, in place:
+    other processes zero theirs and every process sums. Blocking."""
+    global _broadcasts
+    if isinstance(params, mx.gluon.ParameterDict):
+        raise TypeError("For gluon users, you should not call this function. "
+                        "DistributedTrainer will broadcast all parameters at "
+                        "the first training step.")
+    if not isinstance(params, dict):
+        raise ValueError("Invalid params of type: %s" % type(params))
+    tensors = [tensor for _, tensor in sorted(params.items())]
+    for tensor in tensors:
+        if rank() != root_rank:
+            tensor *= 0
+        COLLECTIVE.reduce(tensor, tensor, "broadcast_%d" % _broadcasts)
+        _broadcasts += 1
+    for tensor in tensors:
+        tensor.wait_to_read()
+
+
+def _check_sync():
+    if int(os.environ.get("BYTEPS_ENABLE_ASYNC", "0") or 0):
+        raise NotImplementedError("BYTEPS_ENABLE_ASYNC is not supported by kvstore_byteps.mxnet "
+                                  "yet: train synchronously (unset BYTEPS_ENABLE_ASYNC)")
+
+
+# ---------------------------------------------------------------------------- compression
+class NoneCompressor:
+    """Leaves the tensor as it is (the default)."""
+
+    def compress(self, tensor, *args, **kwargs):
+        return tensor, None
+
+    def decompress(self, tensor, ctx, *args, **kwargs):
+        return tensor
+
+
+class FP16Compressor:
+    """Float gradients travel as float16 and come back in their own dtype."""
+
+    def compress(self, tensor, *args, **kwargs):
+        if "float" in str(tensor.dtype):
+            return tensor.astype("float16", copy=False), tensor.dtype
+        return tensor, tensor.dtype
+
+    def decompress(self, tensor, ctx, *args, **kwargs):
+        if "float" in str(ctx):
+            return tensor.astype(ctx, copy=False)
+        return tensor
+
+
+class Compression:
+    """Compression on the way to the servers (``none``, ``fp16``)."""
+
+    none = NoneCompressor()
+    fp16 = FP16Compressor()
+
+
+# ---------------------------------------------------------------------------- training
+class DistributedOptimizer(mx.optimizer.Optimizer):
+    """Wraps an optimizer: each update first averages the gradient over all processes."""
+
+    def __init__(self, optimizer):
+        _check_sync()
+        self._optimizer = optimizer
+
+    def __getattr__(self, item):
+        return getattr(self._optimizer, item)
+
+    def create_state_multi_precision(self, index, weight):
+        return self._optimizer.create_state_multi_precision(index, weight)
+
+    def _push_pull(self, index, grad):
+        pairs = zip(index, grad) if isinstance(index, (tuple, list)) else [(index, grad)]
+        for i, g in pairs:
+            byteps_push_pull(g, priority=-i, name="gradient_%d" % i, is_average=True)
+
+    def update(self, index, weight, grad, state):
+        self._push_pull(index, grad)
+        self._optimizer.update(index, weight, grad, state)
+
+    def update_multi_precision(self, index, weight, grad, state):
+        self._push_pull(index, grad)
+        self._optimizer.update_multi_precision(index, weight, grad, state)
+
+    def set_learning_rate(self, lr):
+        self._optimizer.set_learning_rate(lr)
+
+    def set_lr_mult(self, args_lr_mult):
+        self._optimizer.set_lr_mult(args_lr_mult)
+
+    def set_wd_mult(self, args_wd_mult):
+        self._optimizer.set_wd_mult(args_wd_mult)
+
+
+class DistributedTrainer(mx.gluon.Trainer):
+    """A gluon Trainer without a kvstore: gradients are divided by batch size x ``size()`` and
+    summed over all processes; parameters are broadcast from ``root_rank`` at the first step.
+    ``compression_params``: ``{"fp16": ...}`` sends gradients as float16; BytePS's compressor
+    options (onebit, topk, ...) are refused here (see :func:`byteps_declare_tensor`)."""
+
+    def __init__(self, params, optimizer, optimizer_params=None, root_rank=0,
+                 compression_params=None):
+        _check_sync()
+        if isinstance(optimizer, DistributedOptimizer):
+            optimizer = optimizer._optimizer
+            warnings.warn("DistributedTrainer does not take DistributedOptimizer "
+                          "as its optimizer. We have unwrapped it for you.")
+        compression_params = compression_params or {}
+        if "compressor" in compression_params:
+            byteps_declare_tensor("gradients", **{"byteps_compressor_type":
+                                                  compression_params["compressor"]})
+        self._compressor = Compression.fp16 if "fp16" in compression_params else Compression.none
+        if isinstance(params, mx.gluon.ParameterDict):
+            params = [params[key] for key in sorted(params.keys())]
+        super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
+        self._bps_size = size()
+        self.root_rank = root_rank
+        for param in self._params:
+            if param._data is not None and len(param.list_ctx()) > 1:
+                raise ValueError("DistributedTrainer: parameter %s lives on %d devices; run "
+                                 "one process per device (bpslaunch starts one per GPU)"
+                                 % (param.name, len(param.list_ctx())))
+
+    def step(self, batch_size, ignore_stale_grad=False):
+        self._scale = batch_size
+        super().step(batch_size, ignore_stale_grad)
+
+    def _allreduce_grads(self):
+        for i, param in enumerate(self._params):
+            if param.grad_req == "null":
+                continue
+            grad = param._grad[0]
+            grad *= 1.0 / self._scale / self._bps_size
+            compressed, ctx = self._compressor.compress(grad)
+            byteps_push_pull(compressed, is_average=False, name="gradient_%d" % i, priority=-i)
+            if compressed is not grad:
+                grad[:] = self._compressor.decompress(compressed, ctx)
+
+    def _init_params(self):
+        deferred = []
+        for param in self._params_to_init:
+            if param._deferred_init:
+                deferred.append(param)
+                continue
+            data = param._check_and_get(param._data, list)[0]
+            if rank() != self.root_rank:
+                data *= 0
+            byteps_push_pull(data, name="parameter_%d" % self._param2idx[param.name],
+                             is_average=False)
+        self._params_to_init = deferred
