@@ -1,0 +1,153 @@
+"""``bpslaunch``: BytePS's launch command, for jobs written for BytePS.
+
+Run on every node with BytePS's environment, as BytePS's own ``bpslaunch``::
+
+    DMLC_ROLE=scheduler|server|worker DMLC_NUM_WORKER=W DMLC_NUM_SERVER=S \\
+    DMLC_PS_ROOT_URI=host DMLC_PS_ROOT_PORT=port [DMLC_WORKER_ID=i] bpslaunch [COMMAND ...]
+
+* ``worker``: COMMAND runs once per local device, each process with ``BYTEPS_LOCAL_RANK`` and
+  ``BYTEPS_LOCAL_SIZE``. The local size is ``BYTEPS_LOCAL_SIZE``, else the number of devices in
+  ``NVIDIA_VISIBLE_DEVICES``, else 1. Each process is one ``dist_byteps`` worker of rank
+  ``DMLC_WORKER_ID x local size + local rank``.
+* ``scheduler`` / ``server``: our scheduler or server. They count worker *processes*, so when
+  workers run several processes each, set ``BYTEPS_LOCAL_SIZE`` on these nodes too (BytePS's
+  servers count hosts: one difference, see docs/migrating.md).
+* One worker host and no ``BYTEPS_FORCE_DISTRIBUTED=1`` (BytePS then needs no servers): the
+  worker role (the default then) starts a scheduler and a server on this machine itself, so
+  ``bpslaunch python train.py`` trains on one machine as it does with BytePS; the other roles
+  have nothing to do.
+
+Output lines are prefixed by node, and the first process that fails stops the others (the
+launcher's job supervision, :mod:`.job`).
+"""
+import os
+import sys
+from typing import Callable, List, Mapping, Optional, Sequence, Tuple
+
+from ..config import Env, Role
+from ..ports import free_port
+from .job import Job, NodeStarter
+from .plan import ProcSpec, SchedulerProgram, scheduler_argv
+
+__all__ = ["local_size", "plan_bpslaunch", "main", "console_main"]
+
+PROG = "bpslaunch"
+
+
+class UsageError(Exception):
+    """The environment or command line cannot start a node."""
+
+
+def local_size(environ: Mapping[str, str]) -> int:
+    """Processes per worker host: BYTEPS_LOCAL_SIZE, else NVIDIA_VISIBLE_DEVICES' count, else 1."""
+    value = environ.get("BYTEPS_LOCAL_SIZE", "").strip()
+    if value:
+        try:
+            size = int(value)
+        except ValueError:
+            raise UsageError("BYTEPS_LOCAL_SIZE=%r is not an integer" % value) from None
+        if size < 1:
+            raise UsageError("BYTEPS_LOCAL_SIZE must be at least 1, got %d" % size)
+        return size
+    devices = environ.get("NVIDIA_VISIBLE_DEVICES", "").strip()
+    return len(devices.split(",")) if devices else 1
+
+
+def _int(environ, name: str, default: Optional[int] = None) -> int:
+    value = environ.get(name, "").strip()
+    if not value:
+        if default is None:
+            raise UsageError("%s is not set (bpslaunch reads BytePS's environment)" % name)
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise UsageError("%s=%r is not an integer" % (name, value)) from None
+
+
+def single_host(environ: Mapping[str, str]) -> bool:
+    """One worker host and no BYTEPS_FORCE_DISTRIBUTED: BytePS would run without servers."""
+    return (_int(environ, Env.NUM_WORKER, 1) == 1
+            and environ.get("BYTEPS_FORCE_DISTRIBUTED", "") != "1")
+
+
+def plan_bpslaunch(environ: Mapping[str, str], command: Sequence[str],
+                   python: str = sys.executable,
+                   port_of: Callable[[], int] = free_port) -> Tuple[str, List[ProcSpec]]:
+    """``(what, specs)``: what this node runs, and the processes (each with the variables it
+    adds to ``environ``); ``port_of()`` picks the scheduler's port of a one-host job."""
+    role_name = environ.get(Env.ROLE, "").strip().lower()
+    if not role_name and single_host(environ):
+        role_name = "worker"      # one machine: the worker is the only command to run
+    if role_name not in ("scheduler", "server", "worker"):
+        raise UsageError("DMLC_ROLE must be scheduler, server or worker, got %r" % role_name)
+    role = Role[role_name.upper()]
+    size = local_size(environ)
+    if single_host(environ):
+        if role is not Role.WORKER:
+            return "nothing (one worker host: its bpslaunch starts scheduler and server)", []
+        return _single_host(size, command, python, port_of())
+    processes = {Env.NUM_WORKER: str(_int(environ, Env.NUM_WORKER) * size)}
+    if role is Role.SCHEDULER:
+        return "the scheduler", [ProcSpec(role, None, tuple(scheduler_argv(
+            SchedulerProgram.BYTEPS, python)), processes)]
+    if role is Role.SERVER:
+        return "a server", [ProcSpec(role, None, (python, "-m", "kvstore_byteps.server"),
+                                     processes)]
+    if not command:
+        raise UsageError("a worker needs the command to run: bpslaunch python train.py ...")
+    host = _int(environ, Env.WORKER_ID, 0)
+    specs = [ProcSpec(role, host * size + local, tuple(command),
+                      dict(processes, BYTEPS_LOCAL_RANK=str(local),
+                           BYTEPS_LOCAL_SIZE=str(size),
+                           **{Env.WORKER_ID: str(host * size + local)}))
+             for local in range(size)]
+    return "%d worker process(es)" % size, specs
+
+
+def _single_host(size: int, command: Sequence[str], python: str, port: int):
+    """Scheduler, one server and ``size`` workers on this machine, on 127.0.0.1."""
+    if not command:
+        raise UsageError("a worker needs the command to run: bpslaunch python train.py ...")
+    common = {Env.NUM_WORKER: str(size), Env.NUM_SERVER: "1", Env.ROOT_URI: "127.0.0.1",
+              Env.ROOT_PORT: str(port), Env.NODE_HOST: "127.0.0.1",
+              "BYTEPS_LOCAL_SIZE": str(size)}
+    specs = [ProcSpec(Role.SCHEDULER, None, tuple(scheduler_argv(SchedulerProgram.BYTEPS,
+                                                                 python)),
+                      dict(common, **{Env.ROLE: "scheduler"})),
+             ProcSpec(Role.SERVER, 0, (python, "-m", "kvstore_byteps.server"),
+                      dict(common, **{Env.ROLE: "server"}))]
+    specs += [ProcSpec(Role.WORKER, local, tuple(command),
+                       dict(common, BYTEPS_LOCAL_RANK=str(local),
+                            **{Env.ROLE: "worker", Env.WORKER_ID: str(local)}))
+              for local in range(size)]
+    return "%d worker process(es) with a scheduler and a server on this machine" % size, specs
+
+
+def main(argv: Optional[Sequence[str]] = None,
+         environ: Optional[Mapping[str, str]] = None) -> int:
+    """Command-line entry point; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    environ = dict(os.environ if environ is None else environ)
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
+    try:
+        what, specs = plan_bpslaunch(environ, argv)
+    except UsageError as exc:
+        print("[%s] %s" % (PROG, exc), file=sys.stderr)
+        return 2
+    print("[%s] %s: %s" % (PROG, environ.get(Env.ROLE, "?"), what), file=sys.stderr, flush=True)
+    if not specs:
+        return 0
+    environ.setdefault("PYTHONUNBUFFERED", "1")
+    return Job(specs, starter=NodeStarter(sys.executable), base_env=environ).run()
+
+
+def console_main() -> None:
+    """The ``bpslaunch`` console script."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    console_main()

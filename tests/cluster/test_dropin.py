@@ -1,0 +1,73 @@
+"""BytePS and Horovod scripts as their users launch them: launch.py, and bpslaunch on one host or
+by role. The checks themselves run inside the workers (tests/apps/dropin_checks.py)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.paths import APPS, REPO
+from tests.support.procs import free_port
+
+pytestmark = pytest.mark.timeout(150)
+
+CHECKS = os.path.join(APPS, "dropin_checks.py")
+LAUNCH = os.path.join(REPO, "launch.py")
+BPSLAUNCH = [sys.executable, "-m", "kvstore_byteps.launcher.bpslaunch"]
+TIMEOUT = 100
+
+
+def run(spawn, argv, env):
+    """(returncode, output) of ``argv`` with ``env`` added, bounded by TIMEOUT."""
+    proc = spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                 env=dict(os.environ, PYTHONPATH=REPO, BYTEPS_START_TIMEOUT="40", **env),
+                 cwd=REPO)
+    try:
+        output, _ = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        output, _ = proc.communicate()
+        raise AssertionError("no exit within %d s:\n%s" % (TIMEOUT, output))
+    return proc.returncode, output
+
+
+def assert_ok(code, output, marker, processes):
+    assert code == 0, output
+    assert output.count(marker) == processes, output
+    noise = [line for line in output.splitlines()
+             if "Traceback" in line or " ERROR " in line or "Exception ignored" in line]
+    assert not noise, output
+
+
+@pytest.mark.parametrize("van", ["zmq", "byteps_tcp"])
+def test_byteps_api_sums_broadcasts_and_pairs_names_in_any_order(spawn, van):
+    code, output = run(spawn, [sys.executable, LAUNCH, "-n", "3", "-s", "2", "--timeout",
+                               str(TIMEOUT - 10), sys.executable, CHECKS, "bps"],
+                       {"DMLC_PS_VAN_TYPE": van})
+    assert_ok(code, output, "BPS OK", 3)
+
+
+def test_horovod_api_on_one_host_with_bpslaunch_two_processes(spawn):
+    """``bpslaunch python train.py`` on one machine: scheduler, server and one process per
+    local device (BYTEPS_LOCAL_SIZE=2) started by bpslaunch itself."""
+    code, output = run(spawn, BPSLAUNCH + [sys.executable, CHECKS, "hvd"],
+                       {"BYTEPS_LOCAL_SIZE": "2", "DMLC_ROLE": "", "DMLC_NUM_WORKER": ""})
+    assert_ok(code, output, "HVD OK", 2)
+    assert "2 worker process(es) with a scheduler and a server" in output, output
+
+
+def test_bpslaunch_by_role_trains_like_one_process_and_exits_without_shutdown(spawn):
+    """Scheduler, server and worker host each started with ``bpslaunch`` as BytePS's users do
+    (the worker host runs 2 processes); DistributedTrainer equals one process on the union
+    batch, and the scripts end without ``shutdown()``."""
+    env = {"DMLC_NUM_WORKER": "1", "DMLC_NUM_SERVER": "1", "DMLC_PS_ROOT_URI": "127.0.0.1",
+           "DMLC_PS_ROOT_PORT": str(free_port()), "DMLC_NODE_HOST": "127.0.0.1",
+           "BYTEPS_FORCE_DISTRIBUTED": "1", "BYTEPS_LOCAL_SIZE": "2"}
+    others = [spawn(BPSLAUNCH, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    env=dict(os.environ, PYTHONPATH=REPO, DMLC_ROLE=role, **env), cwd=REPO)
+              for role in ("scheduler", "server")]
+    code, output = run(spawn, BPSLAUNCH + [sys.executable, CHECKS, "bps-train"],
+                       dict(env, DMLC_ROLE="worker", DMLC_WORKER_ID="0"))
+    assert_ok(code, output, "BPS TRAIN OK", 2)
+    for proc in others:
+        assert proc.wait(timeout=30) == 0
