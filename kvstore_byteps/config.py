@@ -97,6 +97,12 @@ class Env:
     AUTH_KEY = "BYTEPS_AUTH_KEY"
     AUTH_KEY_FILE = "BYTEPS_AUTH_KEY_FILE"
     SERVER_RECOVERY = "BYTEPS_SERVER_RECOVERY"
+    # the BytePS/Horovod APIs and bpslaunch (one process per device)
+    LOCAL_RANK = "BYTEPS_LOCAL_RANK"
+    LOCAL_SIZE = "BYTEPS_LOCAL_SIZE"
+    GLOBAL_RANK = "BYTEPS_GLOBAL_RANK"
+    FORCE_DISTRIBUTED = "BYTEPS_FORCE_DISTRIBUTED"
+    VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 
 
 KEY_HASH_FNS = ("balanced", "djb2", "sdbm", "built_in", "mixed")

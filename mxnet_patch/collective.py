@@ -23,6 +23,8 @@ import zlib
 
 import mxnet as mx
 
+from kvstore_byteps.config import Env
+
 __all__ = ["Collective", "key_of", "COLLECTIVE"]
 
 #: keys are MXNet's C ints; hashes stay below 2**30 so they never meet the store's other keys
@@ -58,7 +60,7 @@ class Collective:
         """Join the job (once; later calls do nothing). Returns the store."""
         with self._lock:
             if self._kv is None:
-                placement = os.environ.setdefault("BYTEPS_KEY_HASH_FN", "djb2")
+                placement = os.environ.setdefault(Env.KEY_HASH_FN, "djb2")
                 if placement == "balanced":
                     raise ValueError(
                         "BYTEPS_KEY_HASH_FN=balanced places partitions in the order tensors "
@@ -97,11 +99,11 @@ class Collective:
 
     @staticmethod
     def local_rank() -> int:
-        return _env_int("BYTEPS_LOCAL_RANK", 0)
+        return _env_int(Env.LOCAL_RANK, 0)
 
     @staticmethod
     def local_size() -> int:
-        return _env_int("BYTEPS_LOCAL_SIZE", 1)
+        return _env_int(Env.LOCAL_SIZE, 1)
 
     # ------------------------------------------------------------------ names and keys
     def auto_name(self, prefix: str) -> str:

@@ -40,7 +40,7 @@ class UsageError(Exception):
 
 def local_size(environ: Mapping[str, str]) -> int:
     """Processes per worker host: BYTEPS_LOCAL_SIZE, else NVIDIA_VISIBLE_DEVICES' count, else 1."""
-    value = environ.get("BYTEPS_LOCAL_SIZE", "").strip()
+    value = environ.get(Env.LOCAL_SIZE, "").strip()
     if value:
         try:
             size = int(value)
@@ -49,7 +49,7 @@ def local_size(environ: Mapping[str, str]) -> int:
         if size < 1:
             raise UsageError("BYTEPS_LOCAL_SIZE must be at least 1, got %d" % size)
         return size
-    devices = environ.get("NVIDIA_VISIBLE_DEVICES", "").strip()
+    devices = environ.get(Env.VISIBLE_DEVICES, "").strip()
     return len(devices.split(",")) if devices else 1
 
 
@@ -68,7 +68,7 @@ def _int(environ, name: str, default: Optional[int] = None) -> int:
 def single_host(environ: Mapping[str, str]) -> bool:
     """One worker host and no BYTEPS_FORCE_DISTRIBUTED: BytePS would run without servers."""
     return (_int(environ, Env.NUM_WORKER, 1) == 1
-            and environ.get("BYTEPS_FORCE_DISTRIBUTED", "") != "1")
+            and environ.get(Env.FORCE_DISTRIBUTED, "") != "1")
 
 
 def plan_bpslaunch(environ: Mapping[str, str], command: Sequence[str],
@@ -98,9 +98,8 @@ def plan_bpslaunch(environ: Mapping[str, str], command: Sequence[str],
         raise UsageError("a worker needs the command to run: bpslaunch python train.py ...")
     host = _int(environ, Env.WORKER_ID, 0)
     specs = [ProcSpec(role, host * size + local, tuple(command),
-                      dict(processes, BYTEPS_LOCAL_RANK=str(local),
-                           BYTEPS_LOCAL_SIZE=str(size),
-                           **{Env.WORKER_ID: str(host * size + local)}))
+                      dict(processes, **{Env.LOCAL_RANK: str(local), Env.LOCAL_SIZE: str(size),
+                                         Env.WORKER_ID: str(host * size + local)}))
              for local in range(size)]
     return "%d worker process(es)" % size, specs
 
@@ -110,16 +109,15 @@ def _single_host(size: int, command: Sequence[str], python: str, port: int):
     if not command:
         raise UsageError("a worker needs the command to run: bpslaunch python train.py ...")
     common = {Env.NUM_WORKER: str(size), Env.NUM_SERVER: "1", Env.ROOT_URI: "127.0.0.1",
-              Env.ROOT_PORT: str(port), Env.NODE_HOST: "127.0.0.1",
-              "BYTEPS_LOCAL_SIZE": str(size)}
+              Env.ROOT_PORT: str(port), Env.NODE_HOST: "127.0.0.1", Env.LOCAL_SIZE: str(size)}
     specs = [ProcSpec(Role.SCHEDULER, None, tuple(scheduler_argv(SchedulerProgram.BYTEPS,
                                                                  python)),
                       dict(common, **{Env.ROLE: "scheduler"})),
              ProcSpec(Role.SERVER, 0, (python, "-m", "kvstore_byteps.server"),
                       dict(common, **{Env.ROLE: "server"}))]
     specs += [ProcSpec(Role.WORKER, local, tuple(command),
-                       dict(common, BYTEPS_LOCAL_RANK=str(local),
-                            **{Env.ROLE: "worker", Env.WORKER_ID: str(local)}))
+                       dict(common, **{Env.LOCAL_RANK: str(local), Env.ROLE: "worker",
+                                       Env.WORKER_ID: str(local)}))
               for local in range(size)]
     return "%d worker process(es) with a scheduler and a server on this machine" % size, specs
 

@@ -13,6 +13,7 @@ import warnings
 
 import mxnet as mx
 
+from kvstore_byteps.config import Env
 from mxnet_patch.collective import COLLECTIVE
 
 __all__ = ["init", "shutdown", "suspend", "resume", "size", "rank", "local_rank", "local_size",
@@ -24,9 +25,9 @@ __all__ = ["init", "shutdown", "suspend", "resume", "size", "rank", "local_rank"
 def init(lazy=True):
     """Join the job (``BYTEPS_GLOBAL_RANK``, if set, is the rank this process asks for).
     ``lazy`` is accepted for BytePS's signature: the store starts now either way."""
-    global_rank = os.environ.get("BYTEPS_GLOBAL_RANK")
-    if global_rank not in (None, "") and not os.environ.get("DMLC_WORKER_ID"):
-        os.environ["DMLC_WORKER_ID"] = global_rank
+    global_rank = os.environ.get(Env.GLOBAL_RANK)
+    if global_rank not in (None, "") and not os.environ.get(Env.WORKER_ID):
+        os.environ[Env.WORKER_ID] = global_rank
     COLLECTIVE.start()
 
 
@@ -114,7 +115,7 @@ def broadcast_parameters(params, root_rank=0):
 
 
 def _check_sync():
-    if int(os.environ.get("BYTEPS_ENABLE_ASYNC", "0") or 0):
+    if int(os.environ.get(Env.ENABLE_ASYNC, "0") or 0):
         raise NotImplementedError("BYTEPS_ENABLE_ASYNC is not supported by kvstore_byteps.mxnet "
                                   "yet: train synchronously (unset BYTEPS_ENABLE_ASYNC)")
 

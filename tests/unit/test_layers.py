@@ -146,8 +146,9 @@ def test_node_id_arithmetic_lives_in_the_message_module():
 
 def test_the_byteps_and_horovod_apis_build_on_the_collective_only():
     """kvstore_byteps.mxnet and kvstore_byteps.horovod are front ends: they reach the store
-    through mxnet_patch.collective, never the engine, the server or the transport."""
-    allowed = ("mxnet_patch.collective", "kvstore_byteps.mxnet")
+    through mxnet_patch.collective (and read variable names from config), never the engine,
+    the server or the transport."""
+    allowed = ("mxnet_patch.collective", "kvstore_byteps.mxnet", "kvstore_byteps.config")
     for module, path in CASES:
         if module.startswith(("kvstore_byteps.mxnet", "kvstore_byteps.horovod")):
             ours = {n for n in imported(module, path)
