@@ -13,9 +13,11 @@ their names in different orders (layers built from a dict, parameters initialise
 * a reduction is a ``pushpull`` of the store (asynchronous, through MXNet's engine), with
   MXNet operations for the scaling before and after it, so reading the result waits for it.
 
-Ranks: one ``dist_byteps`` worker per process. ``BYTEPS_LOCAL_RANK`` / ``BYTEPS_LOCAL_SIZE``
-(set by ``bpslaunch`` for each process it starts) give the local rank and size; the global
-rank is the store's rank, which ``bpslaunch`` makes ``worker id x local size + local rank``.
+Ranks: ``BYTEPS_LOCAL_RANK`` / ``BYTEPS_LOCAL_SIZE`` (set by ``bpslaunch`` for each process it
+starts) give the local rank and size. With one process per host, that process is the host's
+``dist_byteps`` worker. With several, local rank 0 is, and the others reduce through it
+(:mod:`mxnet_patch.localgroup`); rank = worker rank x local size + local rank, size = workers x
+local size, as BytePS defines them.
 """
 import os
 import threading
@@ -23,7 +25,11 @@ import zlib
 
 import mxnet as mx
 
-from kvstore_byteps.config import Env
+from kvstore_byteps.config import Config, Env
+
+from .engine_async import host_view, push_async
+from .kvstore import close_at_exit
+from .localgroup import LocalMember, LocalRoot, group_address
 
 __all__ = ["Collective", "key_of", "COLLECTIVE"]
 
@@ -51,7 +57,10 @@ class Collective:
 
     def __init__(self):
         self._kv = None
+        self._group = None        # LocalRoot / LocalMember with several processes per host
+        self._host = None         # (worker rank, workers) of this host
         self._names = {}          # key -> name (collisions are refused)
+        self._uses = {}           # name -> times this process reduced it (rounds of a group)
         self._auto = 0            # the count behind generated names
         self._lock = threading.RLock()
 
@@ -66,8 +75,31 @@ class Collective:
                         "BYTEPS_KEY_HASH_FN=balanced places partitions in the order tensors "
                         "are first used, which the BytePS and Horovod APIs do not fix; use "
                         "djb2 (BytePS's default), sdbm or built_in")
-                self._kv = mx.kv.create("dist_byteps")
+                self._join()
             return self._kv
+
+    def _join(self) -> None:
+        local_rank, local_size = self.local_rank(), self.local_size()
+        if not 0 <= local_rank < local_size:
+            raise ValueError("BYTEPS_LOCAL_RANK=%d is outside [0, BYTEPS_LOCAL_SIZE=%d)"
+                             % (local_rank, local_size))
+        if local_size > 1:
+            config = Config.from_env()
+            address = group_address(os.environ.get(Env.ROOT_URI, ""),
+                                    os.environ.get(Env.ROOT_PORT, ""),
+                                    os.environ.get(Env.WORKER_ID, ""))
+            if local_rank > 0:      # not a worker of the cluster: local rank 0 is
+                self._group = LocalMember(address, local_rank, config.request_timeout)
+                self._kv = self._group
+                self._host = (self._group.welcome["rank"], self._group.welcome["workers"])
+                close_at_exit(self.shutdown)
+                return
+        kv = mx.kv.create("dist_byteps")
+        self._kv, self._host = kv, (kv.rank, kv.num_workers)
+        if local_size > 1:
+            self._group = LocalRoot(address, local_size, kv, config.request_timeout,
+                                    {"rank": kv.rank, "workers": kv.num_workers})
+            self._group.wait_members(config.start_timeout)
 
     @property
     def started(self) -> bool:
@@ -78,13 +110,20 @@ class Collective:
         """Finish pending work and leave the job (the store's exit sequence). Idempotent."""
         with self._lock:
             kv, self._kv = self._kv, None
+            group, self._group = self._group, None
             self._names.clear()
-        if kv is not None:
+            self._uses.clear()
+        if kv is None:
+            return
+        mx.nd.waitall()          # the group's rounds finish before its links close
+        if group is not None:
+            group.close()
+        if kv is not group:
             kv.close()
 
     @property
     def kv(self):
-        """The store; ValueError if the API was not initialised."""
+        """The store (a local member's link to its root); ValueError before init()."""
         kv = self._kv
         if kv is None:
             raise ValueError("not initialised: call init() first")
@@ -92,10 +131,12 @@ class Collective:
 
     # ------------------------------------------------------------------ ranks
     def rank(self) -> int:
-        return self.kv.rank
+        self.kv
+        return self._host[0] * self.local_size() + self.local_rank()
 
     def size(self) -> int:
-        return self.kv.num_workers
+        self.kv
+        return self._host[1] * self.local_size()
 
     @staticmethod
     def local_rank() -> int:
@@ -125,7 +166,7 @@ class Collective:
                                  % (known, name, key))
             if known is None:
                 self._names[key] = name
-        if not kv.declared(key):
+        if not isinstance(kv, LocalMember) and not kv.declared(key):
             kv.declare(key, mx.nd.zeros(like.shape, dtype=like.dtype))
         return key
 
@@ -141,10 +182,30 @@ class Collective:
                 tensor *= prescale
             else:
                 source = tensor * prescale      # the input stays as it is
-        self.kv.pushpull(key, source, out=out, priority=priority)
+        if self._group is None:
+            self.kv.pushpull(key, source, out=out, priority=priority)
+        else:
+            self._reduce_in_group(key, name, source, out, priority)
         if postscale != 1.0:
             out *= postscale
         return out
+
+
+    def _reduce_in_group(self, key: int, name: str, source, out, priority: int) -> None:
+        """The sum over the host's processes (through its root) and all hosts, as an
+        operation of MXNet's engine reading ``source`` and writing ``out``."""
+        with self._lock:
+            seq = self._uses[name] = self._uses.get(name, -1) + 1
+        group = self._group
+
+        def run(done):
+            src, dst = host_view(source), host_view(out)
+            if isinstance(group, LocalRoot):
+                group.reduce(key, name, seq, src, dst, priority, done)
+            else:
+                group.reduce(name, seq, src, dst, done)
+        push_async(run, const_arrays=[] if source is out else [source], mutable_arrays=[out],
+                   priority=priority, name="local_reduce_%s" % name)
 
 
 #: the process's collective (BytePS's and Horovod's APIs share it)

@@ -208,6 +208,13 @@ class KVStoreBytePS(KVStoreBase):
         """Whether ``key`` was initialised (by init, broadcast or declare) on this worker."""
         return self._int_key(key) in self._push_results
 
+    def reduce_host(self, key, inputs, out, priority, on_done):
+        """Sum host (numpy) ``inputs`` here and over all workers into ``out``; ``on_done(error
+        or None)`` when finished. For callers inside an engine operation of their own (the
+        local group's root): nothing is pushed to MXNet's engine."""
+        self._engine.pushpull(self._initialised_key(key), inputs, [out], priority,
+                              on_done=on_done)
+
     def _initialise(self, key, value, outs, any_order=False):
         ikey = self._int_key(key)
         stored = self._engine.init(ikey, value.asnumpy(), any_order=any_order)

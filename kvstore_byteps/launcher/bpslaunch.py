@@ -7,11 +7,9 @@ Run on every node with BytePS's environment, as BytePS's own ``bpslaunch``::
 
 * ``worker``: COMMAND runs once per local device, each process with ``BYTEPS_LOCAL_RANK`` and
   ``BYTEPS_LOCAL_SIZE``. The local size is ``BYTEPS_LOCAL_SIZE``, else the number of devices in
-  ``NVIDIA_VISIBLE_DEVICES``, else 1. Each process is one ``dist_byteps`` worker of rank
-  ``DMLC_WORKER_ID x local size + local rank``.
-* ``scheduler`` / ``server``: our scheduler or server. They count worker *processes*, so when
-  workers run several processes each, set ``BYTEPS_LOCAL_SIZE`` on these nodes too (BytePS's
-  servers count hosts: one difference, see docs/migrating.md).
+  ``NVIDIA_VISIBLE_DEVICES``, else 1. As in BytePS, local rank 0 is the host's worker in the
+  cluster and the others reduce through it (``mxnet_patch.localgroup``): one flow per host.
+* ``scheduler`` / ``server``: our scheduler or server (``DMLC_NUM_WORKER`` counts hosts).
 * One worker host and no ``BYTEPS_FORCE_DISTRIBUTED=1`` (BytePS then needs no servers): the
   worker role (the default then) starts a scheduler and a server on this machine itself, so
   ``bpslaunch python train.py`` trains on one machine as it does with BytePS; the other roles
@@ -87,19 +85,18 @@ def plan_bpslaunch(environ: Mapping[str, str], command: Sequence[str],
         if role is not Role.WORKER:
             return "nothing (one worker host: its bpslaunch starts scheduler and server)", []
         return _single_host(size, command, python, port_of())
-    processes = {Env.NUM_WORKER: str(_int(environ, Env.NUM_WORKER) * size)}
+    _int(environ, Env.NUM_WORKER)
     if role is Role.SCHEDULER:
         return "the scheduler", [ProcSpec(role, None, tuple(scheduler_argv(
-            SchedulerProgram.BYTEPS, python)), processes)]
+            SchedulerProgram.BYTEPS, python)), {})]
     if role is Role.SERVER:
-        return "a server", [ProcSpec(role, None, (python, "-m", "kvstore_byteps.server"),
-                                     processes)]
+        return "a server", [ProcSpec(role, None, (python, "-m", "kvstore_byteps.server"), {})]
     if not command:
         raise UsageError("a worker needs the command to run: bpslaunch python train.py ...")
     host = _int(environ, Env.WORKER_ID, 0)
     specs = [ProcSpec(role, host * size + local, tuple(command),
-                      dict(processes, **{Env.LOCAL_RANK: str(local), Env.LOCAL_SIZE: str(size),
-                                         Env.WORKER_ID: str(host * size + local)}))
+                      {Env.LOCAL_RANK: str(local), Env.LOCAL_SIZE: str(size),
+                       Env.WORKER_ID: str(host)})
              for local in range(size)]
     return "%d worker process(es)" % size, specs
 
@@ -108,7 +105,7 @@ def _single_host(size: int, command: Sequence[str], python: str, port: int):
     """Scheduler, one server and ``size`` workers on this machine, on 127.0.0.1."""
     if not command:
         raise UsageError("a worker needs the command to run: bpslaunch python train.py ...")
-    common = {Env.NUM_WORKER: str(size), Env.NUM_SERVER: "1", Env.ROOT_URI: "127.0.0.1",
+    common = {Env.NUM_WORKER: "1", Env.NUM_SERVER: "1", Env.ROOT_URI: "127.0.0.1",
               Env.ROOT_PORT: str(port), Env.NODE_HOST: "127.0.0.1", Env.LOCAL_SIZE: str(size)}
     specs = [ProcSpec(Role.SCHEDULER, None, tuple(scheduler_argv(SchedulerProgram.BYTEPS,
                                                                  python)),
@@ -117,7 +114,7 @@ def _single_host(size: int, command: Sequence[str], python: str, port: int):
                       dict(common, **{Env.ROLE: "server"}))]
     specs += [ProcSpec(Role.WORKER, local, tuple(command),
                        dict(common, **{Env.LOCAL_RANK: str(local), Env.ROLE: "worker",
-                                       Env.WORKER_ID: str(local)}))
+                                       Env.WORKER_ID: "0"}))
               for local in range(size)]
     return "%d worker process(es) with a scheduler and a server on this machine" % size, specs
 

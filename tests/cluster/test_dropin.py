@@ -54,20 +54,26 @@ def test_horovod_api_on_one_host_with_bpslaunch_two_processes(spawn):
                        {"BYTEPS_LOCAL_SIZE": "2", "DMLC_ROLE": "", "DMLC_NUM_WORKER": ""})
     assert_ok(code, output, "HVD OK", 2)
     assert "2 worker process(es) with a scheduler and a server" in output, output
+    assert "dist_byteps: 1 workers" in output, output      # local rank 1 reduced through 0
 
 
-def test_bpslaunch_by_role_trains_like_one_process_and_exits_without_shutdown(spawn):
-    """Scheduler, server and worker host each started with ``bpslaunch`` as BytePS's users do
-    (the worker host runs 2 processes); DistributedTrainer equals one process on the union
-    batch, and the scripts end without ``shutdown()``."""
-    env = {"DMLC_NUM_WORKER": "1", "DMLC_NUM_SERVER": "1", "DMLC_PS_ROOT_URI": "127.0.0.1",
+def test_two_hosts_of_two_processes_train_like_one_process_with_one_flow_per_host(spawn):
+    """Scheduler, server and two worker hosts each started with ``bpslaunch`` as BytePS's users
+    do, every worker host running 2 processes: local rank 0 is the host's only worker in the
+    cluster (2 workers, 4 processes), DistributedTrainer equals one process on the union batch
+    (so 4 single-process workers too), and the scripts end without ``shutdown()``."""
+    env = {"DMLC_NUM_WORKER": "2", "DMLC_NUM_SERVER": "1", "DMLC_PS_ROOT_URI": "127.0.0.1",
            "DMLC_PS_ROOT_PORT": str(free_port()), "DMLC_NODE_HOST": "127.0.0.1",
-           "BYTEPS_FORCE_DISTRIBUTED": "1", "BYTEPS_LOCAL_SIZE": "2"}
-    others = [spawn(BPSLAUNCH, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                    env=dict(os.environ, PYTHONPATH=REPO, DMLC_ROLE=role, **env), cwd=REPO)
+           "BYTEPS_LOCAL_SIZE": "2"}
+    quiet = dict(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO)
+    node = dict(os.environ, PYTHONPATH=REPO, BYTEPS_START_TIMEOUT="40", **env)
+    others = [spawn(BPSLAUNCH, env=dict(node, DMLC_ROLE=role), **quiet)
               for role in ("scheduler", "server")]
+    others.append(spawn(BPSLAUNCH + [sys.executable, CHECKS, "bps-train"], **quiet,
+                        env=dict(node, DMLC_ROLE="worker", DMLC_WORKER_ID="1")))
     code, output = run(spawn, BPSLAUNCH + [sys.executable, CHECKS, "bps-train"],
                        dict(env, DMLC_ROLE="worker", DMLC_WORKER_ID="0"))
     assert_ok(code, output, "BPS TRAIN OK", 2)
+    assert "dist_byteps: 2 workers" in output, output
     for proc in others:
         assert proc.wait(timeout=30) == 0

@@ -26,17 +26,18 @@ def test_a_worker_host_runs_one_process_per_device_with_byteps_ranks():
     assert [(s.role, s.rank, s.argv) for s in specs] == [
         (Role.WORKER, 2, ("python", "train.py")), (Role.WORKER, 3, ("python", "train.py"))]
     assert [s.env["BYTEPS_LOCAL_RANK"] for s in specs] == ["0", "1"]
-    assert all(s.env["BYTEPS_LOCAL_SIZE"] == "2" and s.env["DMLC_NUM_WORKER"] == "4"
+    # local rank 0 joins the cluster as the host's worker (id 1); the others reduce through it
+    assert all(s.env["BYTEPS_LOCAL_SIZE"] == "2" and "DMLC_NUM_WORKER" not in s.env
                for s in specs)
-    assert [s.env["DMLC_WORKER_ID"] for s in specs] == ["2", "3"]     # worker id x 2 + local
+    assert [s.env["DMLC_WORKER_ID"] for s in specs] == ["1", "1"]
 
 
-def test_scheduler_and_server_count_worker_processes():
+def test_scheduler_and_server_count_hosts_as_byteps_does():
     for role, argv in (("scheduler", ("py", "-m", "kvstore_byteps.scheduler")),
                        ("server", ("py", "-m", "kvstore_byteps.server"))):
         _, [spec] = plan_bpslaunch(dict(DIST, DMLC_ROLE=role, BYTEPS_LOCAL_SIZE="4"), [],
                                    python="py")
-        assert spec.argv == argv and spec.env == {"DMLC_NUM_WORKER": "8"}
+        assert spec.argv == argv and spec.env == {}
 
 
 def test_one_worker_host_starts_its_own_scheduler_and_server():
@@ -44,7 +45,7 @@ def test_one_worker_host_starts_its_own_scheduler_and_server():
                                  port_of=lambda: 4321)
     assert [s.role for s in specs] == [Role.SCHEDULER, Role.SERVER, Role.WORKER, Role.WORKER]
     assert {s.env["DMLC_PS_ROOT_PORT"] for s in specs} == {"4321"}
-    assert all(s.env["DMLC_NUM_WORKER"] == "2" for s in specs)
+    assert all(s.env["DMLC_NUM_WORKER"] == "1" for s in specs)      # one host
     assert [s.env["BYTEPS_LOCAL_RANK"] for s in specs[2:]] == ["0", "1"]
     assert "scheduler and a server on this machine" in what
     # the other roles have nothing to do then, as with BytePS
