@@ -193,7 +193,13 @@ class Collective:
 
     def _reduce_in_group(self, key: int, name: str, source, out, priority: int) -> None:
         """The sum over the host's processes (through its root) and all hosts, as an
-        operation of MXNet's engine reading ``source`` and writing ``out``."""
+        operation of MXNet's engine reading ``source`` and writing ``out``. Tensors on a GPU
+        pass through a host copy (the group's processes exchange host memory)."""
+        if out.context.device_type != "cpu":
+            staging = source.as_in_context(mx.cpu())
+            self._reduce_in_group(key, name, staging, staging, priority)
+            staging.copyto(out)
+            return
         with self._lock:
             seq = self._uses[name] = self._uses.get(name, -1) + 1
         group = self._group

@@ -23,10 +23,11 @@ __all__ = ["init", "shutdown", "suspend", "resume", "size", "rank", "local_rank"
 
 # ---------------------------------------------------------------------------- basics
 def init(lazy=True):
-    """Join the job (``BYTEPS_GLOBAL_RANK``, if set, is the rank this process asks for).
-    ``lazy`` is accepted for BytePS's signature: the store starts now either way."""
+    """Join the job (``BYTEPS_GLOBAL_RANK``, if set, is the rank a process alone on its host
+    asks for). ``lazy`` is accepted for BytePS's signature: the store starts now either way."""
     global_rank = os.environ.get(Env.GLOBAL_RANK)
-    if global_rank not in (None, "") and not os.environ.get(Env.WORKER_ID):
+    if (global_rank not in (None, "") and not os.environ.get(Env.WORKER_ID)
+            and COLLECTIVE.local_size() == 1):
         os.environ[Env.WORKER_ID] = global_rank
     COLLECTIVE.start()
 
