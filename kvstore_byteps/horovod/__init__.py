@@ -17,8 +17,9 @@ from collections import OrderedDict
 
 import mxnet as mx
 
-from kvstore_byteps.mxnet import Compression
+from kvstore_byteps.mxnet import Compression, local_rank, local_size, rank, size
 from mxnet_patch.collective import COLLECTIVE
+from mxnet_patch.wrapped_optimizer import ReducingOptimizer
 
 __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size",
            "Average", "Sum", "Adasum", "Min", "Max", "Product",
@@ -47,22 +48,6 @@ def shutdown():
 
 def is_initialized():
     return COLLECTIVE.started
-
-
-def size():
-    return COLLECTIVE.size()
-
-
-def rank():
-    return COLLECTIVE.rank()
-
-
-def local_rank():
-    return COLLECTIVE.local_rank()
-
-
-def local_size():
-    return COLLECTIVE.local_size()
 
 
 def _scales(average, op, prescale_factor, postscale_factor):
@@ -181,45 +166,22 @@ def reducescatter(tensor, op=Average, name=None, priority=0):
     _no_server_form("reducescatter", "use allreduce and keep this process's slice")
 
 
-class DistributedOptimizer(mx.optimizer.Optimizer):
+class DistributedOptimizer(ReducingOptimizer):
     """Wraps an optimizer: each update first sums the gradient over all processes (the
     average comes from ``rescale_grad``, divided by ``size()`` here, as in Horovod)."""
 
     def __init__(self, optimizer, gradient_predivide_factor=1.0, num_groups=0):
-        self._optimizer = optimizer
+        super().__init__(optimizer)
         self._optimizer.rescale_grad *= gradient_predivide_factor / size()
         self._gradient_predivide_factor = gradient_predivide_factor
 
-    def __getattr__(self, item):
-        return getattr(self._optimizer, item)
-
-    def create_state_multi_precision(self, index, weight):
-        return self._optimizer.create_state_multi_precision(index, weight)
-
-    def _allreduce(self, index, grad):
+    def _reduce(self, index, grad):
         if size() == 1:
             return
         pairs = zip(index, grad) if isinstance(index, (tuple, list)) else [(index, grad)]
         for i, g in pairs:
             allreduce_(g, average=False, name=str(i), priority=-i,
                        prescale_factor=1.0 / self._gradient_predivide_factor)
-
-    def update(self, index, weight, grad, state):
-        self._allreduce(index, grad)
-        self._optimizer.update(index, weight, grad, state)
-
-    def update_multi_precision(self, index, weight, grad, state):
-        self._allreduce(index, grad)
-        self._optimizer.update_multi_precision(index, weight, grad, state)
-
-    def set_learning_rate(self, lr):
-        self._optimizer.set_learning_rate(lr)
-
-    def set_lr_mult(self, args_lr_mult):
-        self._optimizer.set_lr_mult(args_lr_mult)
-
-    def set_wd_mult(self, args_wd_mult):
-        self._optimizer.set_wd_mult(args_wd_mult)
 
 
 class DistributedTrainer(mx.gluon.Trainer):

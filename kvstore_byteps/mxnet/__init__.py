@@ -15,6 +15,7 @@ import mxnet as mx
 
 from kvstore_byteps.config import Env
 from mxnet_patch.collective import COLLECTIVE
+from mxnet_patch.wrapped_optimizer import ReducingOptimizer
 
 __all__ = ["init", "shutdown", "suspend", "resume", "size", "rank", "local_rank", "local_size",
            "byteps_declare_tensor", "byteps_push_pull", "broadcast_parameters",
@@ -154,40 +155,17 @@ class Compression:
 
 
 # ---------------------------------------------------------------------------- training
-class DistributedOptimizer(mx.optimizer.Optimizer):
+class DistributedOptimizer(ReducingOptimizer):
     """Wraps an optimizer: each update first averages the gradient over all processes."""
 
     def __init__(self, optimizer):
         _check_sync()
-        self._optimizer = optimizer
+        super().__init__(optimizer)
 
-    def __getattr__(self, item):
-        return getattr(self._optimizer, item)
-
-    def create_state_multi_precision(self, index, weight):
-        return self._optimizer.create_state_multi_precision(index, weight)
-
-    def _push_pull(self, index, grad):
+    def _reduce(self, index, grad):
         pairs = zip(index, grad) if isinstance(index, (tuple, list)) else [(index, grad)]
         for i, g in pairs:
             byteps_push_pull(g, priority=-i, name="gradient_%d" % i, is_average=True)
-
-    def update(self, index, weight, grad, state):
-        self._push_pull(index, grad)
-        self._optimizer.update(index, weight, grad, state)
-
-    def update_multi_precision(self, index, weight, grad, state):
-        self._push_pull(index, grad)
-        self._optimizer.update_multi_precision(index, weight, grad, state)
-
-    def set_learning_rate(self, lr):
-        self._optimizer.set_learning_rate(lr)
-
-    def set_lr_mult(self, args_lr_mult):
-        self._optimizer.set_lr_mult(args_lr_mult)
-
-    def set_wd_mult(self, args_wd_mult):
-        self._optimizer.set_wd_mult(args_wd_mult)
 
 
 class DistributedTrainer(mx.gluon.Trainer):

@@ -94,31 +94,29 @@ def test_zmq_imported_by_the_zmq_van_only():
     assert users == {"kvstore_byteps.van.zmq_van", "kvstore_byteps.van.zmq_auth"}, users
 
 
+def uses_of(attribute, prefixes, cases):
+    """``module:line`` of every ``x.<attribute>`` in the modules under ``prefixes``."""
+    found = []
+    for module, path in cases:
+        if module.startswith(prefixes):
+            found += ["%s:%d" % (module, node.lineno)
+                      for node in ast.walk(ast.parse(open(path).read()))
+                      if isinstance(node, ast.Attribute) and node.attr == attribute]
+    return found
+
+
 def test_the_engine_and_the_server_never_reach_into_the_van():
     """The KV layer owns where answers land and which buffers requests use; the worker engine,
     the server and the MXNet store speak to it, not to the van under it (``po.van``)."""
-    reaching = []
-    for module, path in CASES + list(modules(os.path.join(REPO, "mxnet_patch"))):
-        if not module.startswith(("kvstore_byteps.engine", "kvstore_byteps.serving",
-                                  "kvstore_byteps.server", "mxnet_patch")):
-            continue
-        for node in ast.walk(ast.parse(open(path).read())):
-            if isinstance(node, ast.Attribute) and node.attr == "van":
-                reaching.append("%s:%d" % (module, node.lineno))
-    assert not reaching, reaching
+    assert not uses_of("van", ("kvstore_byteps.engine", "kvstore_byteps.serving",
+                               "kvstore_byteps.server", "mxnet_patch"),
+                       CASES + list(modules(os.path.join(REPO, "mxnet_patch"))))
 
 
 def test_the_engine_leaves_the_kv_layers_locks_to_it():
     """Recording a push atomically with its send is the KV layer's hook (``on_send``), not the
     engine holding ``send_lock``."""
-    holding = []
-    for module, path in CASES:
-        if not module.startswith("kvstore_byteps.engine"):
-            continue
-        for node in ast.walk(ast.parse(open(path).read())):
-            if isinstance(node, ast.Attribute) and node.attr == "send_lock":
-                holding.append("%s:%d" % (module, node.lineno))
-    assert not holding, holding
+    assert not uses_of("send_lock", ("kvstore_byteps.engine",), CASES)
 
 
 def test_the_engines_parts_do_not_import_the_engine():
@@ -148,7 +146,8 @@ def test_the_byteps_and_horovod_apis_build_on_the_collective_only():
     """kvstore_byteps.mxnet and kvstore_byteps.horovod are front ends: they reach the store
     through mxnet_patch.collective (and read variable names from config), never the engine,
     the server or the transport."""
-    allowed = ("mxnet_patch.collective", "kvstore_byteps.mxnet", "kvstore_byteps.config")
+    allowed = ("mxnet_patch.collective", "mxnet_patch.wrapped_optimizer", "kvstore_byteps.mxnet",
+               "kvstore_byteps.config")
     for module, path in CASES:
         if module.startswith(("kvstore_byteps.mxnet", "kvstore_byteps.horovod")):
             ours = {n for n in imported(module, path)
