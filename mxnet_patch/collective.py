@@ -131,12 +131,17 @@ class Collective:
 
     # ------------------------------------------------------------------ ranks
     def rank(self) -> int:
-        self.kv
-        return self._host[0] * self.local_size() + self.local_rank()
+        """worker rank x local size + local rank (BytePS's global rank)."""
+        return self._joined()[0] * self.local_size() + self.local_rank()
 
     def size(self) -> int:
-        self.kv
-        return self._host[1] * self.local_size()
+        """workers x local size: every process of the job."""
+        return self._joined()[1] * self.local_size()
+
+    def _joined(self):
+        """(this host's worker rank, workers); ValueError before init()."""
+        self.kv                      # raises before init()
+        return self._host
 
     @staticmethod
     def local_rank() -> int:

@@ -13,7 +13,7 @@ import warnings
 
 import mxnet as mx
 
-from kvstore_byteps.config import Env
+from kvstore_byteps.config import Config, Env
 from mxnet_patch.collective import COLLECTIVE
 from mxnet_patch.wrapped_optimizer import ReducingOptimizer
 
@@ -117,7 +117,7 @@ def broadcast_parameters(params, root_rank=0):
 
 
 def _check_sync():
-    if int(os.environ.get(Env.ENABLE_ASYNC, "0") or 0):
+    if Config.from_env().enable_async:      # parsed as every node parses it
         raise NotImplementedError("BYTEPS_ENABLE_ASYNC is not supported by kvstore_byteps.mxnet "
                                   "yet: train synchronously (unset BYTEPS_ENABLE_ASYNC)")
 
