@@ -69,6 +69,9 @@ class ServerDialect:
     description: str
     #: why a restarted server of this kind cannot be restored by its workers (None: it can)
     unrestorable: Optional[str] = None
+    #: why these servers lack kvstore-byteps' extensions: pulls riding along with pushes,
+    #: gradient compression, keys declared in any order (None: they have them)
+    extensions_missing: Optional[str] = None
 
     def __init__(self, config: Config, num_servers: int):
         self.config, self.num_servers = config, num_servers
@@ -88,6 +91,10 @@ class ServerDialect:
     def requests(self, items) -> List[list]:
         """Items grouped into requests."""
         return [[item] for item in items]
+
+    def misplaced(self, layout: KeyLayout) -> Optional[str]:
+        """Why the servers may not hold ``layout``'s partitions where this worker put them."""
+        return None
 
 
 class BytePSDialect(ServerDialect):
@@ -119,6 +126,14 @@ class BytePSDialect(ServerDialect):
         return group_small(items, _server_and_cmd, SMALL_PARTITION_BYTES,
                            self.config.partition_bytes)
 
+    def misplaced(self, layout: KeyLayout) -> Optional[str]:
+        if self.config.key_hash_fn != "balanced":
+            return None
+        return ("The servers do not hold this worker's partitions of %s where it placed them: "
+                "with BYTEPS_KEY_HASH_FN=balanced (the default) every worker must initialise "
+                "its keys in the same order, as gluon's Trainer and Module do; or choose a hash "
+                "placement (djb2)" % layout.name)
+
 
 class MXNetDialect(ServerDialect):
     """MXNet's own servers: keys laid out as MXNet's worker does (``EncodeDefaultKey``, cmd =
@@ -129,6 +144,8 @@ class MXNetDialect(ServerDialect):
     description = "MXNet's own servers (MXNet's key layout, no BytePS data path)"
     unrestorable = ("this worker talks to MXNet's own servers, which kept the weights and the "
                     "optimizer state")
+    extensions_missing = ("these are MXNet's own servers (start ours: MXNET_KVSTORE_SERVER=byteps "
+                          "or python -m kvstore_byteps.server)")
 
     def partitions(self, key, nbytes, itemsize):
         pskv = encode_default_key(key, nbytes // itemsize, itemsize, self.num_servers,

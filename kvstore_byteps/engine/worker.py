@@ -122,7 +122,7 @@ class WorkerEngine:
         """Our servers take a round's pull along with its push (one message less per partition
         and round). Not with async rounds (a pull is answered at once there), nor with kept
         rounds (a restarted server is sent the pushes again, and would not know the pulls)."""
-        return (self.config.pull_with_push and self.dialect.kind is ServerKind.BYTEPS
+        return (self.config.pull_with_push and self.dialect.extensions_missing is None
                 and not self.config.enable_async and not self.config.server_recovery)
 
     def _keeper(self) -> Unrestorable:
@@ -175,11 +175,9 @@ class WorkerEngine:
             raise
 
     def _init(self, key, value, out, any_order):
-        if any_order and self.dialect.kind is not ServerKind.BYTEPS:
+        if any_order and self.dialect.extensions_missing:
             raise KVStoreBytePSError("declaring tensors in any order needs kvstore-byteps "
-                                     "servers; these are MXNet's (start the servers with "
-                                     "MXNET_KVSTORE_SERVER=byteps or python -m "
-                                     "kvstore_byteps.server)")
+                                     "servers; %s" % self.dialect.extensions_missing)
         layout = self.layout(key, value.shape, value.dtype)
         for part in layout.partitions:    # where this key's answers will land, every round
             self.kv.expect_answers(part.ps_key, part.nbytes)
@@ -195,14 +193,10 @@ class WorkerEngine:
         try:
             stored = self._pull_all(layout, {"await_init": True} if any_order else None)
         except PeerError as exc:
-            if (self.dialect.kind is not ServerKind.BYTEPS
-                    or self.config.key_hash_fn != "balanced"):
+            why = self.dialect.misplaced(layout)
+            if why is None:
                 raise
-            raise PeerError("%s. The servers do not hold this worker's partitions of %s where "
-                            "it placed them: with BYTEPS_KEY_HASH_FN=balanced (the default) "
-                            "every worker must initialise its keys in the same order, as "
-                            "gluon's Trainer and Module do; or choose a hash placement (djb2)"
-                            % (exc, layout.name)) from exc
+            raise PeerError("%s. %s" % (exc, why)) from exc
         for target in out or ():
             np.copyto(target.reshape(-1).view(np.uint8), stored)
         return stored.view(layout.dtype).reshape(layout.shape)
@@ -317,9 +311,9 @@ class WorkerEngine:
             raise KVStoreBytePSError("gradient compression and BYTEPS_SERVER_RECOVERY cannot be "
                                      "used together yet: a restarted server could not rebuild "
                                      "the compressors' error feedback")
-        if self.dialect.kind is not ServerKind.BYTEPS:
-            raise KVStoreBytePSError("gradient compression needs kvstore-byteps servers; these "
-                                     "are MXNet's")
+        if self.dialect.extensions_missing:
+            raise KVStoreBytePSError("gradient compression needs kvstore-byteps servers; %s"
+                                     % self.dialect.extensions_missing)
         if self.config.enable_async:
             raise KVStoreBytePSError("gradient compression needs synchronous training "
                                      "(unset BYTEPS_ENABLE_ASYNC)")
