@@ -13,7 +13,8 @@ written again every step (upstream ``dist_sync`` sums into them), inside the lay
 time; after the last step every sum must be ``W * (W + 1) / 2`` (exit 3 otherwise).
 
 Prints ``REPLAY_RESULT {json}``: each step's seconds, the seconds the forward waited for sums
-in each step, this process's CPU seconds per step, the model's bytes.
+in each step, this process's CPU seconds per step, the model's bytes, and the timeline of the
+last step (``[kind, start, end]`` from the step's start; kinds forward, wait, backward).
 """
 import argparse
 import json
@@ -71,10 +72,11 @@ def main(argv=None) -> int:
     steps, waits = [], []
     cpu_start = None
     started = time.perf_counter()
+    timeline = []
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
             cpu_start = sum(os.times()[:2])
-        waited = 0.0
+        waited, timeline = 0.0, []
         for layer, seconds in zip(layers, forward):
             before = time.perf_counter()
             for i in layer["index"]:
@@ -82,6 +84,8 @@ def main(argv=None) -> int:
             after = time.perf_counter()
             waited += after - before
             spend(seconds, after)
+            timeline += [["wait", before - started, after - started],
+                         ["forward", after - started, time.perf_counter() - started]]
         for layer, seconds in zip(reversed(layers), reversed(backward)):
             begin = time.perf_counter()
             for i in layer["index"]:
@@ -89,6 +93,7 @@ def main(argv=None) -> int:
             spend(seconds, begin)
             for i in layer["index"]:
                 kv.pushpull(i, grads[i], out=sums[i], priority=-i)
+            timeline.append(["backward", begin - started, time.perf_counter() - started])
         now = time.perf_counter()
         if step >= args.warmup:
             steps.append(now - started)
@@ -99,8 +104,9 @@ def main(argv=None) -> int:
     want = workers * (workers + 1) / 2
     wrong = [i for i in sorted(shapes) if not np.all(sums[i].asnumpy() == want)]
     nbytes = sum(int(np.prod(s)) for s in shapes.values()) * np.dtype(args.dtype).itemsize
+    timeline = [[kind, round(a, 4), round(b, 4)] for kind, a, b in timeline if b - a > 1e-4]
     print(RESULT_TAG + json.dumps({"rank": rank, "steps": steps, "waits": waits,
-                                   "cpu_per_step": cpu, "bytes": nbytes,
+                                   "cpu_per_step": cpu, "bytes": nbytes, "timeline": timeline,
                                    "wrong_sums": len(wrong)}), flush=True)
     return EXIT_WRONG_SUM if wrong else 0
 

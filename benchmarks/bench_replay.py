@@ -14,9 +14,11 @@ S / rate (S: the model's bytes; rate: the emulated link's TCP rate, measured in 
 Bounds: a worker sends and receives S per step (with at least as many servers as workers), so
 the step cannot be shorter than S / rate (the link bound) nor than the compute (the overlap
 bound is the larger of the two). The table shows each system's slowest-worker median step, its
-fraction of the bound, the ratio dist_sync / dist_byteps (> 1: we are faster), the median time
-the forward waited for sums (the communication the step did not hide) and the workers' CPU
-seconds per step. Systems alternate ``--repeats`` times; each keeps its best median. A
+fraction of the bound, its scaling efficiency (compute / step: one worker without
+communication takes exactly the compute), the ratio dist_sync / dist_byteps (> 1: we are
+faster), the median time the forward waited for sums (the communication the step did not
+hide) and the workers' CPU seconds per step; ``--out`` also draws the last step of the slowest
+worker of each system as a timeline (PNG next to the JSON, with matplotlib). Systems alternate ``--repeats`` times; each keeps its best median. A
 benchmark, never a test: it reports what it measured with the date, the commit and the load.
 """
 import argparse
@@ -103,7 +105,8 @@ def run_job(args, system: str, compute: float) -> Optional[Dict]:
                                            "\n".join(out.splitlines()[-12:])), flush=True)
         return None
     # a step ends when the slowest worker's does: the slowest worker's median
-    return {"step_s": max(statistics.median(r["steps"]) for r in results),
+    slowest = max(results, key=lambda r: statistics.median(r["steps"]))
+    return {"step_s": statistics.median(slowest["steps"]), "timeline": slowest["timeline"],
             "exposed_s": max(statistics.median(r["waits"]) for r in results),
             "worker_cpu_s": statistics.mean(r["cpu_per_step"] for r in results),
             "wrong_sums": sum(r["wrong_sums"] for r in results)}
@@ -150,14 +153,15 @@ def table(args, best, size, compute, link_bound, bound) -> List[str]:
                               "emulated %s links" % args.link_rate if args.network == "netns"
                               else "loopback", size / 1e6, compute,
                               ", link bound %.2f s" % link_bound if link_bound else "", bound))
-    rows = [head, "| system | step | of the bound | vs dist_sync | exposed | worker CPU/step |",
-            "|---|---|---|---|---|---|"]
+    rows = [head, "| system | step | of the bound | efficiency | vs dist_sync | exposed "
+            "| worker CPU/step |", "|---|---|---|---|---|---|---|"]
     upstream = best.get("dist_sync")
     for system, result in best.items():
         ratio = ("%.2fx" % (upstream["step_s"] / result["step_s"]) if upstream else "-")
-        rows.append("| %s | %.3f s | %.0f%% | %s | %.3f s | %.2f s |" % (
-            system, result["step_s"], 100 * bound / result["step_s"], ratio,
-            result["exposed_s"], result["worker_cpu_s"]))
+        rows.append("| %s | %.3f s | %.0f%% | %.0f%% | %s | %.3f s | %.2f s |" % (
+            system, result["step_s"], 100 * bound / result["step_s"],
+            100 * compute / result["step_s"], ratio, result["exposed_s"],
+            result["worker_cpu_s"]))
     return rows
 
 
@@ -184,6 +188,32 @@ def write_json(args, best, size, compute, link_bound, bound, load) -> None:
     with open(args.out, "w") as f:
         json.dump(data, f, indent=1)
     print("wrote", args.out)
+    plot(best, os.path.splitext(args.out)[0] + ".png", data["rows"][0]["case"])
+
+
+def plot(best: Dict[str, Dict], path: str, title: str) -> None:
+    """One step of each system's slowest worker: compute (forward, backward) and the forward's
+    waits for sums, on one time axis."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no plot: pip install matplotlib (the bench extra)")
+        return
+    colours = {"forward": "#4c72b0", "backward": "#55a868", "wait": "#c44e52"}
+    fig, ax = plt.subplots(figsize=(10, 1 + 0.6 * len(best)))
+    for row, (system, result) in enumerate(best.items()):
+        for kind, start, end in result["timeline"]:
+            ax.barh(row, end - start, left=start, color=colours[kind], height=0.6)
+    ax.set_yticks(range(len(best)))
+    ax.set_yticklabels(list(best))
+    ax.set_xlabel("seconds from the step's start (blue forward, green backward, red waiting "
+                  "for sums)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    print("wrote", path)
 
 
 def _prod(shape) -> int:
