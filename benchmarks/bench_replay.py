@@ -32,12 +32,12 @@ from typing import Dict, List, Optional
 
 from bench_pushpull import (add_byteps_job_arguments, byteps_launch_options, check_byteps_env,
                             child_env, describe_byteps_jobs, masked, measure_links)
+from replay_models import model_bytes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "_replay_worker.py")
 LAUNCH = os.path.join(ROOT, "launch.py")
-MODELS = os.path.join(HERE, "data", "replay_models.json")
 RESULT_TAG = "REPLAY_RESULT "
 SYSTEMS = {
     # label: (kvstore, launch.py options)
@@ -71,13 +71,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.compute_ratio is not None and args.network != "netns":
         p.error("--compute-ratio needs the emulated network's measured rate (--network netns)")
     return args
-
-
-def model_bytes(model: str, dtype: str) -> int:
-    with open(MODELS) as f:
-        layers = json.load(f)[model]
-    count = sum(_prod(shape) for layer in layers for shape in layer["params"])
-    return count * (2 if dtype == "float16" else 4)
 
 
 def run_job(args, system: str, compute: float) -> Optional[Dict]:
@@ -214,13 +207,6 @@ def plot(best: Dict[str, Dict], path: str, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     print("wrote", path)
-
-
-def _prod(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 if __name__ == "__main__":

@@ -107,7 +107,7 @@ def main() -> int:
         json.dump(models, f, indent=None, separators=(",", ":"))
     for name, layers in models.items():
         count = sum(len(layer["params"]) for layer in layers)
-        size = sum(_numel(shape) for layer in layers for shape in layer["params"]) * 4
+        size = sum(numel(shape) for layer in layers for shape in layer["params"]) * 4
         print("%-12s %3d layers, %3d tensors, %6.1f MB fp32, %.2f GFLOPs forward per sample"
               % (name, len(layers), count, size / 1e6,
                  sum(layer["flops"] for layer in layers) / 1e9))
@@ -115,11 +115,20 @@ def main() -> int:
     return 0
 
 
-def _numel(shape) -> int:
+def numel(shape) -> int:
+    """Elements of a tensor of ``shape``."""
     n = 1
     for d in shape:
         n *= d
     return n
+
+
+def model_bytes(model: str, dtype: str = "float32") -> int:
+    """Bytes of ``model``'s trainable parameters (from the JSON this script writes)."""
+    with open(OUT) as f:
+        layers = json.load(f)[model]
+    count = sum(numel(shape) for layer in layers for shape in layer["params"])
+    return count * (2 if dtype == "float16" else 4)
 
 
 if __name__ == "__main__":
