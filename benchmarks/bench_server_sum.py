@@ -105,7 +105,7 @@ def numpy_add_rate(nbytes, threads, keys=1, workers=2, seconds=1.0):
 
 
 def engine_rate(workers, keys, nbytes, threads, rounds, warmup=2):
-    """GB/s the BytePS server sums through its engine threads (median round)."""
+    """GB/s the BytePS server sums through its summing threads (median round)."""
     cmd = encode_cmd(RequestType.BYTEPS, np.float32)
     senders = [9 + 2 * w for w in range(workers)]
     data = {s: np.full(nbytes // 4, 1.0 + i, np.float32) for i, s in enumerate(senders)}
@@ -156,7 +156,7 @@ def main():
         lines.append(("numpy, same work, %d thread%s" % (t, plural),
                       lambda t=t: numpy_add_rate(args.partition_bytes, t, args.keys,
                                                  args.workers)))
-        lines.append(("BytePS server, %d engine thread%s" % (t, plural),
+        lines.append(("BytePS server, %d summing thread%s" % (t, plural),
                       lambda t=t: engine_rate(args.workers, args.keys, args.partition_bytes, t,
                                               args.rounds)))
     best = [0.0] * len(lines)
