@@ -107,7 +107,8 @@ def run_job(args, system: str, compute: float) -> Optional[Dict]:
 
 def git_commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+        # "-dirty": the tree differed from the commit when the figures were measured
+        return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=ROOT,
                               stdout=subprocess.PIPE, check=True).stdout.decode().strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

@@ -68,10 +68,16 @@ def read_frame(sock) -> Tuple[dict, bytearray]:
 
 
 class _Link:
-    """One connection, with a lock so that messages from several threads do not interleave."""
+    """One connection, with a lock so that messages from several threads do not interleave.
+    A send that cannot go on for ``send_timeout`` seconds (the peer stopped reading) fails
+    with an OSError instead of blocking its thread for good; reads wait as long as the peer
+    is alive (the rounds have their own deadline)."""
 
-    def __init__(self, sock):
+    def __init__(self, sock, send_timeout: float):
         self.sock, self._lock = sock, threading.Lock()
+        seconds = int(send_timeout)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                        struct.pack("ll", seconds, int((send_timeout - seconds) * 1e6)))
 
     def send(self, header: dict, payload=b"") -> None:
         prefix, body = frame(header, payload)
@@ -134,8 +140,8 @@ class LocalRoot:
                 sock, _ = self._listener.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(_Link(sock),), name="local-root-member",
-                             daemon=True).start()
+            threading.Thread(target=self._serve, args=(_Link(sock, self._timeout),),
+                             name="local-root-member", daemon=True).start()
 
     def _serve(self, link: _Link) -> None:
         rank = None
@@ -285,11 +291,16 @@ class LocalMember:
                     raise DeadlineError("local rank %d: local rank 0 of this host did not "
                                         "listen within %.0f s: %s" % (local_rank, timeout, exc))
                 time.sleep(0.1)
-        self._link = _Link(sock)
+        self._link = _Link(sock, timeout)
         self._link.send({"local_rank": local_rank})
         sock.settimeout(timeout)
-        #: what the root tells its members: the host's worker rank and the number of hosts
-        self.welcome, _ = read_frame(sock)
+        try:
+            #: what the root tells its members: the host's worker rank and the number of hosts
+            self.welcome, _ = read_frame(sock)
+        except (OSError, EOFError) as exc:
+            sock.close()
+            raise DeadlineError("local rank %d: no welcome from local rank 0 of this host "
+                                "within %.0f s: %s" % (local_rank, timeout, exc)) from None
         sock.settimeout(None)
         threading.Thread(target=self._receive, name="local-member", daemon=True).start()
 

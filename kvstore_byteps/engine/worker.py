@@ -275,30 +275,26 @@ class WorkerEngine:
 
     def _push(self, items, done) -> None:
         # Each request's partitions move on (and return their credit) when it is answered.
-        for group in self._requests(items):
-            self._route_of(group[0]).push(group, done)
+        for route, group in self._requests(items):
+            route.push(group, done)
 
     def _pull(self, items, done) -> None:
         riding = [item for item in items if item.handoff is not None]
         if riding:
             self._route.pull(riding, done)
-        for group in self._requests([item for item in items if item.handoff is None]):
-            self._route_of(group[0]).pull(group, done)
+        for route, group in self._requests([item for item in items if item.handoff is None]):
+            route.pull(group, done)
 
-    def _requests(self, items) -> List[list]:
-        """Items grouped into requests as the servers' dialect groups them; a compressed
-        partition always goes alone."""
+    def _requests(self, items) -> List[tuple]:
+        """``(route, group)`` per request: items grouped as the servers' dialect groups them
+        on the plain (or riding) route; a compressed partition goes alone on its route."""
         if self.compressed is None:
-            return self.dialect.requests(items)
+            return [(self._route, group) for group in self.dialect.requests(items)]
         plain, alone = [], []
         for item in items:
             (alone if self.compressed.takes(item) else plain).append(item)
-        return self.dialect.requests(plain) + [[item] for item in alone]
-
-    def _route_of(self, item) -> PlainRoute:
-        if self.compressed is not None and self.compressed.takes(item):
-            return self.compressed
-        return self._route
+        return ([(self._route, group) for group in self.dialect.requests(plain)]
+                + [(self.compressed, [item]) for item in alone])
 
     # ------------------------------------------------------------------ compression
     def set_compression(self, params) -> None:
