@@ -85,7 +85,7 @@ def plan_bpslaunch(environ: Mapping[str, str], command: Sequence[str],
         if role is not Role.WORKER:
             return "nothing (one worker host: its bpslaunch starts scheduler and server)", []
         return _single_host(size, command, python, port_of())
-    _int(environ, Env.NUM_WORKER)
+    _int(environ, Env.NUM_WORKER)     # a distributed job must say how many worker hosts
     if role is Role.SCHEDULER:
         return "the scheduler", [ProcSpec(role, None, tuple(scheduler_argv(
             SchedulerProgram.BYTEPS, python)), {})]
