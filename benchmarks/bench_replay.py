@@ -106,10 +106,15 @@ def run_job(args, system: str, compute: float) -> Optional[Dict]:
 
 
 def git_commit() -> str:
+    """The commit measured; "-dirty" if the code differed from it (results files aside: a
+    benchmark run writes them)."""
+    def git(*argv):
+        return subprocess.run(["git", *argv], cwd=ROOT, stdout=subprocess.PIPE,
+                              check=True).stdout.decode().strip()
     try:
-        # "-dirty": the tree differed from the commit when the figures were measured
-        return subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=ROOT,
-                              stdout=subprocess.PIPE, check=True).stdout.decode().strip()
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                      ":(exclude)benchmarks/results")
+        return git("rev-parse", "--short", "HEAD") + ("-dirty" if changed else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
