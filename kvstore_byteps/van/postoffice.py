@@ -251,6 +251,16 @@ class Postoffice:
                 for message in self._resender.due(now):
                     self._resend(message)
 
+    def _send_ack(self, ack: Message) -> None:
+        try:
+            self.van.send(ack)
+        except (PeerError, ProtocolError):
+            if self._resender is None or not self._resender.leaving:
+                raise               # a peer gone mid-job: the node stops, naming it
+            # after the shutdown barrier began, a resent answer's sender may already have
+            # left (its resend crossed our ACK): nobody is waiting for this ACK any more
+            log.debug("ACK to node %d not sent: it left", ack.meta.recver)
+
     def _resend(self, message: Message) -> None:
         try:
             self.van.send(message)
@@ -274,7 +284,7 @@ class Postoffice:
             with self._resend_lock:
                 ack, deliver = self._resender.on_receive(message, time.monotonic())
             if ack is not None:
-                self.van.send(ack)
+                self._send_ack(ack)
             if not deliver:
                 return True
         if message.meta.is_control:

@@ -152,3 +152,31 @@ def test_no_fast_retransmit_where_the_van_reorders_sends():
     worker.on_send(b, now=0.0)
     worker.on_receive(_ack_of(b), now=0.01)
     assert worker.due(0.01) == [] and worker.due(INITIAL_RTO_S) == [a]
+
+
+class _GoneVan:
+    """A van whose every peer has closed its connection."""
+
+    def send(self, message):
+        raise PeerError("sending to node %d failed: [Errno 32] Broken pipe" % message.meta.recver)
+
+
+def _postoffice_receiving_with_resend(leaving):
+    from kvstore_byteps.config import Config, Role
+    from kvstore_byteps.van.postoffice import Postoffice
+    office = Postoffice(Config(role=Role.WORKER), van=_GoneVan())
+    office._resender = Resender(my_id=9, timeout_ms=1000)
+    if leaving:
+        office._resender.leave()
+    return office
+
+
+def test_ack_to_a_sender_that_already_left_is_quiet_after_the_shutdown_barrier_began():
+    """CI saw it: a server resent an answer whose ACK was lost, then exited; the worker,
+    already in its shutdown barrier, failed its whole receive loop on the ACK's broken pipe."""
+    answer = Message(Meta(head=0, app_id=0, timestamp=3, sender=8, recver=9))
+    office = _postoffice_receiving_with_resend(leaving=True)
+    assert office._on_message(answer) is True
+    mid_job = _postoffice_receiving_with_resend(leaving=False)
+    with pytest.raises(PeerError, match="Broken pipe"):
+        mid_job._on_message(answer)
