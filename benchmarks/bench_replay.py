@@ -17,9 +17,12 @@ bound is the larger of the two). The table shows each system's slowest-worker me
 fraction of the bound, its scaling efficiency (compute / step: one worker without
 communication takes exactly the compute), the ratio dist_sync / dist_byteps (> 1: we are
 faster), the median time the forward waited for sums (the communication the step did not
-hide) and the workers' CPU seconds per step; ``--out`` also draws the last step of the slowest
-worker of each system as a timeline (PNG next to the JSON, with matplotlib). Systems alternate ``--repeats`` times; each keeps its best median. A
-benchmark, never a test: it reports what it measured with the date, the commit and the load.
+hide), the CPU seconds per step of each role's process (workers, servers and scheduler, ours
+and MXNet's alike, read from ``/proc``: ``_role_usage.py``) and how busy the workers' links
+were each way (bytes moved over what the link could move in the step); ``--out`` also draws
+the last step of the slowest worker of each system as a timeline (PNG next to the JSON, with
+matplotlib). Systems alternate ``--repeats`` times; each keeps its best median. A benchmark,
+never a test: it reports what it measured with the date, the commit and the load.
 """
 import argparse
 import datetime
@@ -28,10 +31,12 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from typing import Dict, List, Optional
 
 from bench_pushpull import (add_byteps_job_arguments, byteps_launch_options, check_byteps_env,
                             child_env, describe_byteps_jobs, masked, measure_links)
+from _role_usage import JOB_MARK, RoleUsage
 from replay_models import model_bytes
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -85,8 +90,11 @@ def run_job(args, system: str, compute: float) -> Optional[Dict]:
             sys.executable, WORKER, "--kvstore", kvstore, "--model", args.model,
             "--dtype", args.dtype, "--compute", "%.4f" % compute, "--steps", str(args.steps),
             "--warmup", str(args.warmup)]
-    done = subprocess.run(argv, env=child_env(), cwd=ROOT, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, timeout=args.job_timeout + 60)
+    mark = "%s-%d-%d" % (system, os.getpid(), time.monotonic_ns())
+    with RoleUsage(mark) as usage:
+        done = subprocess.run(argv, env={**child_env(), JOB_MARK: mark}, cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              timeout=args.job_timeout + 60)
     out = done.stdout.decode(errors="replace")
     results = []
     for line in out.splitlines():
@@ -99,9 +107,14 @@ def run_job(args, system: str, compute: float) -> Optional[Dict]:
         return None
     # a step ends when the slowest worker's does: the slowest worker's median
     slowest = max(results, key=lambda r: statistics.median(r["steps"]))
+    window = (min(r["window"][0] for r in results), max(r["window"][1] for r in results))
     return {"step_s": statistics.median(slowest["steps"]), "timeline": slowest["timeline"],
             "exposed_s": max(statistics.median(r["waits"]) for r in results),
             "worker_cpu_s": statistics.mean(r["cpu_per_step"] for r in results),
+            # every role's CPU (the workers' as seen from outside) and link bytes per step
+            "roles": usage.per_step(*window, steps=args.steps,
+                                    nodes={"worker": args.workers, "server": args.servers,
+                                           "scheduler": 1}),
             "wrong_sums": sum(r["wrong_sums"] for r in results)}
 
 
@@ -129,15 +142,17 @@ def main(argv=None) -> int:
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     load_before = os.getloadavg()[0]
     best: Dict[str, Dict] = {}
+    from tqdm import tqdm
     total = args.repeats * len(systems)
-    for n in range(total):
-        system = systems[n % len(systems)]
-        print("[%d/%d] %s, %s, compute %.2f s per step ..." % (n + 1, total, system,
-                                                               args.model, compute), flush=True)
-        result = run_job(args, system, compute)
-        if result is not None and (system not in best
-                                   or result["step_s"] < best[system]["step_s"]):
-            best[system] = result
+    with tqdm(total=total, unit="job", dynamic_ncols=True) as bar:
+        for n in range(total):
+            system = systems[n % len(systems)]
+            bar.set_description("%s %s, compute %.2f s" % (system, args.model, compute))
+            result = run_job(args, system, compute)
+            if result is not None and (system not in best
+                                       or result["step_s"] < best[system]["step_s"]):
+                best[system] = result
+            bar.update(1)
     load_after = os.getloadavg()[0]
     rows = table(args, best, size, compute, link_bound, bound)
     print("\n".join(rows))
@@ -153,15 +168,35 @@ def table(args, best, size, compute, link_bound, bound) -> List[str]:
                               else "loopback", size / 1e6, compute,
                               ", link bound %.2f s" % link_bound if link_bound else "", bound))
     rows = [head, "| system | step | of the bound | efficiency | vs dist_sync | exposed "
-            "| worker CPU/step |", "|---|---|---|---|---|---|---|"]
+            "| CPU/step: worker, server, scheduler | worker link busy |",
+            "|---|---|---|---|---|---|---|---|"]
     upstream = best.get("dist_sync")
     for system, result in best.items():
         ratio = ("%.2fx" % (upstream["step_s"] / result["step_s"]) if upstream else "-")
-        rows.append("| %s | %.3f s | %.0f%% | %.0f%% | %s | %.3f s | %.2f s |" % (
+        rows.append("| %s | %.3f s | %.0f%% | %.0f%% | %s | %.3f s | %s | %s |" % (
             system, result["step_s"], 100 * bound / result["step_s"],
             100 * compute / result["step_s"], ratio, result["exposed_s"],
-            result["worker_cpu_s"]))
+            cpu_per_role(result), link_busy(result, size, link_bound)))
     return rows
+
+
+def cpu_per_role(result) -> str:
+    """The CPU seconds per step of a node of each role."""
+    roles = result.get("roles", {})
+    return ", ".join("%.2f s" % roles[role]["cpu_s"] if role in roles else "?"
+                     for role in ("worker", "server", "scheduler"))
+
+
+def link_busy(result, size, link_bound) -> str:
+    """How much of the step the workers' links were busy, each way: bytes moved over what the
+    link could have moved in the step (at the rate measured at start); "-" on loopback."""
+    worker = result.get("roles", {}).get("worker", {})
+    if link_bound is None or "tx_mb" not in worker:
+        return "-"
+    rate = size / link_bound / 1e6                      # MB/s
+    capacity = rate * result["step_s"]
+    return "out %.0f%%, in %.0f%%" % (100 * worker["tx_mb"] / capacity,
+                                      100 * worker["rx_mb"] / capacity)
 
 
 def write_json(args, best, size, compute, link_bound, bound, load) -> None:

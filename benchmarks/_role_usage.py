@@ -1,0 +1,122 @@
+"""CPU seconds and network bytes per role of a running job, sampled from ``/proc``.
+
+The benchmark marks its job's processes with an environment variable (``JOB_MARK``, inherited
+through ``launch.py`` by every scheduler, server and worker, ours or MXNet's); a thread reads
+``/proc`` every ``period`` seconds: each marked process's role (``DMLC_ROLE``), its CPU seconds
+(user + system, all threads) and the bytes of its network namespace's ``eth0`` (on the emulated
+network every node has a namespace of its own, so those are the node's link; on loopback there
+is none and bytes are not reported). :meth:`RoleUsage.per_step` then gives, per role, what its
+processes used between two wall-clock times (the workers' measured steps), per node and step:
+CPU summed over the role's processes (a node may be two, ``launch.py``'s guard and the program)
+over its node count, bytes per namespace. MXNet's C++ servers are measured exactly as ours.
+
+Linux only; processes this user may not read are skipped.
+"""
+import os
+import threading
+import time
+from typing import Dict, List, Optional, Tuple
+
+#: the environment variable that marks a benchmark job's processes
+JOB_MARK = "KVSTORE_BENCH_JOB"
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _environ(pid: str) -> Dict[str, str]:
+    with open("/proc/%s/environ" % pid, "rb") as f:
+        pairs = f.read().split(b"\0")
+    return dict(p.decode(errors="replace").split("=", 1) for p in pairs if b"=" in p)
+
+
+def _cpu_seconds(pid: str) -> float:
+    with open("/proc/%s/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def _link_bytes(pid: str) -> Optional[Tuple[str, int, int]]:
+    """(namespace, received, sent bytes) of ``eth0`` in the process's network namespace, if
+    it has one."""
+    with open("/proc/%s/net/dev" % pid) as f:
+        for line in f:
+            name, _, counters = line.partition(":")
+            if name.strip() == "eth0":
+                fields = counters.split()
+                return os.readlink("/proc/%s/ns/net" % pid), int(fields[0]), int(fields[8])
+    return None
+
+
+class RoleUsage:
+    """Samples the marked processes of one job until :meth:`stop`."""
+
+    def __init__(self, mark: str, period: float = 0.2):
+        self.mark, self.period = mark, period
+        #: (wall time, {pid: (role, CPU seconds, (namespace, rx, tx) or None)})
+        self.samples: List[Tuple[float, Dict[str, tuple]]] = []
+        self._roles: Dict[str, Optional[str]] = {}     # pid -> role (None: not ours)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="role-usage")
+
+    def __enter__(self) -> "RoleUsage":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _role(self, pid: str) -> Optional[str]:
+        if pid not in self._roles:
+            try:
+                env = _environ(pid)
+            except OSError:
+                return None          # gone, or not ours to read: asked again next time
+            self._roles[pid] = env.get("DMLC_ROLE") if env.get(JOB_MARK) == self.mark else None
+        return self._roles[pid]
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            now, seen = time.time(), {}
+            for pid in os.listdir("/proc"):
+                if not pid.isdigit():
+                    continue
+                role = self._role(pid)
+                if role is None:
+                    continue
+                try:
+                    seen[pid] = (role, _cpu_seconds(pid), _link_bytes(pid))
+                except OSError:
+                    continue
+            self.samples.append((now, seen))
+
+    def _at(self, when: float):
+        """The sample nearest to wall time ``when``."""
+        return min(self.samples, key=lambda sample: abs(sample[0] - when))[1]
+
+    def per_step(self, start: float, end: float, steps: int,
+                 nodes: Dict[str, int]) -> Dict[str, Dict[str, float]]:
+        """Per role: CPU seconds per node and step between ``start`` and ``end`` (wall clock;
+        ``nodes``: the role's node count) and, where nodes have links, MB received and sent
+        per node and step."""
+        if not self.samples or steps <= 0:
+            return {}
+        first, last = self._at(start), self._at(end)
+        cpu: Dict[str, float] = {}
+        links: Dict[str, Dict[str, Tuple[int, int]]] = {}
+        for pid, (role, seconds, link) in last.items():
+            if pid not in first:
+                continue
+            _, seconds0, link0 = first[pid]
+            cpu[role] = cpu.get(role, 0.0) + seconds - seconds0
+            if link is not None and link0 is not None and link[0] == link0[0]:
+                links.setdefault(role, {})[link[0]] = (link[1] - link0[1], link[2] - link0[2])
+        out = {}
+        for role, seconds in sorted(cpu.items()):
+            count = nodes.get(role) or 1
+            usage = {"cpu_s": seconds / count / steps}
+            moved = list(links.get(role, {}).values())
+            if moved:
+                usage["rx_mb"] = sum(m[0] for m in moved) / len(moved) / steps / 1e6
+                usage["tx_mb"] = sum(m[1] for m in moved) / len(moved) / steps / 1e6
+            out[role] = usage
+        return out

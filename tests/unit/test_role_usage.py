@@ -1,0 +1,39 @@
+"""The replay benchmark's per-role accounting (benchmarks/_role_usage.py): sums per role over
+its processes (a node may be a guard and its program), per node and step; bytes per namespace."""
+import importlib.util
+import os
+
+import pytest
+from tests.support.paths import REPO
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def usage_module():
+    path = os.path.join(REPO, "benchmarks", "_role_usage.py")
+    spec = importlib.util.spec_from_file_location("_role_usage", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cpu_is_summed_per_role_and_divided_by_nodes_and_steps(usage_module):
+    usage = usage_module.RoleUsage("job")
+    usage.samples = [
+        (10.0, {"1": ("worker", 5.0, ("net:[1]", 100, 1000)),     # guard of worker 0
+                "2": ("worker", 7.0, ("net:[1]", 100, 1000)),     # worker 0's program
+                "3": ("worker", 1.0, ("net:[2]", 0, 0)),
+                "4": ("server", 2.0, None)}),
+        (20.0, {"1": ("worker", 5.5, ("net:[1]", 4100, 9000)),
+                "2": ("worker", 13.0, ("net:[1]", 4100, 9000)),
+                "3": ("worker", 5.5, ("net:[2]", 2000, 3000)),
+                "4": ("server", 4.0, None),
+                "5": ("server", 9.0, None)}),        # started after the window began: left out
+    ]
+    got = usage.per_step(10.1, 19.9, steps=4, nodes={"worker": 2, "server": 1})
+    assert got["worker"]["cpu_s"] == pytest.approx((0.5 + 6.0 + 4.5) / 2 / 4)
+    # one namespace counted once however many of the node's processes live in it
+    assert got["worker"]["rx_mb"] == pytest.approx((4000 + 2000) / 2 / 4 / 1e6)
+    assert got["worker"]["tx_mb"] == pytest.approx((8000 + 3000) / 2 / 4 / 1e6)
+    assert got["server"] == {"cpu_s": pytest.approx(2.0 / 4)}
