@@ -28,6 +28,14 @@ def _environ(pid: str) -> Dict[str, str]:
     return dict(p.decode(errors="replace").split("=", 1) for p in pairs if b"=" in p)
 
 
+def _machine_ticks() -> Tuple[int, int]:
+    """(busy, all) CPU ticks of the whole machine so far (``/proc/stat``; idle and iowait are
+    not busy)."""
+    with open("/proc/stat") as f:
+        ticks = [int(t) for t in f.readline().split()[1:9]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
 def _cpu_seconds(pid: str) -> float:
     with open("/proc/%s/stat" % pid) as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -53,6 +61,8 @@ class RoleUsage:
         self.mark, self.period = mark, period
         #: (wall time, {pid: (role, CPU seconds, (namespace, rx, tx) or None)})
         self.samples: List[Tuple[float, Dict[str, tuple]]] = []
+        #: (wall time, machine's (busy, all) ticks), taken with each sample
+        self.machine: List[Tuple[float, Tuple[int, int]]] = []
         self._roles: Dict[str, Optional[str]] = {}     # pid -> role (None: not ours)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="role-usage")
@@ -88,10 +98,20 @@ class RoleUsage:
                 except OSError:
                     continue
             self.samples.append((now, seen))
+            self.machine.append((now, _machine_ticks()))
 
-    def _at(self, when: float):
+    def _at(self, when: float, samples=None):
         """The sample nearest to wall time ``when``."""
-        return min(self.samples, key=lambda sample: abs(sample[0] - when))[1]
+        return min(samples or self.samples, key=lambda sample: abs(sample[0] - when))[1]
+
+    def machine_busy(self, start: float, end: float) -> Optional[float]:
+        """The fraction of the machine's CPU time (all cores) that was busy between ``start``
+        and ``end`` (wall clock): near 1.0, the CPU was what bound the job."""
+        if not self.machine:
+            return None
+        busy0, all0 = self._at(start, self.machine)
+        busy1, all1 = self._at(end, self.machine)
+        return (busy1 - busy0) / (all1 - all0) if all1 > all0 else None
 
     def per_step(self, start: float, end: float, steps: int,
                  nodes: Dict[str, int]) -> Dict[str, Dict[str, float]]:

@@ -18,8 +18,9 @@ fraction of the bound, its scaling efficiency (compute / step: one worker withou
 communication takes exactly the compute), the ratio dist_sync / dist_byteps (> 1: we are
 faster), the median time the forward waited for sums (the communication the step did not
 hide), the CPU seconds per step of each role's process (workers, servers and scheduler, ours
-and MXNet's alike, read from ``/proc``: ``_role_usage.py``) and how busy the workers' links
-were each way (bytes moved over what the link could move in the step); ``--out`` also draws
+and MXNet's alike, read from ``/proc``: ``_role_usage.py``), how busy the machine's CPUs were
+(near 100%: the CPU, not the network, bound the step) and how busy the workers' links were
+each way (bytes moved over what the link could move in the step); ``--out`` also draws
 the last step of the slowest worker of each system as a timeline (PNG next to the JSON, with
 matplotlib). Systems alternate ``--repeats`` times; each keeps its best median. A benchmark,
 never a test: it reports what it measured with the date, the commit and the load.
@@ -115,6 +116,7 @@ def run_job(args, system: str, compute: float) -> Optional[Dict]:
             "roles": usage.per_step(*window, steps=args.steps,
                                     nodes={"worker": args.workers, "server": args.servers,
                                            "scheduler": 1}),
+            "machine_busy": usage.machine_busy(*window),
             "wrong_sums": sum(r["wrong_sums"] for r in results)}
 
 
@@ -168,15 +170,17 @@ def table(args, best, size, compute, link_bound, bound) -> List[str]:
                               else "loopback", size / 1e6, compute,
                               ", link bound %.2f s" % link_bound if link_bound else "", bound))
     rows = [head, "| system | step | of the bound | efficiency | vs dist_sync | exposed "
-            "| CPU/step: worker, server, scheduler | worker link busy |",
-            "|---|---|---|---|---|---|---|---|"]
+            "| CPU/step: worker, server, scheduler | machine CPU busy | worker link busy |",
+            "|---|---|---|---|---|---|---|---|---|"]
     upstream = best.get("dist_sync")
     for system, result in best.items():
         ratio = ("%.2fx" % (upstream["step_s"] / result["step_s"]) if upstream else "-")
-        rows.append("| %s | %.3f s | %.0f%% | %.0f%% | %s | %.3f s | %s | %s |" % (
+        busy = result.get("machine_busy")
+        rows.append("| %s | %.3f s | %.0f%% | %.0f%% | %s | %.3f s | %s | %s | %s |" % (
             system, result["step_s"], 100 * bound / result["step_s"],
             100 * compute / result["step_s"], ratio, result["exposed_s"],
-            cpu_per_role(result), link_busy(result, size, link_bound)))
+            cpu_per_role(result), "%.0f%%" % (100 * busy) if busy is not None else "?",
+            link_busy(result, size, link_bound)))
     return rows
 
 

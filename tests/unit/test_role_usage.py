@@ -37,3 +37,11 @@ def test_cpu_is_summed_per_role_and_divided_by_nodes_and_steps(usage_module):
     assert got["worker"]["rx_mb"] == pytest.approx((4000 + 2000) / 2 / 4 / 1e6)
     assert got["worker"]["tx_mb"] == pytest.approx((8000 + 3000) / 2 / 4 / 1e6)
     assert got["server"] == {"cpu_s": pytest.approx(2.0 / 4)}
+
+
+def test_machine_busy_is_the_busy_share_of_all_ticks_in_the_window(usage_module):
+    usage = usage_module.RoleUsage("job")
+    usage.machine = [(10.0, (100, 400)), (15.0, (250, 600)), (20.0, (650, 1000))]
+    assert usage.machine_busy(10.1, 19.9) == pytest.approx(550 / 600)
+    assert usage.machine_busy(14.9, 20.0) == pytest.approx(400 / 400)
+    assert usage_module.RoleUsage("job").machine_busy(0.0, 1.0) is None
