@@ -1,27 +1,18 @@
 """The replay benchmark's /proc sampling (benchmarks/_role_usage.py) finds a marked process
 of another program, its role and the CPU it used."""
-import importlib.util
 import os
 import subprocess
 import sys
 import time
 
 import pytest
-from tests.support.paths import REPO
+from tests.support.benchmarks import load_benchmark
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def _module():
-    path = os.path.join(REPO, "benchmarks", "_role_usage.py")
-    spec = importlib.util.spec_from_file_location("_role_usage", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_a_marked_process_is_found_with_its_role_and_its_cpu_counted():
-    usage_module = _module()
+    usage_module = load_benchmark("_role_usage")
     env = {**os.environ, usage_module.JOB_MARK: "mark-%d" % os.getpid(), "DMLC_ROLE": "worker"}
     spin = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass\n" \
            "time.sleep(30)"

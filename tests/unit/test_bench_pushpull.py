@@ -1,19 +1,13 @@
 """bench_pushpull's command line: where its results go (no jobs are run here)."""
-import importlib.util
 import os
 
 import pytest
-from tests.support.paths import REPO
-
-_PATH = os.path.join(REPO, "benchmarks", "bench_pushpull.py")
+from tests.support.benchmarks import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_pushpull", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_pushpull")
 
 
 @pytest.mark.parametrize("out, plot, results", [

@@ -1,21 +1,14 @@
 """The replay benchmark's per-role accounting (benchmarks/_role_usage.py): sums per role over
 its processes (a node may be a guard and its program), per node and step; bytes per namespace."""
-import importlib.util
-import os
-
 import pytest
-from tests.support.paths import REPO
+from tests.support.benchmarks import load_benchmark
 
 pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture(scope="module")
 def usage_module():
-    path = os.path.join(REPO, "benchmarks", "_role_usage.py")
-    spec = importlib.util.spec_from_file_location("_role_usage", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("_role_usage")
 
 
 def test_cpu_is_summed_per_role_and_divided_by_nodes_and_steps(usage_module):
