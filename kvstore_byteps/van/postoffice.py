@@ -249,27 +249,19 @@ class Postoffice:
         if self._resender is not None:
             with self._resend_lock:       # sent in the order the resender recorded them
                 for message in self._resender.due(now):
-                    self._resend(message)
+                    self._send_resend_traffic(message, "resend")
 
-    def _send_ack(self, ack: Message) -> None:
-        try:
-            self.van.send(ack)
-        except (PeerError, ProtocolError):
-            if self._resender is None or not self._resender.leaving:
-                raise               # a peer gone mid-job: the node stops, naming it
-            # after the shutdown barrier began, a resent answer's sender may already have
-            # left (its resend crossed our ACK): nobody is waiting for this ACK any more
-            log.debug("ACK to node %d not sent: it left", ack.meta.recver)
-
-    def _resend(self, message: Message) -> None:
+    def _send_resend_traffic(self, message: Message, what: str) -> None:
+        """Send an ACK or a resend (PS_RESEND's own traffic). Once this node is leaving (its
+        shutdown barrier began), a peer that already left is not an error: a resend's ACK, or
+        a resent answer's sender, may be gone, and nobody waits for either any more."""
         try:
             self.van.send(message)
         except (PeerError, ProtocolError):
             if not self._resender.leaving:
                 raise               # a peer gone mid-job: the node stops, naming it
-            # after the shutdown barrier the peer may have left before its ACK: not an error
-            log.debug("resend to node %s after the shutdown barrier failed; given up",
-                      message.meta.recver)
+            log.debug("%s to node %s after the shutdown barrier began not sent: it left",
+                      what, message.meta.recver)
 
     def _on_message(self, message: Message) -> bool:
         if message.meta.is_control:
@@ -284,7 +276,7 @@ class Postoffice:
             with self._resend_lock:
                 ack, deliver = self._resender.on_receive(message, time.monotonic())
             if ack is not None:
-                self._send_ack(ack)
+                self._send_resend_traffic(ack, "ACK")
             if not deliver:
                 return True
         if message.meta.is_control:
