@@ -100,17 +100,14 @@ class RoleUsage:
             self.samples.append((now, seen))
             self.machine.append((now, _machine_ticks()))
 
-    def _at(self, when: float, samples=None):
-        """The sample nearest to wall time ``when``."""
-        return min(samples or self.samples, key=lambda sample: abs(sample[0] - when))[1]
 
     def machine_busy(self, start: float, end: float) -> Optional[float]:
         """The fraction of the machine's CPU time (all cores) that was busy between ``start``
         and ``end`` (wall clock): near 1.0, the CPU was what bound the job."""
         if not self.machine:
             return None
-        busy0, all0 = self._at(start, self.machine)
-        busy1, all1 = self._at(end, self.machine)
+        busy0, all0 = _nearest(self.machine, start)
+        busy1, all1 = _nearest(self.machine, end)
         return (busy1 - busy0) / (all1 - all0) if all1 > all0 else None
 
     def per_step(self, start: float, end: float, steps: int,
@@ -120,7 +117,7 @@ class RoleUsage:
         per node and step."""
         if not self.samples or steps <= 0:
             return {}
-        first, last = self._at(start), self._at(end)
+        first, last = _nearest(self.samples, start), _nearest(self.samples, end)
         cpu: Dict[str, float] = {}
         links: Dict[str, Dict[str, Tuple[int, int]]] = {}
         for pid, (role, seconds, link) in last.items():
@@ -140,3 +137,8 @@ class RoleUsage:
                 usage["tx_mb"] = sum(m[1] for m in moved) / len(moved) / steps / 1e6
             out[role] = usage
         return out
+
+
+def _nearest(samples: List[tuple], when: float):
+    """What the ``(wall time, what)`` sample nearest to wall time ``when`` holds."""
+    return min(samples, key=lambda sample: abs(sample[0] - when))[1]

@@ -111,8 +111,7 @@ def run_job(args, system: str, compute: float) -> Optional[Dict]:
     window = (min(r["window"][0] for r in results), max(r["window"][1] for r in results))
     return {"step_s": statistics.median(slowest["steps"]), "timeline": slowest["timeline"],
             "exposed_s": max(statistics.median(r["waits"]) for r in results),
-            "worker_cpu_s": statistics.mean(r["cpu_per_step"] for r in results),
-            # every role's CPU (the workers' as seen from outside) and link bytes per step
+            # every role's CPU and link bytes per step, as seen from outside
             "roles": usage.per_step(*window, steps=args.steps,
                                     nodes={"worker": args.workers, "server": args.servers,
                                            "scheduler": 1}),
