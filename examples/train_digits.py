@@ -10,6 +10,11 @@ makes the same SGD step. Rank 0 prints one line per epoch: the mean training los
 workers (summed through the store too) and the accuracy on the held-out test set. At the end the
 workers check, through the store, that they all hold identical parameters.
 
+With ``BYTEPS_ENABLE_ASYNC=1`` (on every node) it trains asynchronously: the store takes the
+optimizer (gluon's ``update_on_kvstore=True``), each worker's update is scaled by the global
+batch as in synchronous training (so the same learning rate fits), the loss printed is rank 0's
+own, and the workers read the final weights from the servers before comparing them.
+
 Lines start with ``[digits]``; ``launch.py`` adds ``[worker 0]`` in front.
 """
 import argparse
@@ -122,16 +127,18 @@ def train_epoch(net, trainer, loss_fn, x, y, args, contexts, rng, num_workers) -
     return float(total.asscalar()), steps * args.batch_size
 
 
-def check_identical(kv, net, key: int, metrics_key: int) -> float:
+def check_identical(kv, net, key: int, metrics_key) -> float:
     """Every worker compares its parameters with rank 0's (broadcast through the store under
-    ``key``); the mismatch counts are summed over workers under ``metrics_key``. Returns the sum
-    of the absolute parameter values; raises on a mismatch."""
+    ``key``); the mismatch counts are summed over workers under ``metrics_key`` (None: in
+    asynchronous training, where a push is an update, each worker checks its own). Returns the
+    sum of the absolute parameter values; raises on a mismatch."""
     params = [p.data(p.list_ctx()[0]).asnumpy().ravel() for p in net.collect_params().values()]
     mine = np.concatenate(params).astype(np.float32)
     theirs = nd.zeros(mine.shape, dtype=np.float32)
     kv.broadcast(key, nd.array(mine), out=theirs)
-    differing = int(np.count_nonzero(mine != theirs.asnumpy()))
-    total = int(global_sum(kv, metrics_key, [differing, 0])[0])
+    total = differing = int(np.count_nonzero(mine != theirs.asnumpy()))
+    if metrics_key is not None:
+        total = int(global_sum(kv, metrics_key, [differing, 0])[0])
     if total:
         raise RuntimeError("workers disagree on %d parameter values" % total)
     return float(np.abs(mine).sum())
@@ -148,11 +155,13 @@ def main(argv=None) -> int:
         % (kv.num_workers, len(contexts), kv.type, len(x_train), len(x_mine), len(x_test)))
 
     net = build_net(contexts, args.seed)
-    # The update runs on the workers (dist_byteps's only mode; for --kvstore dist_sync it keeps
-    # the servers plain summers, so the metrics keys below are sums there too).
+    asynchronous = "async" in kv.type
+    # Synchronous training updates on the workers (for --kvstore dist_sync this keeps the
+    # servers plain summers, so the metrics keys below are sums there too); asynchronous
+    # training needs the store to update (gluon sets update_on_kvstore=True itself).
     trainer = gluon.Trainer(net.collect_params(), "sgd",
                             {"learning_rate": args.lr, "momentum": args.momentum}, kvstore=kv,
-                            update_on_kvstore=False,
+                            update_on_kvstore=None if asynchronous else False,
                             compression_params=json.loads(args.compression)
                             if args.compression else None)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
@@ -164,12 +173,20 @@ def main(argv=None) -> int:
         tic = time.perf_counter()
         loss_sum, seen = train_epoch(net, trainer, loss_fn, x_mine, y_mine, args, contexts, rng,
                                      kv.num_workers)
-        loss_total, seen_total = global_sum(kv, metrics_key, [loss_sum, seen])
+        if asynchronous:     # a push is an update of the weights: no sums through the store
+            loss_total, seen_total = loss_sum, seen
+        else:
+            loss_total, seen_total = global_sum(kv, metrics_key, [loss_sum, seen])
         test_acc = accuracy(net, x_test, y_test, contexts[0])
         say(kv, "epoch %d/%d  train loss %.4f  test accuracy %.4f  (%.2f s)"
             % (epoch, args.epochs, loss_total / seen_total, test_acc, time.perf_counter() - tic))
 
-    checksum = check_identical(kv, net, metrics_key + 1, metrics_key)
+    if asynchronous:         # every worker's last changes are in: read the weights fresh
+        nd.waitall()
+        kv._barrier()
+        for index, param in enumerate(trainer._params):   # the Trainer's keys: its order
+            kv.pull(index, out=param.list_data())
+    checksum = check_identical(kv, net, metrics_key + 1, None if asynchronous else metrics_key)
     say(kv, "parameters identical on all %d workers (sum |w| = %.4f)" % (kv.num_workers, checksum))
     if args.save_params and kv.rank == 0:
         net.save_parameters(args.save_params)

@@ -2,9 +2,11 @@
 
 ``pushpull`` returns at once: it is an MXNet engine operation that reads the values and writes
 the outputs, so MXNet orders later reads of the outputs after it while backward passes, other
-keys' communication and the caller's Python go on. The update runs on the workers
-(``is_capable('optimizer')`` is False), so ``gluon.Trainer`` and ``Module`` reduce gradients
-through this store and update locally, as with BytePS.
+keys' communication and the caller's Python go on. In synchronous training the update runs on
+the workers (``is_capable('optimizer')`` is False), so ``gluon.Trainer`` and ``Module`` reduce
+gradients through this store and update locally, as with BytePS. In asynchronous training
+(``BYTEPS_ENABLE_ASYNC=1``) the store takes the optimizer and each push is a gradient turned
+into a change of the shared weights (:mod:`mxnet_patch.async_training`).
 
 Registered under ``'dist_byteps'`` in ``KVStoreBase.kv_registry`` by :mod:`mxnet_patch`'s
 start-up hook. This module is imported while MXNet itself is still importing (from
@@ -127,6 +129,7 @@ class KVStoreBytePS(KVStoreBase):
         self._lock = threading.Lock()
         self._gpu_path = None
         self._views = _ViewCache()
+        self._async = None            # AsyncUpdates once an optimizer is set (async mode only)
         if config.gc_freeze:
             freeze_startup_objects()
         close_at_exit(self._close_at_exit)
@@ -148,11 +151,12 @@ class KVStoreBytePS(KVStoreBase):
     def num_workers(self):
         return self._engine.num_workers
 
-    @staticmethod
-    def is_capable(capability):
-        """No server-side optimizer: the update runs on the workers (as in BytePS)."""
+    def is_capable(self, capability):
+        """Optimizer-capable in asynchronous training only: synchronous training updates on
+        the workers (as in BytePS); asynchronous training needs the store to turn each
+        gradient into a change of the shared weights (the optimizer stays on this worker)."""
         if capability.lower() == KVStoreBase.OPTIMIZER:
-            return False
+            return self._engine.config.enable_async
         raise ValueError("unknown capability %r" % capability)
 
     # ------------------------------------------------------------------ keys and values
@@ -225,6 +229,8 @@ class KVStoreBytePS(KVStoreBase):
     # ------------------------------------------------------------------ pushpull
     def pushpull(self, key, value, out=None, priority=0):
         """Sum ``value`` over local devices and all workers into ``out`` (default: in place).
+        Asynchronous training: ``value`` is a gradient, applied by the optimizer to the shared
+        weights, which are read back into ``out``.
 
         Returns at once; reading an output waits for the result (and raises its error).
         """
@@ -232,7 +238,10 @@ class KVStoreBytePS(KVStoreBase):
                                   self._per_key(key, out, "pushpull")):
             values = self._as_list(v)
             outs = values if o is None else self._as_list(o)
-            self._submit(self._initialised_key(k), values, outs, priority)
+            if self._engine.config.enable_async:
+                self._update_async(k, values, outs, priority)
+            else:
+                self._submit(self._initialised_key(k), values, outs, priority)
 
     def _initialised_key(self, key):
         ikey = self._int_key(key)
@@ -241,17 +250,40 @@ class KVStoreBytePS(KVStoreBase):
         return ikey
 
     def push(self, key, value, priority=0):
-        """Push the sum of ``value`` (over devices); a later ``pull`` reads the round's sum."""
+        """Push the sum of ``value`` (over devices); a later ``pull`` reads the round's sum.
+        Asynchronous training: ``value`` is a gradient, applied to the shared weights."""
         for k, v in self._per_key(key, value, "push"):
+            if self._engine.config.enable_async:
+                self._update_async(k, self._as_list(v), [], priority)
+                continue
             ikey = self._initialised_key(k)
             self._submit(ikey, self._as_list(v), [self._push_results[ikey]], priority)
 
     def pull(self, key, out=None, priority=0, ignore_sparse=True):
-        """Copy the sum of the last push of ``key`` (or its initial value) into ``out``."""
+        """Copy the sum of the last push of ``key`` (or its initial value) into ``out``.
+        Asynchronous training: the servers' weights as they are now."""
         for k, o in self._per_key(key, out, "pull"):
             ikey = self._initialised_key(k)
+            if self._engine.config.enable_async:     # read fresh: push no change
+                held = self._push_results[ikey]
+                self._submit(ikey, [nd.zeros(held.shape, held.context, held.dtype)], [held],
+                             priority)
             for target in self._as_list(o):
                 self._push_results[ikey].copyto(target)
+
+    def _update_async(self, key, grads, outs, priority):
+        """Asynchronous training: ``grads`` of ``key`` become a change of the shared weights,
+        read back into the store's copy and ``outs``."""
+        if self._async is None:
+            from kvstore_byteps.errors import KVStoreBytePSError
+            from mxnet_patch.async_training import NO_OPTIMIZER
+            raise KVStoreBytePSError(NO_OPTIMIZER)
+        ikey = self._initialised_key(key)
+        weights = self._push_results[ikey]        # the weights as this worker last read them
+        self._async.step(key, grads, weights,
+                         lambda values, outs, p: self._submit(ikey, values, outs, p), priority)
+        for target in outs:
+            weights.copyto(target)
 
     def _submit(self, ikey, values, outs, priority):
         from mxnet_patch.engine_async import push_async
@@ -284,9 +316,22 @@ class KVStoreBytePS(KVStoreBase):
 
     # ------------------------------------------------------------------ the rest of the API
     def set_optimizer(self, optimizer):
-        raise NotImplementedError(
-            "dist_byteps updates on the workers: use gluon.Trainer(..., kvstore=kv) (it then "
-            "sets update_on_kvstore=False by itself) or Module.fit, not set_optimizer")
+        """Asynchronous training only: the optimizer that turns this worker's gradients into
+        changes of the shared weights (kept here; nothing is sent to the servers)."""
+        if not self._engine.config.enable_async:
+            raise NotImplementedError(
+                "dist_byteps updates on the workers in synchronous training: use "
+                "gluon.Trainer(..., kvstore=kv) (it then sets update_on_kvstore=False by "
+                "itself) or Module.fit, not set_optimizer (BYTEPS_ENABLE_ASYNC=1 trains "
+                "asynchronously with the optimizer in the store)")
+        from mxnet_patch.async_training import AsyncUpdates
+        self._async = AsyncUpdates(optimizer)
+
+    @property
+    def _updater(self):
+        """The updater of asynchronous training (gluon's ``Trainer.load_states`` reads its
+        optimizer, as with MXNet's stores); None before ``set_optimizer``."""
+        return None if self._async is None else self._async.updater
 
     def set_gradient_compression(self, compression_params):
         """BytePS's compression dict (``{"compressor": "onebit", "ef": "vanilla", ...}``) or
@@ -294,12 +339,24 @@ class KVStoreBytePS(KVStoreBase):
         self._engine.set_compression(compression_params)
 
     def save_optimizer_states(self, fname, dump_optimizer=False):
-        raise NotImplementedError("dist_byteps keeps no optimizer: save the Trainer's states "
-                                  "(trainer.save_states) instead")
+        """Asynchronous training: save this worker's optimizer states (as MXNet's stores do)."""
+        with open(fname, "wb") as f:
+            f.write(self._async_updates("save").get_states(dump_optimizer))
 
     def load_optimizer_states(self, fname):
-        raise NotImplementedError("dist_byteps keeps no optimizer: load the Trainer's states "
-                                  "(trainer.load_states) instead")
+        """Asynchronous training: load optimizer states saved by :meth:`save_optimizer_states`."""
+        updates = self._async_updates("load")
+        with open(fname, "rb") as f:
+            updates.set_states(f.read())
+
+    def _async_updates(self, what):
+        if self._async is None:
+            raise NotImplementedError(
+                "dist_byteps keeps no optimizer%s: %s the Trainer's states "
+                "(trainer.%s_states) instead" % (
+                    "" if self._engine.config.enable_async else " in synchronous training",
+                    what, what))
+        return self._async
 
     def _barrier(self):
         """Block until every worker reached this barrier (after this worker's pending ops)."""

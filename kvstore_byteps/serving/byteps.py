@@ -22,7 +22,8 @@ BytePS path, one key per request, ``lens=[nbytes]`` like a default push:
   partition and round, the push's credit still returned at once). If the worker sets the
   ``round`` extension field of the meta, it must match the server's count;
 * async (``BYTEPS_ENABLE_ASYNC=1``): a push is added to the stored weights by the key's
-  summing thread and acked at once; a pull is answered at once with the weights as they are;
+  summing thread and acked once added (a worker reads its own change back); a pull is
+  answered at once with the weights as they are;
 * a default-type (cmd 0/2/5) pull of a BytePS key returns its initial value (sync) or the
   current weights (async); with ``await_init`` it waits for the key's initialising push.
 
@@ -251,8 +252,6 @@ class BytePSServer(KVStoreDistServer):
         _check_matches(key, values)
         if self.enable_async:
             self._summing.submit(key.thread, lambda: self._add_async(req, server, key, values, pull))
-            if not pull:
-                self.send_answer(server, req)
             return
         r = key.rounds.begin_push(req.sender, claimed_round(req))
         if pull:
@@ -400,8 +399,12 @@ class BytePSServer(KVStoreDistServer):
     def _add_async(self, req, server, key: _BytePSKey, values: np.ndarray, pull: bool) -> None:
         # a new array each time: pulls answered meanwhile keep the previous weights intact
         key.value = publish(np.add(key.value, values))
+        # answered (acked or read back) only now: a worker's pull after its acked push reads
+        # weights that hold its change
         if pull:
             self._answer(req, server, key.value)
+        else:
+            self.send_answer(server, req)
 
     def _answer(self, req, server, value: np.ndarray) -> None:
         if req.meta.head in COMPRESSED_HEADS:      # every answer passes here: no decoding

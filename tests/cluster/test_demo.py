@@ -1,8 +1,9 @@
 """The README's demo job: gluon training on digits over dist_byteps, 2 workers x 2 servers.
 
 Runs examples/train_digits.py through launch.py as run_demo.sh does (but 2 epochs): with our
-BytePS servers and 2 CPU contexts per worker (the local reduce on the path too), and with
-upstream MXNet's servers.
+BytePS servers and 2 CPU contexts per worker (the local reduce on the path too), with
+upstream MXNet's servers, and asynchronously (BYTEPS_ENABLE_ASYNC=1: gluon updates through the
+store; the workers read the final weights from the servers before comparing them).
 """
 import os
 import re
@@ -21,16 +22,19 @@ MIN_ACCURACY = 0.9
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("server, contexts", [("byteps", 2), ("mxnet", 1)])
-def test_demo_trains_digits_over_two_workers_and_two_servers(spawn, server, contexts):
+@pytest.mark.parametrize("server, contexts, mode", [("byteps", 2, "sync"), ("mxnet", 1, "sync"),
+                                                   ("byteps", 1, "async")])
+def test_demo_trains_digits_over_two_workers_and_two_servers(spawn, server, contexts, mode):
     argv = [sys.executable, os.path.join(REPO, "launch.py"), "-n", "2", "-s", "2",
             "--server", server, "--timeout", "90", "--env", "BYTEPS_START_TIMEOUT=40",
             "--env", "BYTEPS_REQUEST_TIMEOUT=60",
+            "--env", "BYTEPS_ENABLE_ASYNC=%d" % (mode == "async"),
             sys.executable, os.path.join(REPO, "examples", "train_digits.py"),
             "--epochs", "2", "--contexts", str(contexts)]
     proc = spawn(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out, _ = proc.communicate(timeout=110)
     assert proc.returncode == 0, out
+    assert "kvstore dist_%s_byteps" % mode in out, out
     found = ACCURACY.findall(out)
     assert len(found) == 1, "expected one final accuracy line from rank 0\n" + out
     assert float(found[0]) > MIN_ACCURACY, out
