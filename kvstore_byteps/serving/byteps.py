@@ -101,8 +101,7 @@ class BytePSServer(KVStoreDistServer):
         # the summing threads' work, as stages of the server profile (profiler.py)
         self._accumulate = self.profiler.timed("sum", self._accumulate, _describe_sum)
         self._add_async = self.profiler.timed(
-            "sum", self._add_async, lambda req, server, key, values, pull: _describe_sum(
-                key, None, values))
+            "sum", self._add_async, lambda key, values, then: _describe_sum(key, None, values))
         self._keys: Dict[int, _BytePSKey] = {}
         self._keys_lock = threading.Lock()
         #: Called with (ps key, bytes per push) when a key is initialised, so a
@@ -251,7 +250,11 @@ class BytePSServer(KVStoreDistServer):
             return
         _check_matches(key, values)
         if self.enable_async:
-            self._summing.submit(key.thread, lambda: self._add_async(req, server, key, values, pull))
+            if pull:
+                then = lambda: self._answer(req, server, key.value)   # noqa: E731
+            else:
+                then = lambda: self.send_answer(server, req)          # noqa: E731
+            self._summing.submit(key.thread, lambda: self._add_async(key, values, then))
             return
         r = key.rounds.begin_push(req.sender, claimed_round(req))
         if pull:
@@ -368,11 +371,13 @@ class BytePSServer(KVStoreDistServer):
     def _push_batch(self, req, server, keys, values) -> None:
         for key, part in zip(keys, values):
             _check_matches(key, part)
-        for key, part in zip(keys, values):
-            if self.enable_async:
+        if self.enable_async:      # acked once every key has its change added
+            added = _Countdown(len(keys), lambda: self.send_answer(server, req))
+            for key, part in zip(keys, values):
                 self._summing.submit(key.thread,
-                                    lambda k=key, v=part: self._add_async(req, server, k, v, False))
-                continue
+                                     lambda k=key, v=part: self._add_async(k, v, added.done))
+            return
+        for key, part in zip(keys, values):
             r = key.rounds.begin_push(req.sender)
             self._summing.submit(key.thread, lambda k=key, r=r, v=part: self._accumulate(k, r, v))
         self._ack_push(req, server, sum(part.nbytes for part in values))
@@ -396,21 +401,34 @@ class BytePSServer(KVStoreDistServer):
                 req, server = token
                 self._answer(req, server, total)
 
-    def _add_async(self, req, server, key: _BytePSKey, values: np.ndarray, pull: bool) -> None:
+    @staticmethod
+    def _add_async(key: _BytePSKey, values: np.ndarray, then: Callable[[], None]) -> None:
         # a new array each time: pulls answered meanwhile keep the previous weights intact
         key.value = publish(np.add(key.value, values))
-        # answered (acked or read back) only now: a worker's pull after its acked push reads
-        # weights that hold its change
-        if pull:
-            self._answer(req, server, key.value)
-        else:
-            self.send_answer(server, req)
+        # the push is answered (acked or read back) only now: a worker's pull after its acked
+        # push reads weights that hold its change
+        then()
 
     def _answer(self, req, server, value: np.ndarray) -> None:
         if req.meta.head in COMPRESSED_HEADS:      # every answer passes here: no decoding
             value = self.compressed.answer_value(req, value)
         lens = np.array([value.nbytes], dtype=np.int32)
         self.send_answer(server, req, keys=req.keys, vals=value, lens=lens)
+
+
+class _Countdown:
+    """Runs ``then`` when :meth:`done` was called ``count`` times (from any threads)."""
+
+    def __init__(self, count: int, then: Callable[[], None]):
+        self._left, self._then = count, then
+        self._lock = threading.Lock()
+
+    def done(self) -> None:
+        with self._lock:
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self._then()
 
 
 def _send_all(acks) -> None:

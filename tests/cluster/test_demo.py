@@ -13,12 +13,14 @@ import sys
 import pytest
 from tests.support.paths import REPO
 
-ACCURACY = re.compile(r"^\[worker 0\] \[digits\] final test accuracy ([0-9.]+) after 2 epochs",
+ACCURACY = re.compile(r"^\[worker 0\] \[digits\] final test accuracy ([0-9.]+) after \d+ epochs",
                       re.MULTILINE)
 # After 2 epochs the demo reaches ~0.95 (deterministic seeds); 0.9 leaves room, while a broken
 # gradient sum (zeros, or garbage) stays far below it. One worker's gradients only would still
 # learn, but then the workers' parameters differ and the demo's own identity check fails.
+# Asynchronous training is noisier (stale updates, timing-dependent): 0.91-0.94 after 4 epochs.
 MIN_ACCURACY = 0.9
+EPOCHS = {"sync": 2, "async": 4}
 
 
 @pytest.mark.timeout(120)
@@ -30,13 +32,14 @@ def test_demo_trains_digits_over_two_workers_and_two_servers(spawn, server, cont
             "--env", "BYTEPS_REQUEST_TIMEOUT=60",
             "--env", "BYTEPS_ENABLE_ASYNC=%d" % (mode == "async"),
             sys.executable, os.path.join(REPO, "examples", "train_digits.py"),
-            "--epochs", "2", "--contexts", str(contexts)]
+            "--epochs", str(EPOCHS[mode]), "--contexts", str(contexts)]
     proc = spawn(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out, _ = proc.communicate(timeout=110)
     assert proc.returncode == 0, out
     assert "kvstore dist_%s_byteps" % mode in out, out
+    assert "unknown timestamp" not in out, out       # no request answered twice
     found = ACCURACY.findall(out)
     assert len(found) == 1, "expected one final accuracy line from rank 0\n" + out
     assert float(found[0]) > MIN_ACCURACY, out
     assert "[digits] parameters identical on all 2 workers" in out, out
-    assert len(re.findall(r"\[digits\] epoch \d/2 ", out)) == 2, out
+    assert len(re.findall(r"\[digits\] epoch \d/%d " % EPOCHS[mode], out)) == EPOCHS[mode], out

@@ -83,3 +83,22 @@ def test_batch_with_bad_lens_or_unknown_key_is_refused_whole(server):
     good = batch_push(WORKER0, [10], [np.ones(2, np.float32)])   # key 10 untouched by them
     srv.handle_request(good, fake)
     assert fake.wait_for(good).error is None
+
+
+def test_async_batch_push_is_acked_once_after_every_key_has_its_change():
+    with BytePSServer(2, summing_threads=2, enable_async=True) as srv:
+        fake = FakeServer()
+        keys = [20, 21, 22]
+        for key, size in zip(keys, (2, 3, 1)):
+            srv.handle_request(push(WORKER0, key, np.full(size, 5.0, np.float32)), fake)
+        changes = [np.full(s, 1.0, np.float32) for s in (2, 3, 1)]
+        for sender in (WORKER0, WORKER1):
+            req = batch_push(sender, keys, changes)
+            srv.handle_request(req, fake)
+            assert fake.wait_for(req).error is None
+            read = batch_pull(sender, keys)       # after the ack: every change is in
+            srv.handle_request(read, fake)
+            want = 6.0 if sender == WORKER0 else 7.0
+            assert list(fake.wait_for(read).values()) == [want] * 6
+        acks = [a for a in fake.answers if a.req.meta.push and a.req.meta.head == BP]
+        assert len(acks) == 2                      # one per batch, not one per key
