@@ -11,7 +11,11 @@ their names in different orders (layers built from a dict, parameters initialise
   (``BYTEPS_KEY_HASH_FN`` defaults to BytePS's ``djb2`` here; ``balanced`` placement depends
   on the order of first use and is refused);
 * a reduction is a ``pushpull`` of the store (asynchronous, through MXNet's engine), with
-  MXNet operations for the scaling before and after it, so reading the result waits for it.
+  MXNet operations for the scaling before and after it, so reading the result waits for it;
+* asynchronous training (``BYTEPS_ENABLE_ASYNC=1``, one process per host): there are no
+  rounds to sum, so a "reduction" is BytePS's async push_pull (the servers add the tensor into
+  their copy, which is read back: :meth:`Collective.share`), and a broadcast is the
+  declaration of a key with rank 0's value, read back (:meth:`Collective.broadcast`).
 
 Ranks: ``BYTEPS_LOCAL_RANK`` / ``BYTEPS_LOCAL_SIZE`` (set by ``bpslaunch`` for each process it
 starts) give the local rank and size. With one process per host, that process is the host's
@@ -62,6 +66,7 @@ class Collective:
         self._names = {}          # key -> name (collisions are refused)
         self._uses = {}           # name -> times this process reduced it (rounds of a group)
         self._auto = 0            # the count behind generated names
+        self._asynchronous = False
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ life
@@ -80,6 +85,11 @@ class Collective:
 
     def _join(self) -> None:
         local_rank, local_size = self.local_rank(), self.local_size()
+        self._asynchronous = Config.from_env().enable_async
+        if self._asynchronous and local_size > 1:
+            raise ValueError("BYTEPS_ENABLE_ASYNC with several processes per host "
+                             "(BYTEPS_LOCAL_SIZE=%d) is not supported: run one process per "
+                             "host, or train synchronously" % local_size)
         if not 0 <= local_rank < local_size:
             raise ValueError("BYTEPS_LOCAL_RANK=%d is outside [0, BYTEPS_LOCAL_SIZE=%d)"
                              % (local_rank, local_size))
@@ -159,9 +169,15 @@ class Collective:
             self._auto += 1
             return "%s.%d" % (prefix, self._auto)
 
-    def declare(self, name: str, like) -> int:
-        """The key of ``name``, initialised on the servers with zeros shaped like ``like`` the
-        first time (blocking). ValueError if another name of this job has the same key."""
+    @property
+    def asynchronous(self) -> bool:
+        """Whether the job trains asynchronously (BYTEPS_ENABLE_ASYNC=1); known once started."""
+        return self._asynchronous
+
+    def declare(self, name: str, like, initial=None) -> int:
+        """The key of ``name``, initialised on the servers the first time (blocking) with rank
+        0's ``initial`` (default: zeros shaped like ``like``). ValueError if another name of
+        this job has the same key."""
         key = key_of(name)
         kv = self.kv
         with self._lock:
@@ -172,7 +188,8 @@ class Collective:
             if known is None:
                 self._names[key] = name
         if not isinstance(kv, LocalMember) and not kv.declared(key):
-            kv.declare(key, mx.nd.zeros(like.shape, dtype=like.dtype))
+            kv.declare(key, mx.nd.zeros(like.shape, dtype=like.dtype) if initial is None
+                       else initial)
         return key
 
     # ------------------------------------------------------------------ reductions
@@ -182,6 +199,13 @@ class Collective:
         (``out`` may be ``tensor``). Asynchronous: reading ``out`` waits for it."""
         key = self.declare(name, tensor)
         source = tensor
+        if self._asynchronous:      # no rounds to sum in: BytePS's async push_pull
+            if prescale != 1.0:
+                source = tensor * prescale
+            self.kv.add_to_shared(key, source, out, priority)
+            if postscale != 1.0:
+                out *= postscale
+            return out
         if prescale != 1.0:
             if out is tensor:
                 tensor *= prescale
@@ -195,6 +219,21 @@ class Collective:
             out *= postscale
         return out
 
+
+    def share(self, name: str, initial, change, out, priority: int = 0):
+        """Asynchronous training: add ``change`` into the servers' copy of ``name`` (made the
+        first time from rank 0's ``initial``) and read it back into ``out``. Asynchronous:
+        reading ``out`` waits for it."""
+        key = self.declare(name, change, initial=initial)
+        self.kv.add_to_shared(key, change, out, priority)
+        return out
+
+    def broadcast(self, name: str, tensor) -> None:
+        """Asynchronous training: ``tensor`` takes rank 0's value of it (the declaration of
+        ``name`` with it, read back). Blocking."""
+        key = self.declare(name, tensor, initial=tensor)
+        self.kv.pull(key, out=tensor)
+        tensor.wait_to_read()
 
     def _reduce_in_group(self, key: int, name: str, source, out, priority: int) -> None:
         """The sum over the host's processes (through its root) and all hosts, as an

@@ -271,6 +271,18 @@ class KVStoreBytePS(KVStoreBase):
             for target in self._as_list(o):
                 self._push_results[ikey].copyto(target)
 
+    def add_to_shared(self, key, change, out, priority=0):
+        """Asynchronous training's primitive (BytePS's push_pull in async mode): the servers
+        add ``change`` into their copy of ``key``, which is read back into ``out`` (with every
+        change added so far). Returns at once, as ``pushpull``. Refused in synchronous
+        training, where a push is one worker's share of a round's sum."""
+        if not self._engine.config.enable_async:
+            from kvstore_byteps.errors import KVStoreBytePSError
+            raise KVStoreBytePSError("add_to_shared is asynchronous training's push: set "
+                                     "BYTEPS_ENABLE_ASYNC=1 on every node")
+        self._submit(self._initialised_key(key), self._as_list(change), self._as_list(out),
+                     priority)
+
     def _update_async(self, key, grads, outs, priority):
         """Asynchronous training: ``grads`` of ``key`` become a change of the shared weights,
         read back into the store's copy and ``outs``."""

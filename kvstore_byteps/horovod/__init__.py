@@ -17,6 +17,7 @@ from collections import OrderedDict
 
 import mxnet as mx
 
+from kvstore_byteps.config import Config
 from kvstore_byteps.mxnet import Compression, local_rank, local_size, rank, size
 from mxnet_patch.collective import COLLECTIVE
 from mxnet_patch.wrapped_optimizer import ReducingOptimizer
@@ -38,6 +39,10 @@ def init(comm=None, process_sets=None):
     if comm is not None or process_sets is not None:
         raise ValueError("kvstore_byteps.horovod has no MPI communicators or process sets: "
                          "call init() without arguments")
+    if Config.from_env().enable_async:
+        raise NotImplementedError("Horovod trains synchronously (an allreduce is a sum over "
+                                  "every process): unset BYTEPS_ENABLE_ASYNC, or use "
+                                  "kvstore_byteps.mxnet's asynchronous mode")
     COLLECTIVE.start()
 
 

@@ -7,11 +7,19 @@ all processes, divided by ``size()`` when averaging), :func:`broadcast_parameter
 :class:`DistributedOptimizer`, :class:`DistributedTrainer`, :class:`Compression`. Underneath,
 every process is one ``dist_byteps`` worker (see :mod:`mxnet_patch.collective` for how names
 become keys). What differs from BytePS, and what is refused, is in docs/migrating.md.
+
+Asynchronous training (``BYTEPS_ENABLE_ASYNC=1``, one process per host), as BytePS's: an
+update is made locally and its change of the weights is pushed to ``weight_<index>``, whose
+servers' copy (every process's changes added into the initial weights) is read back into the
+weights; ``byteps_push_pull`` adds the tensor into the servers' copy of its name and reads that
+back (a running total, as in BytePS); broadcasts take rank 0's value.
 """
 import os
 import warnings
 
 import mxnet as mx
+
+import numpy as np
 
 from kvstore_byteps.config import Config, Env
 from mxnet_patch.collective import COLLECTIVE
@@ -84,7 +92,8 @@ def byteps_declare_tensor(name, **kwargs):
 def byteps_push_pull(tensor, version=0, priority=0, name=None, is_average=True):
     """Sum ``tensor`` over all processes, in place (divided by ``size()`` if ``is_average``).
     Asynchronous: reading ``tensor`` waits for the result. ``version`` is accepted for
-    BytePS's signature."""
+    BytePS's signature. With BYTEPS_ENABLE_ASYNC=1, as in BytePS: the servers add ``tensor``
+    into their copy of ``name`` and ``tensor`` takes that running total."""
     if name is None:
         name = COLLECTIVE.auto_name("byteps_push_pull")
     COLLECTIVE.reduce(tensor, tensor, name, priority=priority,
@@ -98,7 +107,9 @@ _broadcasts = 0
 
 def broadcast_parameters(params, root_rank=0):
     """Broadcast a dict of NDArrays (e.g. ``Module.get_params()``) from ``root_rank``, in place:
-    other processes zero theirs and every process sums. Blocking."""
+    other processes zero theirs and every process sums (asynchronous training: every process
+    reads rank 0's value, declared under the broadcast's name; ``root_rank`` must be 0).
+    Blocking."""
     global _broadcasts
     if isinstance(params, mx.gluon.ParameterDict):
         raise TypeError("For gluon users, you should not call this function. "
@@ -107,6 +118,12 @@ def broadcast_parameters(params, root_rank=0):
     if not isinstance(params, dict):
         raise ValueError("Invalid params of type: %s" % type(params))
     tensors = [tensor for _, tensor in sorted(params.items())]
+    if COLLECTIVE.asynchronous:
+        _check_async_root(root_rank)
+        for tensor in tensors:
+            COLLECTIVE.broadcast("broadcast_%d" % _broadcasts, tensor)
+            _broadcasts += 1
+        return
     for tensor in tensors:
         if rank() != root_rank:
             tensor *= 0
@@ -116,10 +133,26 @@ def broadcast_parameters(params, root_rank=0):
         tensor.wait_to_read()
 
 
-def _check_sync():
-    if Config.from_env().enable_async:      # parsed as every node parses it
-        raise NotImplementedError("BYTEPS_ENABLE_ASYNC is not supported by kvstore_byteps.mxnet "
-                                  "yet: train synchronously (unset BYTEPS_ENABLE_ASYNC)")
+def _asynchronous() -> bool:
+    return Config.from_env().enable_async      # parsed as every node parses it
+
+
+def _check_async_root(root_rank) -> None:
+    if root_rank != 0:
+        raise ValueError("with BYTEPS_ENABLE_ASYNC=1 broadcasts come from rank 0 (the servers "
+                         "keep rank 0's initial value); root_rank=%r is not supported"
+                         % (root_rank,))
+
+
+def _float16_multi_precision(optimizer, weight) -> bool:
+    return weight.dtype == np.float16 and getattr(optimizer, "multi_precision", False)
+
+
+def _share_change(index, before, weight) -> None:
+    """Asynchronous training: ``weight`` holds the locally updated weights; push their change
+    from ``before`` to ``weight_<index>`` and read the shared weights back into ``weight``."""
+    weight -= before
+    COLLECTIVE.share("weight_%d" % index, before, weight, weight, priority=-index)
 
 
 # ---------------------------------------------------------------------------- compression
@@ -156,11 +189,42 @@ class Compression:
 
 # ---------------------------------------------------------------------------- training
 class DistributedOptimizer(ReducingOptimizer):
-    """Wraps an optimizer: each update first averages the gradient over all processes."""
+    """Wraps an optimizer: each update first averages the gradient over all processes.
+
+    With BYTEPS_ENABLE_ASYNC=1 (as BytePS's): no averaging; the update is made locally, its
+    change pushed to the servers' copy of the weights (``weight_<index>``, made from rank 0's
+    weights at the first update) and the weights read back. float16 weights with
+    ``multi_precision`` are refused there (the float32 copy in the optimizer's state would miss
+    the other processes' changes): use ``gluon.Trainer(kvstore='dist_byteps')``, which
+    supports them."""
 
     def __init__(self, optimizer):
-        _check_sync()
+        self._asynchronous = _asynchronous()
         super().__init__(optimizer)
+
+    def update(self, index, weight, grad, state):
+        if not self._asynchronous:
+            return super().update(index, weight, grad, state)
+        self._update_async(index, weight, grad, state, self._optimizer.update)
+
+    def update_multi_precision(self, index, weight, grad, state):
+        if not self._asynchronous:
+            return super().update_multi_precision(index, weight, grad, state)
+        self._update_async(index, weight, grad, state, self._optimizer.update_multi_precision)
+
+    def _update_async(self, index, weight, grad, state, update) -> None:
+        pairs = (list(zip(index, weight)) if isinstance(index, (tuple, list))
+                 else [(index, weight)])
+        for _, w in pairs:
+            if _float16_multi_precision(self._optimizer, w):
+                raise NotImplementedError(
+                    "DistributedOptimizer with BYTEPS_ENABLE_ASYNC=1 does not take float16 "
+                    "weights with multi_precision; use gluon.Trainer(..., "
+                    "kvstore='dist_byteps'), which supports them")
+        befores = [w.copy() for _, w in pairs]
+        update(index, weight, grad, state)
+        for (i, w), before in zip(pairs, befores):
+            _share_change(i, before, w)
 
     def _reduce(self, index, grad):
         pairs = zip(index, grad) if isinstance(index, (tuple, list)) else [(index, grad)]
@@ -176,7 +240,9 @@ class DistributedTrainer(mx.gluon.Trainer):
 
     def __init__(self, params, optimizer, optimizer_params=None, root_rank=0,
                  compression_params=None):
-        _check_sync()
+        self._asynchronous = _asynchronous()
+        if self._asynchronous:
+            _check_async_root(root_rank)
         if isinstance(optimizer, DistributedOptimizer):
             optimizer = optimizer._optimizer
             warnings.warn("DistributedTrainer does not take DistributedOptimizer "
@@ -207,10 +273,30 @@ class DistributedTrainer(mx.gluon.Trainer):
                 continue
             grad = param._grad[0]
             grad *= 1.0 / self._scale / self._bps_size
+            if self._asynchronous:    # each process's own gradient: nothing to sum
+                continue
             compressed, ctx = self._compressor.compress(grad)
             byteps_push_pull(compressed, is_average=False, name="gradient_%d" % i, priority=-i)
             if compressed is not grad:
                 grad[:] = self._compressor.decompress(compressed, ctx)
+
+    def _update(self, ignore_stale_grad=False):
+        """Asynchronous training: the local update, then each parameter's change pushed to the
+        servers' copy of its weights and the weights read back (gradients are scaled as in
+        synchronous training, by batch size x ``size()``, so the same learning rate fits)."""
+        if not self._asynchronous:
+            return super()._update(ignore_stale_grad)
+        updated = [(i, p) for i, p in enumerate(self._params) if p.grad_req != "null"]
+        for _, param in updated:
+            if _float16_multi_precision(self._optimizer, param.data()):
+                raise NotImplementedError(
+                    "DistributedTrainer with BYTEPS_ENABLE_ASYNC=1 does not take float16 "
+                    "parameters with multi_precision; use gluon.Trainer(..., "
+                    "kvstore='dist_byteps'), which supports them")
+        befores = [param.data().copy() for _, param in updated]
+        super()._update(ignore_stale_grad)
+        for (i, param), before in zip(updated, befores):
+            _share_change(i, before, param.data())
 
     def _init_params(self):
         deferred = []
@@ -219,6 +305,9 @@ class DistributedTrainer(mx.gluon.Trainer):
                 deferred.append(param)
                 continue
             data = param._check_and_get(param._data, list)[0]
+            if self._asynchronous:
+                COLLECTIVE.broadcast("parameter_%d" % self._param2idx[param.name], data)
+                continue
             if rank() != self.root_rank:
                 data *= 0
             byteps_push_pull(data, name="parameter_%d" % self._param2idx[param.name],

@@ -1,6 +1,6 @@
 """Asynchronous training (BYTEPS_ENABLE_ASYNC=1) through MXNet's three paths, with exact answers.
 
-    async_train.py {kv,gluon,module} STEPS
+    async_train.py {kv,gluon,module,bps-optimizer,bps-trainer} STEPS
 
 Every path trains a loss whose gradient is known whatever the weights (``sum(w)``: ones), with
 plain SGD, so each push changes the shared weights by exactly ``-lr * rescale * 1`` and after
@@ -13,9 +13,15 @@ worker waits for the others (a barrier), reads the weights fresh and prints
 * ``gluon``: ``gluon.Trainer(..., kvstore=kv)`` (gluon requires update_on_kvstore=True in async
   mode, and gets it);
 * ``module``: ``Module.fit`` (``push``/``pull`` of gradients and weights through the store's
-  optimizer).
+  optimizer);
+* ``bps-optimizer``, ``bps-trainer``: BytePS's API (``import kvstore_byteps.mxnet as bps``):
+  ``bps.DistributedOptimizer`` in a gluon Trainer without a kvstore, ``bps.DistributedTrainer``
+  (which scales by batch x size, as in synchronous training); ``broadcast_parameters`` takes
+  rank 0's values, ``byteps_push_pull`` is a running total (the workers count themselves done
+  with it, then read the weights with a push of zeros).
 """
 import sys
+import time
 
 import mxnet as mx
 import numpy as np
@@ -93,13 +99,53 @@ def run_module(kv, steps):
     return out.asnumpy()
 
 
+def run_bps(path, steps):
+    """(this process's rank, the servers' final weights, what they must be)."""
+    import kvstore_byteps.mxnet as bps
+    bps.init()
+    rank, size = bps.rank(), bps.size()
+    mine = {"t": mx.nd.full((4,), rank + 1.0)}
+    bps.broadcast_parameters(mine)
+    assert np.all(mine["t"].asnumpy() == 1.0), mine["t"]          # rank 0's
+    net = SumOfWeights()
+    net.initialize()
+    if path == "bps-optimizer":
+        # gluon sets rescale_grad on the wrapper, which (as BytePS's) keeps the wrapped one's
+        optimizer = bps.DistributedOptimizer(mx.optimizer.SGD(learning_rate=LR,
+                                                              rescale_grad=1.0 / BATCH))
+        trainer = gluon.Trainer(net.collect_params(), optimizer, kvstore=None)
+        expected = INITIAL - size * steps * LR / BATCH
+    else:
+        trainer = bps.DistributedTrainer(net.collect_params(), "sgd", {"learning_rate": LR})
+        expected = INITIAL - steps * LR / BATCH                    # scaled by batch x size
+    x = mx.nd.ones((BATCH, 1))
+    for _ in range(steps):
+        with autograd.record():
+            loss = net(x)
+        loss.backward()
+        trainer.step(BATCH)
+    net.w.data().wait_to_read()
+    done = mx.nd.ones((1,))
+    bps.byteps_push_pull(done, name="done", is_average=False)     # a running total
+    while done.asscalar() < size:
+        time.sleep(0.05)
+        done[:] = 0
+        bps.byteps_push_pull(done, name="done", is_average=False)
+    final = mx.nd.zeros(SHAPE)
+    bps.byteps_push_pull(final, name="weight_0", is_average=False)  # adds nothing: reads
+    return rank, final.asnumpy(), expected
+
+
 def main():
     path, steps = sys.argv[1], int(sys.argv[2])
-    kv = mx.kv.create("dist_byteps")
-    assert kv.type == "dist_async_byteps", kv.type
-    got = {"kv": run_kv, "gluon": run_gluon, "module": run_module}[path](kv, steps)
-    expected = INITIAL - kv.num_workers * steps * LR / BATCH
-    print("ASYNC_RESULT %s %d %r %r" % (path, kv.rank, float(got.flat[0]), expected),
+    if path.startswith("bps-"):
+        rank, got, expected = run_bps(path, steps)
+    else:
+        kv = mx.kv.create("dist_byteps")
+        assert kv.type == "dist_async_byteps", kv.type
+        got = {"kv": run_kv, "gluon": run_gluon, "module": run_module}[path](kv, steps)
+        rank, expected = kv.rank, INITIAL - kv.num_workers * steps * LR / BATCH
+    print("ASYNC_RESULT %s %d %r %r" % (path, rank, float(got.flat[0]), expected),
           flush=True)
     return 0 if np.all(got == expected) else EXIT_WRONG
 

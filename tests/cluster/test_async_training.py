@@ -1,6 +1,7 @@
-"""Asynchronous training (BYTEPS_ENABLE_ASYNC=1) through the store's API, gluon.Trainer and
-Module.fit, on two workers and two of our servers: the servers' final weights are exactly the
-initial weights plus every worker's changes (tests/apps/async_train.py checks them)."""
+"""Asynchronous training (BYTEPS_ENABLE_ASYNC=1) through the store's API, gluon.Trainer,
+Module.fit and BytePS's API (DistributedOptimizer, DistributedTrainer), on two workers and two
+of our servers: the servers' final weights are exactly the initial weights plus every worker's
+changes (tests/apps/async_train.py checks them)."""
 import re
 import sys
 
@@ -14,7 +15,7 @@ STEPS = 6
 SERVER = [sys.executable, "-c", "import mxnet"]      # with MXNET_KVSTORE_SERVER=byteps
 
 
-@pytest.mark.parametrize("path", ["kv", "gluon", "module"])
+@pytest.mark.parametrize("path", ["kv", "gluon", "module", "bps-optimizer", "bps-trainer"])
 def test_async_training_adds_every_workers_changes(tmp_path, path):
     env = {"MXNET_KVSTORE_SERVER": "byteps", "BYTEPS_ENABLE_ASYNC": "1"}
     with Cluster(num_workers=2, num_servers=2, env=env) as cluster:
