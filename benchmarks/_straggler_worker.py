@@ -1,0 +1,95 @@
+"""One worker of the straggler benchmark; started by ``bench_straggler.py`` through ``launch.py``.
+
+    python launch.py -n 4 -s 2 python benchmarks/_straggler_worker.py --kvstore dist_byteps \
+        --epochs 6 --step-time 0.03 --slow-rank 3 --slow-factor 2
+
+Trains the demo's model on the demo's data (``examples/train_digits.py``: same net, shards,
+learning rate, and the global-batch scaling in both modes) through ``--kvstore`` (``dist_byteps``,
+or MXNet's ``dist_sync`` / ``dist_async`` for comparison), with each
+step stretched to ``--step-time`` seconds (``--slow-factor`` times that on ``--slow-rank``) by
+sleeping, as the host is while an accelerator computes. Synchronous training or asynchronous
+(``BYTEPS_ENABLE_ASYNC=1`` with dist_byteps, or dist_async: the store updates). Every worker trains for as many
+steps as its speed allows in the time the others take: in synchronous training all take the
+same steps (rounds are in lock-step), in asynchronous training the slow worker takes
+``1 / slow-factor`` of the epochs, so a job lasts about as long as its fast workers need.
+
+Rank 0 measures the test accuracy after every epoch. Prints ``STRAGGLER_RESULT {json}``:
+rank, samples trained, the wall-clock window of training (``time.time()``), and on rank 0
+``[seconds since start, test accuracy]`` per epoch.
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import mxnet as mx
+import numpy as np
+from mxnet import autograd, gluon, nd
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+import train_digits as demo  # noqa: E402  (the demo's data, model and accuracy)
+
+RESULT_TAG = "STRAGGLER_RESULT "
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--kvstore", default="dist_byteps")
+    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--step-time", type=float, default=0.03, help="seconds per step")
+    p.add_argument("--slow-rank", type=int, default=-1, help="the straggler's rank (-1: none)")
+    p.add_argument("--slow-factor", type=float, default=1.0)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    kv = mx.kv.create(args.kvstore)
+    asynchronous = "async" in kv.type
+    slow = kv.rank == args.slow_rank
+    step_time = args.step_time * (args.slow_factor if slow else 1.0)
+    epochs = args.epochs
+    if asynchronous and slow:      # trains about as long as the others, not as many samples
+        epochs = max(1, math.ceil(args.epochs / args.slow_factor))
+    x_train, y_train, x_test, y_test = demo.load_data()
+    x_mine, y_mine = demo.shard(x_train, y_train, kv.rank, kv.num_workers)
+    net = demo.build_net([mx.cpu()], 42)
+    trainer = gluon.Trainer(net.collect_params(), "sgd",
+                            {"learning_rate": args.lr, "momentum": args.momentum}, kvstore=kv,
+                            update_on_kvstore=None if asynchronous else False)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    rng = np.random.RandomState(kv.rank)
+    steps = len(x_mine) // args.batch_size
+    global_batch = args.batch_size * kv.num_workers
+    samples, log = 0, []
+    started = time.time()
+    for _ in range(epochs):
+        order = rng.permutation(len(x_mine))
+        for step in range(steps):
+            begin = time.perf_counter()
+            rows = order[step * args.batch_size:(step + 1) * args.batch_size]
+            with autograd.record():
+                loss = loss_fn(net(nd.array(x_mine[rows])), nd.array(y_mine[rows]))
+            loss.backward()
+            trainer.step(global_batch)
+            left = begin + step_time - time.perf_counter()
+            if left > 0:
+                time.sleep(left)
+            samples += len(rows)
+        if kv.rank == 0:
+            log.append([round(time.time() - started, 3),
+                        demo.accuracy(net, x_test, y_test, mx.cpu())])
+    mx.nd.waitall()
+    print(RESULT_TAG + json.dumps({"rank": kv.rank, "samples": samples, "epochs": epochs,
+                                   "window": [started, time.time()], "accuracy": log}),
+          flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Training with a straggler: synchronous against asynchronous, ours and MXNet's, same machine.
+
+    python benchmarks/bench_straggler.py --workers 4 --servers 2 --epochs 8 --step-time 0.05
+    python benchmarks/bench_straggler.py --out benchmarks/results/straggler/digits_4x2.json
+
+Every job trains the demo's MLP on scikit-learn's digits (``benchmarks/_straggler_worker.py``:
+the demo's model, data, shards and learning rate) with each step stretched to ``--step-time``
+seconds, the host free meanwhile as while an accelerator computes; with ``--slow-factor`` F,
+the last worker's steps take F times as long (a straggler). Systems:
+
+* ``sync``: dist_byteps, synchronous (every round waits for every worker);
+* ``async``: dist_byteps with ``BYTEPS_ENABLE_ASYNC=1`` (each worker's change is added as it
+  comes; the straggler trains 1/F of the epochs, about as long as the others);
+* ``mxnet_sync``, ``mxnet_async``: MXNet's own ``dist_sync`` / ``dist_async`` (its C++
+  scheduler and servers; the optimizer runs on the servers in async mode).
+
+Each system runs without and with the straggler. The table: samples per second over the job
+(every worker's samples over the wall time from the first worker's start to the last one's
+end), the ratio to the same system without the straggler and to its synchronous counterpart with
+the straggler, rank 0's test accuracy at the end,
+and the seconds until rank 0 first measured ``--target`` test accuracy (after an epoch).
+A benchmark, never a test: it reports what it measured with the date, the commit and the load.
+"""
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+from typing import Dict, List, Optional
+
+from bench_pushpull import child_env
+from bench_replay import git_commit
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+WORKER = os.path.join(HERE, "_straggler_worker.py")
+LAUNCH = os.path.join(ROOT, "launch.py")
+RESULT_TAG = "STRAGGLER_RESULT "
+SYSTEMS = {
+    # label: (kvstore, environment, launch.py options)
+    "sync": ("dist_byteps", {}, ["--scheduler", "byteps", "--server", "byteps"]),
+    "async": ("dist_byteps", {"BYTEPS_ENABLE_ASYNC": "1"},
+              ["--scheduler", "byteps", "--server", "byteps"]),
+    "mxnet_sync": ("dist_sync", {}, ["--scheduler", "mxnet", "--server", "mxnet"]),
+    "mxnet_async": ("dist_async", {}, ["--scheduler", "mxnet", "--server", "mxnet"]),
+}
+#: the synchronous system each asynchronous one is compared with
+SYNC_OF = {"async": "sync", "mxnet_async": "mxnet_sync"}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--servers", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=8)
+    p.add_argument("--step-time", type=float, default=0.05, help="seconds per step")
+    p.add_argument("--slow-factor", type=float, default=2.0, help="the straggler's slowdown")
+    p.add_argument("--target", type=float, default=0.95, help="test accuracy to reach")
+    p.add_argument("--systems", default="sync,async,mxnet_sync,mxnet_async")
+    p.add_argument("--job-timeout", type=int, default=600)
+    p.add_argument("--out", help="results JSON (e.g. benchmarks/results/straggler/....json)")
+    return p.parse_args(argv)
+
+
+def run_job(args, system: str, slow: bool) -> Optional[Dict]:
+    """The summary of one job, or None (the output's tail is printed)."""
+    kvstore, env, options = SYSTEMS[system]
+    argv = [sys.executable, LAUNCH, "-n", str(args.workers), "-s", str(args.servers), *options,
+            "--timeout", str(args.job_timeout), "--grace", "20",
+            sys.executable, WORKER, "--kvstore", kvstore, "--epochs", str(args.epochs),
+            "--step-time", str(args.step_time)]
+    if slow:
+        argv += ["--slow-rank", str(args.workers - 1), "--slow-factor", str(args.slow_factor)]
+    done = subprocess.run(argv, env={**child_env(), **env}, cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, timeout=args.job_timeout + 60)
+    out = done.stdout.decode(errors="replace")
+    results = [json.loads(line[line.find(RESULT_TAG) + len(RESULT_TAG):])
+               for line in out.splitlines() if RESULT_TAG in line]
+    if done.returncode != 0 or len(results) != args.workers:
+        print("%s failed (exit %d):\n%s" % (system, done.returncode,
+                                           "\n".join(out.splitlines()[-12:])), flush=True)
+        return None
+    return summarise(results, args.target)
+
+
+def summarise(results: List[Dict], target: float) -> Dict:
+    """Samples per second over the job, rank 0's final accuracy and time to ``target``."""
+    start = min(r["window"][0] for r in results)
+    end = max(r["window"][1] for r in results)
+    samples = sum(r["samples"] for r in results)
+    accuracy = next(r["accuracy"] for r in results if r["rank"] == 0)
+    reached = [seconds for seconds, acc in accuracy if acc >= target]
+    return {"samples_per_s": samples / (end - start), "seconds": end - start,
+            "samples": samples, "final_accuracy": accuracy[-1][1] if accuracy else None,
+            "time_to_target_s": reached[0] if reached else None,
+            "epochs": {str(r["rank"]): r["epochs"] for r in results}}
+
+
+def table(args, found: Dict[str, Dict[str, Dict]]) -> List[str]:
+    rows = ["digits MLP, %d workers x %d servers, loopback; %.0f ms per step, straggler: the "
+            "last worker %.1fx slower; time to %.0f%% test accuracy (rank 0)"
+            % (args.workers, args.servers, 1000 * args.step_time, args.slow_factor,
+               100 * args.target),
+            "| system | samples/s, no straggler | samples/s, straggler | kept | vs its sync "
+            "(straggler) | final accuracy (straggler) | time to target (straggler) |",
+            "|---|---|---|---|---|---|---|"]
+    for system, runs in found.items():
+        base, slow = runs.get("none"), runs.get("straggler")
+        kept = ("%.0f%%" % (100 * slow["samples_per_s"] / base["samples_per_s"])
+                if base and slow else "-")
+        sync = found.get(SYNC_OF.get(system, ""), {}).get("straggler")
+        ratio = "%.2fx" % (slow["samples_per_s"] / sync["samples_per_s"]) if slow and sync else "-"
+        rows.append("| %s | %s | %s | %s | %s | %s | %s |" % (
+            system, _rate(base), _rate(slow), kept, ratio,
+            "%.3f" % slow["final_accuracy"] if slow and slow["final_accuracy"] else "-",
+            "%.1f s" % slow["time_to_target_s"] if slow and slow["time_to_target_s"]
+            else "not reached" if slow else "-"))
+    return rows
+
+
+def _rate(run: Optional[Dict]) -> str:
+    return "%.0f" % run["samples_per_s"] if run else "failed"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = set(systems) - set(SYSTEMS)
+    if unknown:
+        raise SystemExit("unknown systems %s (known: %s)" % (sorted(unknown), sorted(SYSTEMS)))
+    load_before = os.getloadavg()[0]
+    found: Dict[str, Dict[str, Dict]] = {}
+    from tqdm import tqdm
+    jobs = [(system, slow) for system in systems for slow in (False, True)]
+    with tqdm(total=len(jobs), unit="job", dynamic_ncols=True) as bar:
+        for system, slow in jobs:
+            bar.set_description("%s, %s" % (system, "straggler" if slow else "no straggler"))
+            result = run_job(args, system, slow)
+            if result is not None:
+                found.setdefault(system, {})["straggler" if slow else "none"] = result
+            bar.update(1)
+    rows = table(args, found)
+    print("\n".join(rows))
+    if args.out:
+        data = {"benchmark": "straggler",
+                "command": " ".join(["benchmarks/bench_straggler.py"] + sys.argv[1:]),
+                "settings": {k: v for k, v in vars(args).items() if k != "out"},
+                "systems": found, "table": rows,
+                "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+                "commit": git_commit(),
+                "load": "%.2f -> %.2f" % (load_before, os.getloadavg()[0])}
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(data, f, indent=1)
+        print("wrote", args.out)
+    return 0 if all(len(runs) == 2 for runs in found.values()) and len(found) == len(systems) \
+        else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
