@@ -51,3 +51,14 @@ def test_the_performance_page_shows_the_results_files_table():
     shown = page.split("<!-- results table: made by benchmarks/results_table.py -->\n")[1]
     shown = shown.split("<!-- end of results table -->")[0]
     assert shown == results_table.table()
+
+
+def test_the_performance_page_shows_the_straggler_results_table():
+    import glob
+    import json
+    (path,) = glob.glob(os.path.join(REPO, "benchmarks", "results", "straggler", "*.json"))
+    with open(path) as f:
+        rows = json.load(f)["table"][1:]          # the first line is the setting, in prose
+    page = read("docs", "performance.md")
+    shown = page.split("<!-- straggler table: made by benchmarks/bench_straggler.py -->\n")[1]
+    assert shown.split("\n<!-- end of straggler table -->")[0] == "\n".join(rows)
