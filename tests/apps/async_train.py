@@ -63,16 +63,20 @@ class SumOfWeights(gluon.Block):
         return self.w.data().sum() + 0 * x.sum()
 
 
-def run_gluon(kv, steps):
-    net = SumOfWeights()
-    net.initialize()
-    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": LR}, kvstore=kv)
+def train(net, trainer, steps):
     x = mx.nd.ones((BATCH, 1))
     for _ in range(steps):
         with autograd.record():
             loss = net(x)
         loss.backward()
         trainer.step(BATCH)
+
+
+def run_gluon(kv, steps):
+    net = SumOfWeights()
+    net.initialize()
+    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": LR}, kvstore=kv)
+    train(net, trainer, steps)
     assert trainer._update_on_kvstore, "gluon did not update on the store in async mode"
     net.w.data().wait_to_read()
     kv._barrier()
@@ -118,12 +122,7 @@ def run_bps(path, steps):
     else:
         trainer = bps.DistributedTrainer(net.collect_params(), "sgd", {"learning_rate": LR})
         expected = INITIAL - steps * LR / BATCH                    # scaled by batch x size
-    x = mx.nd.ones((BATCH, 1))
-    for _ in range(steps):
-        with autograd.record():
-            loss = net(x)
-        loss.backward()
-        trainer.step(BATCH)
+    train(net, trainer, steps)
     net.w.data().wait_to_read()
     done = mx.nd.ones((1,))
     bps.byteps_push_pull(done, name="done", is_average=False)     # a running total
