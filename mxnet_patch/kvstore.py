@@ -293,7 +293,7 @@ class KVStoreBytePS(KVStoreBase):
         ikey = self._initialised_key(key)
         weights = self._push_results[ikey]        # the weights as this worker last read them
         self._async.step(key, grads, weights,
-                         lambda values, outs, p: self._submit(ikey, values, outs, p), priority)
+                         lambda values, into, p: self._submit(ikey, values, into, p), priority)
         for target in outs:
             weights.copyto(target)
 
@@ -352,8 +352,9 @@ class KVStoreBytePS(KVStoreBase):
 
     def save_optimizer_states(self, fname, dump_optimizer=False):
         """Asynchronous training: save this worker's optimizer states (as MXNet's stores do)."""
+        states = self._async_updates("save").get_states(dump_optimizer)
         with open(fname, "wb") as f:
-            f.write(self._async_updates("save").get_states(dump_optimizer))
+            f.write(states)
 
     def load_optimizer_states(self, fname):
         """Asynchronous training: load optimizer states saved by :meth:`save_optimizer_states`."""

@@ -20,7 +20,9 @@ worker waits for the others (a barrier), reads the weights fresh and prints
   rank 0's values, ``byteps_push_pull`` is a running total (the workers count themselves done
   with it, then read the weights with a push of zeros).
 """
+import os
 import sys
+import tempfile
 import time
 
 import mxnet as mx
@@ -78,6 +80,14 @@ def run_gluon(kv, steps):
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": LR}, kvstore=kv)
     train(net, trainer, steps)
     assert trainer._update_on_kvstore, "gluon did not update on the store in async mode"
+    handle, states = tempfile.mkstemp(suffix=".states")   # the store keeps them in async mode
+    os.close(handle)
+    try:
+        trainer.save_states(states)
+        trainer.load_states(states)
+    finally:
+        os.remove(states)
+    assert isinstance(trainer._optimizer, mx.optimizer.SGD), trainer._optimizer
     net.w.data().wait_to_read()
     kv._barrier()
     out = mx.nd.zeros(SHAPE)
