@@ -168,6 +168,14 @@ class WorkerEngine:
         stored value back (into ``out`` if given) and checks its size. Blocking. Every worker
         initialises its keys in the same order (a barrier pairs them), unless ``any_order``
         (our servers only): then each read waits at the server for rank 0's value."""
+        if self.config.enable_async and self.dialect.extensions_missing:
+            # MXNet's servers keep the last push (or a round's sum) instead of adding each
+            # change into the weights: every update would be silently wrong. A usage error,
+            # not a failure of the job: refused before any request, so every worker that
+            # meets it still leaves the job cleanly as it exits.
+            raise KVStoreBytePSError("BYTEPS_ENABLE_ASYNC needs kvstore-byteps servers; %s "
+                                     "(or train with MXNet's own dist_async on them)"
+                                     % self.dialect.extensions_missing)
         try:
             return self._init(key, value, out, any_order)
         except KVStoreBytePSError as exc:

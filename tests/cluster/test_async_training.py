@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.support.cluster import SCHEDULER_OURS, Cluster, app, assert_all_ok
+from tests.support.cluster import SCHEDULER_OURS, UPSTREAM, Cluster, app, assert_all_ok
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,3 +30,15 @@ def test_async_training_adds_every_workers_changes(tmp_path, path):
     for rank in range(2):
         found = re.findall(r"ASYNC_RESULT %s %d (\S+) (\S+)" % (path, rank), output)
         assert found and found[0][0] == found[0][1], output
+
+
+def test_async_against_mxnets_own_servers_is_refused(tmp_path):
+    """MXNet's servers keep a push instead of adding it: every update would be silently wrong."""
+    env = {"MXNET_KVSTORE_SERVER": "mxnet", "BYTEPS_ENABLE_ASYNC": "1"}
+    with Cluster(num_workers=1, num_servers=1, env=env) as cluster:
+        cluster.start("scheduler", SCHEDULER_OURS)
+        cluster.start("server", UPSTREAM)
+        cluster.start("worker", app("async_train.py", "kv", 1))
+        results = cluster.wait_all(60)
+    code, output = results["worker0"]
+    assert code != 0 and "BYTEPS_ENABLE_ASYNC needs kvstore-byteps servers" in output, output
