@@ -199,19 +199,14 @@ class Collective:
         (``out`` may be ``tensor``). Asynchronous: reading ``out`` waits for it."""
         key = self.declare(name, tensor)
         source = tensor
-        if self._asynchronous:      # no rounds to sum in: BytePS's async push_pull
-            if prescale != 1.0:
-                source = tensor * prescale
-            self.kv.add_to_shared(key, source, out, priority)
-            if postscale != 1.0:
-                out *= postscale
-            return out
         if prescale != 1.0:
             if out is tensor:
                 tensor *= prescale
             else:
                 source = tensor * prescale      # the input stays as it is
-        if self._group is None:
+        if self._asynchronous:      # no rounds to sum in: BytePS's async push_pull
+            self.kv.add_to_shared(key, source, out, priority)
+        elif self._group is None:
             self.kv.pushpull(key, source, out=out, priority=priority)
         else:
             self._reduce_in_group(key, name, source, out, priority)

@@ -148,11 +148,23 @@ def _float16_multi_precision(optimizer, weight) -> bool:
     return weight.dtype == np.float16 and getattr(optimizer, "multi_precision", False)
 
 
-def _share_change(index, before, weight) -> None:
-    """Asynchronous training: ``weight`` holds the locally updated weights; push their change
-    from ``before`` to ``weight_<index>`` and read the shared weights back into ``weight``."""
-    weight -= before
-    COLLECTIVE.share("weight_%d" % index, before, weight, weight, priority=-index)
+def _update_and_share(what, optimizer, weights, update) -> None:
+    """Asynchronous training: run ``update()`` (the local update of ``weights``, ``(index,
+    NDArray)`` pairs), then push each weight's change to ``weight_<index>`` and read the shared
+    weights back into it. ``what`` names the caller in the refusal of float16
+    multi-precision weights (the float32 copy in the optimizer's state would miss the other
+    processes' changes)."""
+    for _, weight in weights:
+        if _float16_multi_precision(optimizer, weight):
+            raise NotImplementedError(
+                "%s with BYTEPS_ENABLE_ASYNC=1 does not take float16 weights with "
+                "multi_precision; use gluon.Trainer(..., kvstore='dist_byteps'), which "
+                "supports them" % what)
+    befores = [weight.copy() for _, weight in weights]
+    update()
+    for (index, weight), before in zip(weights, befores):
+        weight -= before
+        COLLECTIVE.share("weight_%d" % index, before, weight, weight, priority=-index)
 
 
 # ---------------------------------------------------------------------------- compression
@@ -215,16 +227,8 @@ class DistributedOptimizer(ReducingOptimizer):
     def _update_async(self, index, weight, grad, state, update) -> None:
         pairs = (list(zip(index, weight)) if isinstance(index, (tuple, list))
                  else [(index, weight)])
-        for _, w in pairs:
-            if _float16_multi_precision(self._optimizer, w):
-                raise NotImplementedError(
-                    "DistributedOptimizer with BYTEPS_ENABLE_ASYNC=1 does not take float16 "
-                    "weights with multi_precision; use gluon.Trainer(..., "
-                    "kvstore='dist_byteps'), which supports them")
-        befores = [w.copy() for _, w in pairs]
-        update(index, weight, grad, state)
-        for (i, w), before in zip(pairs, befores):
-            _share_change(i, before, w)
+        _update_and_share("DistributedOptimizer", self._optimizer, pairs,
+                          lambda: update(index, weight, grad, state))
 
     def _reduce(self, index, grad):
         pairs = zip(index, grad) if isinstance(index, (tuple, list)) else [(index, grad)]
@@ -286,17 +290,9 @@ class DistributedTrainer(mx.gluon.Trainer):
         synchronous training, by batch size x ``size()``, so the same learning rate fits)."""
         if not self._asynchronous:
             return super()._update(ignore_stale_grad)
-        updated = [(i, p) for i, p in enumerate(self._params) if p.grad_req != "null"]
-        for _, param in updated:
-            if _float16_multi_precision(self._optimizer, param.data()):
-                raise NotImplementedError(
-                    "DistributedTrainer with BYTEPS_ENABLE_ASYNC=1 does not take float16 "
-                    "parameters with multi_precision; use gluon.Trainer(..., "
-                    "kvstore='dist_byteps'), which supports them")
-        befores = [param.data().copy() for _, param in updated]
-        super()._update(ignore_stale_grad)
-        for (i, param), before in zip(updated, befores):
-            _share_change(i, before, param.data())
+        weights = [(i, p.data()) for i, p in enumerate(self._params) if p.grad_req != "null"]
+        _update_and_share("DistributedTrainer", self._optimizer, weights,
+                          lambda: super(DistributedTrainer, self)._update(ignore_stale_grad))
 
     def _init_params(self):
         deferred = []

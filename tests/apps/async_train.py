@@ -136,7 +136,11 @@ def run_bps(path, steps):
     net.w.data().wait_to_read()
     done = mx.nd.ones((1,))
     bps.byteps_push_pull(done, name="done", is_average=False)     # a running total
+    deadline = time.monotonic() + 60
     while done.asscalar() < size:
+        if time.monotonic() > deadline:
+            raise SystemExit("rank %d: only %d of %d workers said done within 60 s"
+                             % (rank, done.asscalar(), size))
         time.sleep(0.05)
         done[:] = 0
         bps.byteps_push_pull(done, name="done", is_average=False)
