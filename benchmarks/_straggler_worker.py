@@ -7,10 +7,11 @@ Trains the demo's model on the demo's data (``examples/train_digits.py``: same n
 learning rate, and the global-batch scaling in both modes) through ``--kvstore`` (``dist_byteps``,
 or MXNet's ``dist_sync`` / ``dist_async`` for comparison), with each
 step stretched to ``--step-time`` seconds (``--slow-factor`` times that on ``--slow-rank``) by
-sleeping, as the host is while an accelerator computes. Synchronous training or asynchronous
-(``BYTEPS_ENABLE_ASYNC=1`` with dist_byteps, or dist_async: the store updates). Every worker trains for as many
-steps as its speed allows in the time the others take: in synchronous training all take the
-same steps (rounds are in lock-step), in asynchronous training the slow worker takes
+sleeping, as the host is while an accelerator computes. Synchronous training, with backup
+workers (``BYTEPS_BACKUP_WORKERS``), or asynchronous (``BYTEPS_ENABLE_ASYNC=1`` with
+dist_byteps, or dist_async): with the last two the store updates. Every worker trains for as
+many steps as its speed allows in the time the others take: in plain synchronous training all
+take the same steps (rounds are in lock-step); otherwise the slow worker takes
 ``1 / slow-factor`` of the epochs, so a job lasts about as long as its fast workers need.
 
 Rank 0 measures the test accuracy after every epoch. Prints ``STRAGGLER_RESULT {json}``:
@@ -50,18 +51,18 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     kv = mx.kv.create(args.kvstore)
-    asynchronous = "async" in kv.type
+    on_store = demo.updates_on_store(kv)      # async, or backup workers: the store updates
     slow = kv.rank == args.slow_rank
     step_time = args.step_time * (args.slow_factor if slow else 1.0)
     epochs = args.epochs
-    if asynchronous and slow:      # trains about as long as the others, not as many samples
+    if on_store and slow:          # trains about as long as the others, not as many samples
         epochs = max(1, math.ceil(args.epochs / args.slow_factor))
     x_train, y_train, x_test, y_test = demo.load_data()
     x_mine, y_mine = demo.shard(x_train, y_train, kv.rank, kv.num_workers)
     net = demo.build_net([mx.cpu()], 42)
     trainer = gluon.Trainer(net.collect_params(), "sgd",
                             {"learning_rate": args.lr, "momentum": args.momentum}, kvstore=kv,
-                            update_on_kvstore=None if asynchronous else False)
+                            update_on_kvstore=None if on_store else False)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     rng = np.random.RandomState(kv.rank)
     steps = len(x_mine) // args.batch_size

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Training with a straggler: synchronous against asynchronous, ours and MXNet's, same machine.
+"""Training with a straggler: synchronous, with a backup worker, asynchronous; ours and MXNet's.
 
     python benchmarks/bench_straggler.py --workers 4 --servers 2 --epochs 8 --step-time 0.05
     python benchmarks/bench_straggler.py --out benchmarks/results/straggler/digits_4x2.json
@@ -10,6 +10,9 @@ seconds, the host free meanwhile as while an accelerator computes; with ``--slow
 the last worker's steps take F times as long (a straggler). Systems:
 
 * ``sync``: dist_byteps, synchronous (every round waits for every worker);
+* ``backup``: dist_byteps with ``BYTEPS_BACKUP_WORKERS=1`` (each round completes with the first
+  W - 1 workers' gradients; the straggler's late ones are dropped, and it trains 1/F of the
+  epochs, about as long as the others);
 * ``async``: dist_byteps with ``BYTEPS_ENABLE_ASYNC=1`` (each worker's change is added as it
   comes; the straggler trains 1/F of the epochs, about as long as the others);
 * ``mxnet_sync``, ``mxnet_async``: MXNet's own ``dist_sync`` / ``dist_async`` (its C++
@@ -41,13 +44,15 @@ RESULT_TAG = "STRAGGLER_RESULT "
 SYSTEMS = {
     # label: (kvstore, environment, launch.py options)
     "sync": ("dist_byteps", {}, ["--scheduler", "byteps", "--server", "byteps"]),
+    "backup": ("dist_byteps", {"BYTEPS_BACKUP_WORKERS": "1"},
+               ["--scheduler", "byteps", "--server", "byteps"]),
     "async": ("dist_byteps", {"BYTEPS_ENABLE_ASYNC": "1"},
               ["--scheduler", "byteps", "--server", "byteps"]),
     "mxnet_sync": ("dist_sync", {}, ["--scheduler", "mxnet", "--server", "mxnet"]),
     "mxnet_async": ("dist_async", {}, ["--scheduler", "mxnet", "--server", "mxnet"]),
 }
-#: the synchronous system each asynchronous one is compared with
-SYNC_OF = {"async": "sync", "mxnet_async": "mxnet_sync"}
+#: the plain synchronous system each other one is compared with
+SYNC_OF = {"backup": "sync", "async": "sync", "mxnet_async": "mxnet_sync"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -58,7 +63,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--step-time", type=float, default=0.05, help="seconds per step")
     p.add_argument("--slow-factor", type=float, default=2.0, help="the straggler's slowdown")
     p.add_argument("--target", type=float, default=0.95, help="test accuracy to reach")
-    p.add_argument("--systems", default="sync,async,mxnet_sync,mxnet_async")
+    p.add_argument("--systems", default="sync,backup,async,mxnet_sync,mxnet_async")
     p.add_argument("--job-timeout", type=int, default=600)
     p.add_argument("--out", help="results JSON (e.g. benchmarks/results/straggler/....json)")
     return p.parse_args(argv)

@@ -13,7 +13,9 @@ workers check, through the store, that they all hold identical parameters.
 With ``BYTEPS_ENABLE_ASYNC=1`` (on every node) it trains asynchronously: the store takes the
 optimizer (gluon's ``update_on_kvstore=True``), each worker's update is scaled by the global
 batch as in synchronous training (so the same learning rate fits), the loss printed is rank 0's
-own, and the workers read the final weights from the servers before comparing them.
+own, and the workers read the final weights from the servers before comparing them. With
+``BYTEPS_BACKUP_WORKERS=1`` it trains synchronously, each round without its slowest worker:
+the store takes the optimizer too (the servers run it), so the same holds.
 
 Lines start with ``[digits]``; ``launch.py`` adds ``[worker 0]`` in front.
 """
@@ -127,6 +129,12 @@ def train_epoch(net, trainer, loss_fn, x, y, args, contexts, rng, num_workers) -
     return float(total.asscalar()), steps * args.batch_size
 
 
+def updates_on_store(kv) -> bool:
+    """Whether the store applies the updates (dist_byteps asynchronous or with backup workers,
+    MXNet's dist_async), so that every push is a gradient for the optimizer."""
+    return "async" in kv.type or (kv.type.endswith("_byteps") and kv.is_capable("optimizer"))
+
+
 def check_identical(kv, net, key: int, metrics_key) -> float:
     """Every worker compares its parameters with rank 0's (broadcast through the store under
     ``key``); the mismatch counts are summed over workers under ``metrics_key`` (None: in
@@ -155,13 +163,14 @@ def main(argv=None) -> int:
         % (kv.num_workers, len(contexts), kv.type, len(x_train), len(x_mine), len(x_test)))
 
     net = build_net(contexts, args.seed)
-    asynchronous = "async" in kv.type
+    on_store = updates_on_store(kv)
     # Synchronous training updates on the workers (for --kvstore dist_sync this keeps the
     # servers plain summers, so the metrics keys below are sums there too); asynchronous
-    # training needs the store to update (gluon sets update_on_kvstore=True itself).
+    # training and backup workers need the store to update (gluon then sets
+    # update_on_kvstore=True itself).
     trainer = gluon.Trainer(net.collect_params(), "sgd",
                             {"learning_rate": args.lr, "momentum": args.momentum}, kvstore=kv,
-                            update_on_kvstore=None if asynchronous else False,
+                            update_on_kvstore=None if on_store else False,
                             compression_params=json.loads(args.compression)
                             if args.compression else None)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
@@ -173,7 +182,7 @@ def main(argv=None) -> int:
         tic = time.perf_counter()
         loss_sum, seen = train_epoch(net, trainer, loss_fn, x_mine, y_mine, args, contexts, rng,
                                      kv.num_workers)
-        if asynchronous:     # a push is an update of the weights: no sums through the store
+        if on_store:         # a push is an update of the weights: no sums through the store
             loss_total, seen_total = loss_sum, seen
         else:
             loss_total, seen_total = global_sum(kv, metrics_key, [loss_sum, seen])
@@ -181,12 +190,12 @@ def main(argv=None) -> int:
         say(kv, "epoch %d/%d  train loss %.4f  test accuracy %.4f  (%.2f s)"
             % (epoch, args.epochs, loss_total / seen_total, test_acc, time.perf_counter() - tic))
 
-    if asynchronous:         # every worker's last changes are in: read the weights fresh
+    if on_store:             # every worker's last changes are in: read the weights fresh
         nd.waitall()
         kv._barrier()
         for index, param in enumerate(trainer._params):   # the Trainer's keys: its order
             kv.pull(index, out=param.list_data())
-    checksum = check_identical(kv, net, metrics_key + 1, None if asynchronous else metrics_key)
+    checksum = check_identical(kv, net, metrics_key + 1, None if on_store else metrics_key)
     say(kv, "parameters identical on all %d workers (sum |w| = %.4f)" % (kv.num_workers, checksum))
     if args.save_params and kv.rank == 0:
         net.save_parameters(args.save_params)

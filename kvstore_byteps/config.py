@@ -85,6 +85,7 @@ class Env:
     SERVER_PACING_BYTES = "BYTEPS_SERVER_PACING_BYTES"
     SERVER_PACING_HOLD_MS = "BYTEPS_SERVER_PACING_HOLD_MS"
     ENABLE_ASYNC = "BYTEPS_ENABLE_ASYNC"
+    BACKUP_WORKERS = "BYTEPS_BACKUP_WORKERS"
     PULL_WITH_PUSH = "BYTEPS_PULL_WITH_PUSH"
     KEY_HASH_FN = "BYTEPS_KEY_HASH_FN"
     LOG_LEVEL = "BYTEPS_LOG_LEVEL"
@@ -147,6 +148,8 @@ class Config:
     #: a held acknowledgement is sent anyway after this long (milliseconds; checked every half)
     server_pacing_hold_ms: int = 200
     enable_async: bool = False
+    #: synchronous rounds close when all but this many workers pushed (docs/usage.md)
+    backup_workers: int = 0
     #: dist_byteps workers send a round's pull along with its push (one message instead of
     #: two; README: Each pull rides along with its push)
     pull_with_push: bool = True
@@ -175,7 +178,7 @@ class Config:
         """Build a config from ``environ`` (default ``os.environ``); raise ConfigError on bad values."""
         env = _EnvReader(os.environ if environ is None else environ)
         van_default = VanType.BYTEPS_RDMA if env.flag(Env.ENABLE_RDMA, False) else VanType.ZMQ
-        return cls(
+        config = cls(
             role=env.get(Env.ROLE, Role.parse, Role.WORKER),
             num_workers=env.get(Env.NUM_WORKER, _positive_int, 1),
             num_servers=env.get(Env.NUM_SERVER, _positive_int, 1),
@@ -209,6 +212,7 @@ class Config:
             server_pacing_bytes=env.get(Env.SERVER_PACING_BYTES, _nonnegative_int, 0),
             server_pacing_hold_ms=env.get(Env.SERVER_PACING_HOLD_MS, _positive_int, 200),
             enable_async=env.flag(Env.ENABLE_ASYNC, False),
+            backup_workers=env.get(Env.BACKUP_WORKERS, _nonnegative_int, 0),
             pull_with_push=env.flag(Env.PULL_WITH_PUSH, True),
             key_hash_fn=env.get(Env.KEY_HASH_FN, _choice(KEY_HASH_FNS), "balanced"),
             log_level=env.get(Env.LOG_LEVEL, _choice(LOG_LEVELS), "WARNING"),
@@ -221,10 +225,30 @@ class Config:
             server_recovery=env.flag(Env.SERVER_RECOVERY, False),
             auth_key=_auth_key(env),
         )
+        if config.enable_async and config.backup_workers:
+            raise ConfigError("%s and %s exclude each other: backup workers are a way to train "
+                              "synchronously" % (Env.ENABLE_ASYNC, Env.BACKUP_WORKERS))
+        if config.backup_workers and config.backup_workers >= config.num_workers:
+            raise ConfigError("%s=%d needs more workers than that (DMLC_NUM_WORKER=%d)"
+                              % (Env.BACKUP_WORKERS, config.backup_workers, config.num_workers))
+        return config
+
+    @property
+    def training_mode(self) -> str:
+        """How this job trains, as workers tell servers at start: see :func:`training_mode`."""
+        return training_mode(self.enable_async, self.backup_workers)
 
     @property
     def is_scheduler(self) -> bool:
         return self.role is Role.SCHEDULER
+
+
+def training_mode(enable_async: bool, backup_workers: int) -> str:
+    """``sync``, ``async`` or ``sync with N backup workers``: what workers and servers must
+    agree on (a sum taken for weights, or weights for a sum, would be silently wrong)."""
+    if enable_async:
+        return "async"
+    return "sync with %d backup workers" % backup_workers if backup_workers else "sync"
 
 
 class _EnvReader:

@@ -69,6 +69,9 @@ class ServerCommand(enum.IntEnum):
     BYTEPS_PROBE = 100
     #: ours: body = the JSON of set_gradient_compression's dict; sent by rank 0 before init
     BYTEPS_COMPRESSION = 101
+    #: ours, with backup workers: body b"1": this worker pushes nothing for now (it waits in a
+    #: barrier, or leaves), rounds stop waiting for it; b"0": it is back
+    BYTEPS_ABSENT = 102
 
 
 PROBE_ANSWER = b"byteps"

@@ -36,6 +36,7 @@ def build_server(config: Config, num_workers: int, key_begin: int) -> BytePSServ
     return BytePSServer(num_workers, key_begin=key_begin,
                         summing_threads=config.server_summing_threads,
                         enable_async=config.enable_async,
+                        backup_workers=config.backup_workers,
                         pacing_lead_bytes=config.server_pacing_bytes or None,
                         pacing_hold_s=config.server_pacing_hold_ms / 1000.0)
 

@@ -58,7 +58,7 @@ class AsyncUpdates:
             # in float32 from the weights as read: a multi-precision state's own float32 copy
             # would miss the other workers' changes, and the change pushed would undo them
             before = weights.astype(np.float32)
-        grad = _on_host(grads, before)
+        grad = host_sum(grads, before)
         updated = before.copy()
         self.updater(key, grad, updated)
         change = (updated - before).astype(weights.dtype, copy=False)
@@ -71,7 +71,7 @@ class AsyncUpdates:
         self.updater.set_states(states)
 
 
-def _on_host(grads, weights):
+def host_sum(grads, weights):
     """The sum of ``grads`` (one per local device) in ``weights``'s context and dtype."""
     parts = [g if g.context == weights.context else g.as_in_context(weights.context)
              for g in grads]

@@ -85,6 +85,10 @@ class Collective:
 
     def _join(self) -> None:
         local_rank, local_size = self.local_rank(), self.local_size()
+        if Config.from_env().backup_workers:
+            raise ValueError("BYTEPS_BACKUP_WORKERS is a mode of the dist_byteps store "
+                             "(gluon.Trainer, Module.fit), not of the BytePS and Horovod APIs, "
+                             "whose push_pull and allreduce sum every worker's tensor")
         self._asynchronous = Config.from_env().enable_async
         if self._asynchronous and local_size > 1:
             raise ValueError("BYTEPS_ENABLE_ASYNC with several processes per host "

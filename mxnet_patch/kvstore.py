@@ -6,7 +6,10 @@ keys' communication and the caller's Python go on. In synchronous training the u
 the workers (``is_capable('optimizer')`` is False), so ``gluon.Trainer`` and ``Module`` reduce
 gradients through this store and update locally, as with BytePS. In asynchronous training
 (``BYTEPS_ENABLE_ASYNC=1``) the store takes the optimizer and each push is a gradient turned
-into a change of the shared weights (:mod:`mxnet_patch.async_training`).
+into a change of the shared weights (:mod:`mxnet_patch.async_training`); with backup workers
+(``BYTEPS_BACKUP_WORKERS``) it takes the optimizer too, for the servers, and each push is a
+gradient of a round that closes without the slowest workers
+(:mod:`mxnet_patch.backup_workers`).
 
 Registered under ``'dist_byteps'`` in ``KVStoreBase.kv_registry`` by :mod:`mxnet_patch`'s
 start-up hook. This module is imported while MXNet itself is still importing (from
@@ -126,10 +129,12 @@ class KVStoreBytePS(KVStoreBase):
         self._str_keys = {}
         self._key_kind = None
         self._push_results = {}       # key -> NDArray holding the last push's sum (push/pull API)
+        self._pushed = set()          # keys pushed since their last pull (backup workers)
         self._lock = threading.Lock()
         self._gpu_path = None
         self._views = _ViewCache()
-        self._async = None            # AsyncUpdates once an optimizer is set (async mode only)
+        #: once an optimizer is set (async: AsyncUpdates; backup workers: ServerUpdates)
+        self._updates = None
         if config.gc_freeze:
             freeze_startup_objects()
         close_at_exit(self._close_at_exit)
@@ -140,7 +145,7 @@ class KVStoreBytePS(KVStoreBase):
         """``dist_sync_byteps`` (``dist_async_byteps`` with BYTEPS_ENABLE_ASYNC): MXNet reads the
         type string, e.g. Module scales gradients by the global batch only for ``_sync`` types,
         so a job moved from dist_sync to dist_byteps keeps its learning-rate semantics."""
-        mode = "async" if self._engine.config.enable_async else "sync"
+        mode = "async" if self._engine.mode.asynchronous else "sync"
         return "dist_%s_byteps" % mode
 
     @property
@@ -152,12 +157,17 @@ class KVStoreBytePS(KVStoreBase):
         return self._engine.num_workers
 
     def is_capable(self, capability):
-        """Optimizer-capable in asynchronous training only: synchronous training updates on
-        the workers (as in BytePS); asynchronous training needs the store to turn each
-        gradient into a change of the shared weights (the optimizer stays on this worker)."""
+        """Optimizer-capable in asynchronous training and with backup workers: synchronous
+        training updates on the workers (as in BytePS); asynchronous training needs the store
+        to turn each gradient into a change of the shared weights (the optimizer stays on
+        this worker); with backup workers the servers keep the weights and the optimizer."""
         if capability.lower() == KVStoreBase.OPTIMIZER:
-            return self._engine.config.enable_async
+            return self._takes_optimizer
         raise ValueError("unknown capability %r" % capability)
+
+    @property
+    def _takes_optimizer(self):
+        return not self._engine.mode.summed
 
     # ------------------------------------------------------------------ keys and values
     def _int_key(self, key):
@@ -238,8 +248,8 @@ class KVStoreBytePS(KVStoreBase):
                                   self._per_key(key, out, "pushpull")):
             values = self._as_list(v)
             outs = values if o is None else self._as_list(o)
-            if self._engine.config.enable_async:
-                self._update_async(k, values, outs, priority)
+            if self._takes_optimizer:
+                self._update(k, values, outs, priority)
             else:
                 self._submit(self._initialised_key(k), values, outs, priority)
 
@@ -251,23 +261,33 @@ class KVStoreBytePS(KVStoreBase):
 
     def push(self, key, value, priority=0):
         """Push the sum of ``value`` (over devices); a later ``pull`` reads the round's sum.
-        Asynchronous training: ``value`` is a gradient, applied to the shared weights."""
+        Asynchronous training and backup workers: ``value`` is a gradient, applied to the
+        shared weights (a later ``pull`` reads them)."""
         for k, v in self._per_key(key, value, "push"):
-            if self._engine.config.enable_async:
-                self._update_async(k, self._as_list(v), [], priority)
+            if self._takes_optimizer:
+                self._update(k, self._as_list(v), [], priority)
+                self._pushed.add(self._int_key(k))
                 continue
             ikey = self._initialised_key(k)
+            self._pushed.add(ikey)
             self._submit(ikey, self._as_list(v), [self._push_results[ikey]], priority)
 
     def pull(self, key, out=None, priority=0, ignore_sparse=True):
         """Copy the sum of the last push of ``key`` (or its initial value) into ``out``.
-        Asynchronous training: the servers' weights as they are now."""
+        Asynchronous training: the servers' weights as they are now. Backup workers: the
+        weights after the round of this worker's push of ``key`` (Module's push then pull),
+        or, with no push since the last pull, the servers' weights as they are now (blocking,
+        e.g. to read the final weights after a barrier)."""
         for k, o in self._per_key(key, out, "pull"):
             ikey = self._initialised_key(k)
-            if self._engine.config.enable_async:     # read fresh: push no change
-                held = self._push_results[ikey]
+            held = self._push_results[ikey]
+            if self._engine.mode.asynchronous:     # read fresh: push no change
                 self._submit(ikey, [nd.zeros(held.shape, held.context, held.dtype)], [held],
                              priority)
+            elif self._engine.mode.backup_workers and ikey not in self._pushed:
+                held.wait_to_read()                  # this worker's own rounds first
+                held[:] = self._engine.read(ikey, held.shape, held.dtype)
+            self._pushed.discard(ikey)
             for target in self._as_list(o):
                 self._push_results[ikey].copyto(target)
 
@@ -276,24 +296,27 @@ class KVStoreBytePS(KVStoreBase):
         add ``change`` into their copy of ``key``, which is read back into ``out`` (with every
         change added so far). Returns at once, as ``pushpull``. Refused in synchronous
         training, where a push is one worker's share of a round's sum."""
-        if not self._engine.config.enable_async:
+        if not self._engine.mode.asynchronous:
             from kvstore_byteps.errors import KVStoreBytePSError
             raise KVStoreBytePSError("add_to_shared is asynchronous training's push: set "
                                      "BYTEPS_ENABLE_ASYNC=1 on every node")
         self._submit(self._initialised_key(key), self._as_list(change), self._as_list(out),
                      priority)
 
-    def _update_async(self, key, grads, outs, priority):
-        """Asynchronous training: ``grads`` of ``key`` become a change of the shared weights,
-        read back into the store's copy and ``outs``."""
-        if self._async is None:
+    def _update(self, key, grads, outs, priority):
+        """Asynchronous training or backup workers: ``grads`` of ``key`` update the shared
+        weights, read back into the store's copy and ``outs``."""
+        if self._updates is None:
             from kvstore_byteps.errors import KVStoreBytePSError
             from mxnet_patch.async_training import NO_OPTIMIZER
-            raise KVStoreBytePSError(NO_OPTIMIZER)
+            raise KVStoreBytePSError(NO_OPTIMIZER if self._engine.mode.asynchronous else
+                                     "with BYTEPS_BACKUP_WORKERS the servers run the optimizer:"
+                                     " set it first (gluon.Trainer and Module.fit do; or call "
+                                     "kv.set_optimizer)")
         ikey = self._initialised_key(key)
         weights = self._push_results[ikey]        # the weights as this worker last read them
-        self._async.step(key, grads, weights,
-                         lambda values, into, p: self._submit(ikey, values, into, p), priority)
+        self._updates.step(key, grads, weights,
+                           lambda values, into, p: self._submit(ikey, values, into, p), priority)
         for target in outs:
             weights.copyto(target)
 
@@ -328,22 +351,28 @@ class KVStoreBytePS(KVStoreBase):
 
     # ------------------------------------------------------------------ the rest of the API
     def set_optimizer(self, optimizer):
-        """Asynchronous training only: the optimizer that turns this worker's gradients into
-        changes of the shared weights (kept here; nothing is sent to the servers)."""
-        if not self._engine.config.enable_async:
+        """Asynchronous training: the optimizer that turns this worker's gradients into
+        changes of the shared weights (kept here; nothing is sent to the servers). Backup
+        workers: the servers' optimizer (rank 0 sends it, as MXNet's dist_sync does)."""
+        if not self._takes_optimizer:
             raise NotImplementedError(
                 "dist_byteps updates on the workers in synchronous training: use "
                 "gluon.Trainer(..., kvstore=kv) (it then sets update_on_kvstore=False by "
                 "itself) or Module.fit, not set_optimizer (BYTEPS_ENABLE_ASYNC=1 trains "
                 "asynchronously with the optimizer in the store)")
-        from mxnet_patch.async_training import AsyncUpdates
-        self._async = AsyncUpdates(optimizer)
+        if self._engine.mode.asynchronous:
+            from mxnet_patch.async_training import AsyncUpdates
+            self._updates = AsyncUpdates(optimizer)
+        else:
+            from mxnet_patch.backup_workers import ServerUpdates
+            self._updates = ServerUpdates(optimizer, self._engine)
 
     @property
     def _updater(self):
         """The updater of asynchronous training (gluon's ``Trainer.load_states`` reads its
-        optimizer, as with MXNet's stores); None before ``set_optimizer``."""
-        return None if self._async is None else self._async.updater
+        optimizer, as with MXNet's stores); None before ``set_optimizer`` and with backup
+        workers (the servers update)."""
+        return None if self._updates is None else self._updates.updater
 
     def set_gradient_compression(self, compression_params):
         """BytePS's compression dict (``{"compressor": "onebit", "ef": "vanilla", ...}``) or
@@ -352,24 +381,28 @@ class KVStoreBytePS(KVStoreBase):
 
     def save_optimizer_states(self, fname, dump_optimizer=False):
         """Asynchronous training: save this worker's optimizer states (as MXNet's stores do)."""
-        states = self._async_updates("save").get_states(dump_optimizer)
+        states = self._worker_updates("save").get_states(dump_optimizer)
         with open(fname, "wb") as f:
             f.write(states)
 
     def load_optimizer_states(self, fname):
         """Asynchronous training: load optimizer states saved by :meth:`save_optimizer_states`."""
-        updates = self._async_updates("load")
+        updates = self._worker_updates("load")
         with open(fname, "rb") as f:
             updates.set_states(f.read())
 
-    def _async_updates(self, what):
-        if self._async is None:
+    def _worker_updates(self, what):
+        if self._takes_optimizer and not self._engine.mode.asynchronous:
+            raise NotImplementedError(
+                "with backup workers the servers run the optimizer and keep its states, as "
+                "MXNet's dist_sync servers do: they cannot be saved or loaded from a worker")
+        if self._updates is None:
             raise NotImplementedError(
                 "dist_byteps keeps no optimizer%s: %s the Trainer's states "
                 "(trainer.%s_states) instead" % (
-                    "" if self._engine.config.enable_async else " in synchronous training",
+                    "" if self._engine.mode.asynchronous else " in synchronous training",
                     what, what))
-        return self._async
+        return self._updates
 
     def _barrier(self):
         """Block until every worker reached this barrier (after this worker's pending ops)."""

@@ -14,7 +14,8 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from ..config import Config, ServerKind
-from ..mxproto import RequestType, encode_cmd
+from ..errors import KVStoreBytePSError
+from ..mxproto import PROBE_ANSWER, RequestType, encode_cmd
 from ..van.kv_keys import server_of_key
 from .partition import KeyLayoutError, Partition, Partitioner
 from .upstream import dtype_code, encode_default_key
@@ -157,6 +158,17 @@ class MXNetDialect(ServerDialect):
 
     def round_cmd(self, code) -> int:
         return encode_cmd(RequestType.DEFAULT, code)
+
+
+def server_kind(answers) -> ServerKind:
+    """Which servers answered the probe: ours answer PROBE_ANSWER, MXNet's an empty body."""
+    answers = set(map(bytes, answers))
+    if answers == {PROBE_ANSWER}:
+        return ServerKind.BYTEPS
+    if answers == {b""}:
+        return ServerKind.MXNET
+    raise KVStoreBytePSError("servers of mixed kinds answered the probe (%s); use either only "
+                             "BytePS servers or only MXNet servers" % sorted(answers))
 
 
 def dialect_for(kind: ServerKind, config: Config, num_servers: int) -> ServerDialect:

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import KVStoreBytePSError
 
-__all__ = ["GpuSupportError", "flat_view", "cpu_sum", "cpu_broadcast", "HostBuffers",
+__all__ = ["GpuSupportError", "flat_view", "cpu_sum", "local_reduce", "cpu_broadcast", "HostBuffers",
            "import_cupy", "NcclLocalReducer"]
 
 GPU_INSTALL_HINT = "pip install kvstore-byteps[gpu]"
@@ -63,6 +63,16 @@ def cpu_sum(sources: Sequence[np.ndarray], out: np.ndarray) -> np.ndarray:
     for source in others:
         np.add(out, source, out=out)
     return out
+
+
+def local_reduce(inputs: Sequence[np.ndarray]) -> np.ndarray:
+    """The bytes a worker sends for ``inputs`` (one per local device): the one input itself, or
+    the sum of several into a new buffer."""
+    if len(inputs) == 1:
+        return inputs[0].reshape(-1).view(np.uint8)
+    reduced = np.empty_like(inputs[0])
+    cpu_sum(list(inputs), reduced)
+    return reduced.reshape(-1).view(np.uint8)
 
 
 def cpu_broadcast(source: np.ndarray, targets: Sequence[np.ndarray]) -> None:

@@ -195,6 +195,18 @@ class RidingPull:
         done(error, items)
 
 
+def compression_refusal(server_recovery: bool, extensions_missing: Optional[str],
+                        mode) -> Optional[str]:
+    """Why this worker cannot compress gradients, or None: kept rounds for a restarted server,
+    MXNet's servers (``extensions_missing``), a training mode without summed rounds."""
+    if server_recovery:
+        return ("gradient compression and BYTEPS_SERVER_RECOVERY cannot be used together yet: "
+                "a restarted server could not rebuild the compressors' error feedback")
+    if extensions_missing:
+        return "gradient compression needs kvstore-byteps servers; %s" % extensions_missing
+    return mode.compression_refusal
+
+
 class CompressedRoute:
     """One float32 partition per request, compressed by its own compressor; rounds numbered per
     ps key on each side (the server decodes and re-encodes with the same numbers)."""

@@ -24,18 +24,19 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..compress.params import parse_compression_params
-from ..config import Config, ServerKind
+from ..config import Config
 from ..errors import KVStoreBytePSError, PeerError
 from ..logs import announce
-from ..mxproto import PROBE_ANSWER, ServerCommand
+from ..mxproto import ServerCommand
 from ..van.kv import KVWorker
 from ..van.message import ALL_GROUP, WORKER_GROUP
 from ..van.postoffice import Postoffice
-from .layout import KeyLayout, Layouts, ServerDialect, dialect_for
+from .modes import TrainingMode
+from .layout import KeyLayout, Layouts, ServerDialect, dialect_for, server_kind
 from .partition import KeyLayoutError
 from .recovery import RecoveryKeeper, Unrestorable
-from .reduce import cpu_sum
-from .routes import CompressedRoute, PlainRoute, RidingRoute
+from .reduce import local_reduce
+from .routes import CompressedRoute, PlainRoute, RidingRoute, compression_refusal
 from .stages import Pipeline, Stage, StageSpec, Task
 from .trace import Phase, Tracer, now_ns
 
@@ -59,6 +60,7 @@ class WorkerEngine:
     def __init__(self, config: Config, postoffice: Optional[Postoffice] = None):
         """Set up; nothing touches the network until :meth:`start`."""
         self.config = config
+        self.mode = TrainingMode.of(config)
         self.po = postoffice or Postoffice(config)
         self.kv: Optional[KVWorker] = None
         self.rank: Optional[int] = None
@@ -83,13 +85,17 @@ class WorkerEngine:
         self.po.barrier(ALL_GROUP)
         self.kv = KVWorker(self.po)
         self.rank, self.num_workers = self.po.my_rank, self.po.num_workers
-        self.dialect = dialect_for(self._probe_servers(), config, self.po.num_servers)
+        # our servers check that they train as this worker does; MXNet's ignore the body
+        probe = self._command(ServerCommand.BYTEPS_PROBE, self.mode.name.encode("utf-8"),
+                              "the server probe")
+        self.dialect = dialect_for(server_kind(probe.bodies.values()), config,
+                                   self.po.num_servers)
         self.layouts = Layouts(self.dialect)
         self.keeper = self._keeper()
         self.po.on_recovery(lambda node, epoch: self.kv.post(
             lambda: self.keeper.restore(node, epoch)))
         if self.rank == 0:
-            self._wait(self.kv.command(ServerCommand.SYNC_MODE), "kSyncMode")
+            self._command(ServerCommand.SYNC_MODE, b"", "kSyncMode")
         self.tracer = Tracer.from_config(config, self.rank)
         self._route = (RidingRoute if self._pulls_ride() else PlainRoute)(self.kv, self.tracer,
                                                                           self.keeper)
@@ -111,24 +117,23 @@ class WorkerEngine:
         """What this worker talks to and how: the line rank 0 prints at start-up."""
         cfg = self.config
         credit = self.dialect.credit()
-        return ("dist_byteps: %d workers, %d %s; van %s; partitions of %d bytes; credit %s%s"
+        return ("dist_byteps: %d workers, %d %s; van %s; partitions of %d bytes; credit %s%s%s"
                 % (self.num_workers, self.po.num_servers, self.dialect.description,
                    cfg.van_type.value, cfg.partition_bytes,
                    "%d bytes (%d partitions)" % (credit, cfg.scheduling_credit) if credit
                    else "unlimited",
-                   "; each pull sent with its push" if self._pulls_ride() else ""))
+                   "; each pull sent with its push" if self._pulls_ride() else "",
+                   "" if self.mode.summed else "; training %s" % self.mode.name))
 
     def _pulls_ride(self) -> bool:
         """Our servers take a round's pull along with its push (one message less per partition
         and round). Not with async rounds (a pull is answered at once there), nor with kept
         rounds (a restarted server is sent the pushes again, and would not know the pulls)."""
         return (self.config.pull_with_push and self.dialect.extensions_missing is None
-                and not self.config.enable_async and not self.config.server_recovery)
+                and not self.mode.asynchronous and not self.config.server_recovery)
 
     def _keeper(self) -> Unrestorable:
-        reason = self.dialect.unrestorable
-        if reason is None and self.config.enable_async:
-            reason = "with BYTEPS_ENABLE_ASYNC the server kept the weights"
+        reason = self.dialect.unrestorable or self.mode.unrestorable
         if reason is None and not self.config.server_recovery:
             reason = ("this worker did not keep its last pushes: set BYTEPS_SERVER_RECOVERY=1 "
                       "on every worker to make a restarted server restorable")
@@ -140,17 +145,6 @@ class WorkerEngine:
         self.failure = self.failure or error
 
     # ------------------------------------------------------------------ set-up
-    def _probe_servers(self) -> ServerKind:
-        request = self.kv.command(ServerCommand.BYTEPS_PROBE)
-        self._wait(request, "the server probe")
-        answers = set(request.bodies.values())
-        if answers == {PROBE_ANSWER}:
-            return ServerKind.BYTEPS
-        if answers == {b""}:
-            return ServerKind.MXNET
-        raise KVStoreBytePSError("servers of mixed kinds answered the probe (%s); use either "
-                                 "only BytePS servers or only MXNet servers" % sorted(answers))
-
     def _wait(self, request, what: str):
         try:
             return self.kv.wait(request)
@@ -168,14 +162,11 @@ class WorkerEngine:
         stored value back (into ``out`` if given) and checks its size. Blocking. Every worker
         initialises its keys in the same order (a barrier pairs them), unless ``any_order``
         (our servers only): then each read waits at the server for rank 0's value."""
-        if self.config.enable_async and self.dialect.extensions_missing:
-            # MXNet's servers keep the last push (or a round's sum) instead of adding each
-            # change into the weights: every update would be silently wrong. A usage error,
-            # not a failure of the job: refused before any request, so every worker that
-            # meets it still leaves the job cleanly as it exits.
-            raise KVStoreBytePSError("BYTEPS_ENABLE_ASYNC needs kvstore-byteps servers; %s "
-                                     "(or train with MXNet's own dist_async on them)"
-                                     % self.dialect.extensions_missing)
+        refusal = self.mode.refusal(self.dialect.extensions_missing)
+        if refusal:
+            # A usage error, not a failure of the job: refused before any request, so every
+            # worker that meets it still leaves the job cleanly as it exits.
+            raise KVStoreBytePSError(refusal)
         try:
             return self._init(key, value, out, any_order)
         except KVStoreBytePSError as exc:
@@ -197,7 +188,7 @@ class WorkerEngine:
             for request in requests:
                 self._wait(request, "initialising %s" % layout.name)
         if not any_order:
-            self.po.barrier(WORKER_GROUP, timeout=self.config.request_timeout)
+            self.barrier()
         try:
             stored = self._pull_all(layout, {"await_init": True} if any_order else None)
         except PeerError as exc:
@@ -208,6 +199,12 @@ class WorkerEngine:
         for target in out or ():
             np.copyto(target.reshape(-1).view(np.uint8), stored)
         return stored.view(layout.dtype).reshape(layout.shape)
+
+    def read(self, key: int, shape, dtype) -> np.ndarray:
+        """The servers' current value of ``key`` (their weights, with backup workers).
+        Blocking."""
+        layout = self.layout(key, shape, dtype)
+        return self._pull_all(layout).view(layout.dtype).reshape(layout.shape)
 
     def _pull_all(self, layout: KeyLayout, extra=None) -> np.ndarray:
         total = sum(p.nbytes for p in layout.partitions)
@@ -226,7 +223,17 @@ class WorkerEngine:
         return stored
 
     def barrier(self) -> None:
+        """Wait for every worker. With backup workers, the servers' rounds do not wait for
+        this worker's pushes meanwhile (the others may still be training)."""
+        self.mode.absent(self._command, True)
         self.po.barrier(WORKER_GROUP, timeout=self.config.request_timeout)
+        self.mode.absent(self._command, False)
+
+    def _command(self, head: ServerCommand, body: bytes, what: str):
+        """Send a command to every server and wait for their answers; the request."""
+        request = self.kv.command(head, body)
+        self._wait(request, what)
+        return request
 
     # ------------------------------------------------------------------ pushpull
     def pushpull(self, key: int, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
@@ -241,7 +248,7 @@ class WorkerEngine:
                                      % (layout.name, array.shape, array.dtype))
         traced = self.tracer.enabled and len(inputs) > 1   # one input is sent as is: no reduce
         reduce_start = now_ns() if traced else 0
-        context = RoundData(layout, self._local_reduce(inputs),
+        context = RoundData(layout, local_reduce(inputs),
                             [a.reshape(-1).view(np.uint8) for a in outputs],
                             (reduce_start, now_ns()) if traced else None)
         task = Task(key, layout.partitions, priority, name=layout.name, context=context)
@@ -304,6 +311,12 @@ class WorkerEngine:
         return ([(self._route, group) for group in self.dialect.requests(plain)]
                 + [(self.compressed, [item]) for item in alone])
 
+    def set_optimizer(self, body: bytes) -> None:
+        """kController from rank 0 (MXNet's body: the optimizer pickled with protocol 0): the
+        servers run it on the rounds' sums (backup workers). Blocking."""
+        if self.rank == 0:
+            self._command(ServerCommand.CONTROLLER, body, "setting the optimizer")
+
     # ------------------------------------------------------------------ compression
     def set_compression(self, params) -> None:
         """``kv.set_gradient_compression(params)``: check ``params`` (ConfigError naming a bad
@@ -311,34 +324,18 @@ class WorkerEngine:
         ``min_compress_bytes`` from now on. Only before the first pushpull (the rounds of
         worker and server are counted from it)."""
         spec = parse_compression_params(params)
-        if self.config.server_recovery:
-            raise KVStoreBytePSError("gradient compression and BYTEPS_SERVER_RECOVERY cannot be "
-                                     "used together yet: a restarted server could not rebuild "
-                                     "the compressors' error feedback")
-        if self.dialect.extensions_missing:
-            raise KVStoreBytePSError("gradient compression needs kvstore-byteps servers; %s"
-                                     % self.dialect.extensions_missing)
-        if self.config.enable_async:
-            raise KVStoreBytePSError("gradient compression needs synchronous training "
-                                     "(unset BYTEPS_ENABLE_ASYNC)")
+        refusal = compression_refusal(self.config.server_recovery,
+                                      self.dialect.extensions_missing, self.mode)
+        if refusal:
+            raise KVStoreBytePSError(refusal)
         with self._order_lock:
             if self._last_task:
                 raise KVStoreBytePSError("set_gradient_compression must come before the first "
                                          "pushpull (gluon.Trainer calls it in time)")
         if self.rank == 0:
             body = json.dumps(dict(params)).encode("utf-8")
-            self._wait(self.kv.command(ServerCommand.BYTEPS_COMPRESSION, body),
-                       "setting gradient compression")
+            self._command(ServerCommand.BYTEPS_COMPRESSION, body, "setting gradient compression")
         self.compressed = CompressedRoute(self.kv, self.tracer, spec)
-
-    @staticmethod
-    def _local_reduce(inputs: Sequence[np.ndarray]) -> np.ndarray:
-        """The bytes to send: the one input itself, or the sum of several into a new buffer."""
-        if len(inputs) == 1:
-            return inputs[0].reshape(-1).view(np.uint8)
-        reduced = np.empty_like(inputs[0])
-        cpu_sum(list(inputs), reduced)
-        return reduced.reshape(-1).view(np.uint8)
 
     # ------------------------------------------------------------------ shutdown
     def close(self) -> None:
@@ -360,9 +357,10 @@ class WorkerEngine:
                 log.error("worker rank %d leaves without the shutdown barriers after: %s",
                           self.rank, self.failure)
                 return
-            self.barrier()
+            self.mode.absent(self._command, True)
+            self.po.barrier(WORKER_GROUP, timeout=self.config.request_timeout)
             if self.rank == 0:
-                self._wait(self.kv.command(ServerCommand.STOP_SERVER), "kStopServer")
+                self._command(ServerCommand.STOP_SERVER, b"", "kStopServer")
             self.po.finalize(timeout=timeout)
         finally:
             self.po.stop()

@@ -46,6 +46,8 @@ class BatchAnswer:
 
     def fill(self, index: int, value: np.ndarray) -> None:
         with self._lock:
+            if self._missing < 0:      # failed already
+                return
             if self._parts[index] is not None:
                 raise ProtocolError("batch answer slot %d filled twice" % index)
             self._parts[index] = value
@@ -55,6 +57,15 @@ class BatchAnswer:
             lens = np.array([p.nbytes for p in self._parts], dtype=np.int32)
             vals = np.concatenate([p.reshape(-1).view(np.uint8) for p in self._parts])
             self.reply(self.server, self.req, keys=self.req.keys, vals=vals, lens=lens)
+
+
+    def fail(self, message: str) -> None:
+        """Answer the batch with an error instead (once, whichever slot fails first)."""
+        with self._lock:
+            if self._missing <= 0:     # answered (or failed) already
+                return
+            self._missing = -1
+        self.reply(self.server, self.req, error=message)
 
 
 class BatchSlot:

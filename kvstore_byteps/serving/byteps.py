@@ -21,11 +21,12 @@ BytePS path, one key per request, ``lens=[nbytes]`` like a default push:
   round is summed, as if it had been sent right after the push (one message less per
   partition and round, the push's credit still returned at once). If the worker sets the
   ``round`` extension field of the meta, it must match the server's count;
-* async (``BYTEPS_ENABLE_ASYNC=1``): a push is added to the stored weights by the key's
-  summing thread and acked once added (a worker reads its own change back); a pull is
-  answered at once with the weights as they are;
+* async (``BYTEPS_ENABLE_ASYNC=1``) and backup workers (``BYTEPS_BACKUP_WORKERS``): the
+  server keeps the weights; a plugged-in path (:mod:`.asynchronous`, :mod:`.backup`) takes
+  the pushes and pulls instead of the summed rounds;
 * a default-type (cmd 0/2/5) pull of a BytePS key returns its initial value (sync) or the
-  current weights (async); with ``await_init`` it waits for the key's initialising push.
+  current weights (async, backup); with ``await_init`` it waits for the key's initialising
+  push.
 
 Plugged in: the compressed path (request type 4, :mod:`.compressed`), and, on a server
 restarted in place of a dead one (:meth:`BytePSServer.begin_recovery`), a filter in front that
@@ -35,15 +36,17 @@ rebuilt the keys' rounds (:mod:`.restart`).
 import dataclasses
 import logging
 import threading
-import time
 from typing import Callable, Dict, Optional
 
 import numpy as np
 
+from ..config import training_mode
 from ..errors import ProtocolError
 from ..mxproto import (PROBE_ANSWER, SERVER_DTYPES, Cmd, RequestType, ServerCommand,
                        encode_cmd)
-from ..van.kv import KVPairs, KVRequest
+from .asynchronous import AsyncAdds
+from .backup import BackupWorkers
+from .riding import attached_pull, why_no_riding_pull
 from .compressed import COMPRESSED_HEADS, CompressedPath, claimed_round
 from .restart import NotRestarted, RestartFilter
 from .rounds import KeyRounds
@@ -53,7 +56,7 @@ from .protocol import parse_dense
 from .store import Entry, StorageKind, publish
 from .awaiting import InitWaits
 from .batch import BatchAnswer, BatchSlot, split_values
-from .pacing import HoldExpiry, PushPacer
+from .pacing import ImmediateAcks, PacedAcks
 from .updater import Updater, load_mxnet_updater
 
 __all__ = ["BytePSServer"]
@@ -73,7 +76,7 @@ class _BytePSKey:
     value: Optional[np.ndarray]
     size: int                       # elements
     thread: int                     # summing thread the key is bound to
-    rounds: Optional[KeyRounds]     # sync mode only
+    rounds: object                  # KeyRounds (sync), BackupRounds, None (async)
 
 
 def _describe_sum(key: "_BytePSKey", r: Optional[int], values: np.ndarray) -> tuple:
@@ -85,30 +88,32 @@ class BytePSServer(KVStoreDistServer):
     """KVStoreDistServer plus the BytePS data path. Call :meth:`close` to stop its threads."""
 
     def __init__(self, num_workers: int, key_begin: int = 0, summing_threads: int = 4,
-                 enable_async: bool = False,
+                 enable_async: bool = False, backup_workers: int = 0,
                  updater_loader: Callable[[bytes], Updater] = load_mxnet_updater,
                  pacing_lead_bytes: Optional[int] = None, pacing_hold_s: float = 0.2):
         super().__init__(num_workers, key_begin, updater_loader)
-        self.enable_async = enable_async
-        #: holds the push acks of a worker far ahead of the others (sync rounds only;
-        #: see pacing.py); None: every push is acked at once
-        self.pacer: Optional[PushPacer] = None
-        self._hold_expiry: Optional[HoldExpiry] = None
-        if pacing_lead_bytes is not None and not enable_async:
-            self.pacer = PushPacer(num_workers, pacing_lead_bytes, pacing_hold_s)
-            self._hold_expiry = HoldExpiry(self.pacer, _send_all)
-        self._summing = SumThreads(summing_threads)
+        self.summing = SumThreads(summing_threads)
         # the summing threads' work, as stages of the server profile (profiler.py)
         self._accumulate = self.profiler.timed("sum", self._accumulate, _describe_sum)
-        self._add_async = self.profiler.timed(
-            "sum", self._add_async, lambda key, values, then: _describe_sum(key, None, values))
+        #: where the weights live on this server instead of summed rounds: asynchronous
+        #: training or backup workers; None: synchronous rounds of sums
+        self.weights = (AsyncAdds(self, _describe_sum) if enable_async else
+                        BackupWorkers(self, backup_workers, _describe_sum) if backup_workers
+                        else None)
+        self.mode = training_mode(enable_async, backup_workers)
+        #: round pushes' acknowledgements: at once, or held for a worker far ahead of the
+        #: others (summed rounds only; see pacing.py)
+        self.acks = (PacedAcks(num_workers, pacing_lead_bytes, pacing_hold_s)
+                     if pacing_lead_bytes is not None and self.weights is None
+                     else ImmediateAcks())
         self._keys: Dict[int, _BytePSKey] = {}
         self._keys_lock = threading.Lock()
         #: Called with (ps key, bytes per push) when a key is initialised, so a
         #: receive-into-place van can set up the buffers its pushes will land in.
         self.expect_pushes: Callable[[int, int], None] = lambda ps_key, nbytes: None
         #: the dist_byteps workers' compressed path (``compression`` is MXNet's 2-bit)
-        self.compressed = CompressedPath(self, enable_async)
+        self.compressed = CompressedPath(
+            self, None if self.weights is None else self.weights.compression_refusal)
         #: in front of every request: a filter once this server replaced a dead one
         self.restart: NotRestarted = NotRestarted()
         #: default pulls (req, server, cmd) that wait for their key's initialising push
@@ -123,8 +128,19 @@ class BytePSServer(KVStoreDistServer):
 
     def command_handlers(self) -> dict:
         return {**super().command_handlers(),
-                ServerCommand.BYTEPS_PROBE: lambda body: PROBE_ANSWER,
+                ServerCommand.BYTEPS_PROBE: self._probe,
+                ServerCommand.BYTEPS_ABSENT: lambda body: b"",
                 ServerCommand.BYTEPS_COMPRESSION: lambda body: self.compressed.set_spec(body)}
+
+    def _probe(self, body: bytes) -> bytes:
+        """Which server this is; a worker says how it trains (``Config.training_mode``), and
+        one that trains otherwise than this server is refused (sums taken for weights, or
+        weights for sums, would be silently wrong)."""
+        if body and body.decode("utf-8", "replace") != self.mode:
+            raise ProtocolError("this server trains %s, the worker %s: set BYTEPS_ENABLE_ASYNC "
+                                "and BYTEPS_BACKUP_WORKERS alike on every node"
+                                % (self.mode, body.decode("utf-8", "replace")))
+        return PROBE_ANSWER
 
     # -- restarted server ---------------------------------------------------------------------
     def begin_recovery(self, epoch: int, deadline: float) -> None:
@@ -137,7 +153,7 @@ class BytePSServer(KVStoreDistServer):
         with self._keys_lock:
             for ps_key, (dtype, nbytes, rounds) in restored.items():
                 self._keys[ps_key] = _BytePSKey(ps_key, dtype, None, nbytes // dtype.itemsize,
-                                                self._summing.bind(nbytes), rounds)
+                                                self.summing.bind(nbytes), rounds)
                 self.expect_pushes(ps_key, nbytes)
 
     def handle_request(self, req, server) -> None:
@@ -145,26 +161,20 @@ class BytePSServer(KVStoreDistServer):
             return
         extra = req.meta.extra
         if extra and "pull_timestamp" in extra:
-            why_not = self._why_no_riding_pull(req)
+            why_not = why_no_riding_pull(req, _BYTEPS_HEADS, self.weights)
             if why_not:    # the pull would never be answered: say so now instead
                 self.refuse(req, server, why_not)
                 return
         super().handle_request(req, server)
 
-    def _why_no_riding_pull(self, req) -> Optional[str]:
-        """Why ``req`` cannot carry a pull (``pull_timestamp``), or None if it can."""
-        if req.meta.head not in _BYTEPS_HEADS:
-            return "only a plain BytePS push (request type 3) can carry a pull (pull_timestamp)"
-        if not req.meta.push or req.meta.pull:
-            return "only a push can carry a pull (pull_timestamp)"
-        if self.enable_async:
-            return ("a pull riding along with a push needs synchronous rounds (this server has "
-                    "BYTEPS_ENABLE_ASYNC on)")
-        return None
-
     def handle_command(self, req, server) -> None:
         if not self.restart.admit(req, server, is_command=True):
             return
+        if (req.meta.head == ServerCommand.BYTEPS_ABSENT and self.weights is not None
+                and self.is_worker(req.sender)):     # rounds stop (or start) waiting for it
+            with self._keys_lock:
+                keys = list(self._keys.values())
+            self.weights.absent(req.sender, bytes(req.meta.body or b"") == b"1", keys)
         super().handle_command(req, server)
 
     def _unexpected_report(self, req, server, cmd: Cmd) -> None:
@@ -173,16 +183,8 @@ class BytePSServer(KVStoreDistServer):
 
     def close(self, timeout: float = 10.0) -> None:
         """Finish queued summations and stop the summing threads (and the pacing thread)."""
-        if self._hold_expiry is not None:
-            self._hold_expiry.close()
-            left = self.pacer.release_all()
-            if left:
-                log.warning("closing with %d push acknowledgement(s) still held by pacing",
-                            len(left))
-            if self.pacer.held_total:
-                log.info("pacing held %d push acknowledgement(s); the hold limit released %d",
-                         self.pacer.held_total, self.pacer.expired_total)
-        self._summing.close(timeout)
+        self.acks.close()
+        self.summing.close(timeout)
         super().close()
 
     def __enter__(self) -> "BytePSServer":
@@ -193,7 +195,7 @@ class BytePSServer(KVStoreDistServer):
 
     # -- dispatch ---------------------------------------------------------------------------
     def _handle_byteps(self, req, server, cmd: Cmd) -> None:
-        attached = self._attached_pull(req)
+        attached = attached_pull(req)
         if req.keys is not None and len(req.keys) > 1:
             self._handle_byteps_batch(req, server, cmd, attached)
             return
@@ -202,17 +204,6 @@ class BytePSServer(KVStoreDistServer):
             self._push(req, server, parsed.ps_key, parsed.values, parsed.pull, attached)
         else:
             self.pull(req, server, self._known(parsed.ps_key, cmd))
-
-    def _attached_pull(self, req) -> Optional[KVRequest]:
-        """The pull riding along with a push (``pull_timestamp``; see ``KVWorker.push_with_pull``;
-        checked by :meth:`handle_request`) as a request of its own, answered like a pull sent
-        right after the push; or None."""
-        timestamp = (req.meta.extra or {}).get("pull_timestamp")
-        if timestamp is None:
-            return None
-        meta = dataclasses.replace(req.meta, timestamp=int(timestamp), push=False, pull=True,
-                                   data_type=[], extra=None)
-        return KVRequest(meta, KVPairs(req.keys, memoryview(b""), None))
 
     def _handle_default(self, req, server, cmd: Cmd) -> None:
         """MXNet's default requests; a pull of a BytePS key reads its initial value, and a pull
@@ -249,12 +240,12 @@ class BytePSServer(KVStoreDistServer):
                 self._answer(attached, server, key.value)
             return
         _check_matches(key, values)
-        if self.enable_async:
-            if pull:
-                then = lambda: self._answer(req, server, key.value)   # noqa: E731
-            else:
-                then = lambda: self.send_answer(server, req)          # noqa: E731
-            self._summing.submit(key.thread, lambda: self._add_async(key, values, then))
+        if self.weights is not None:
+            self.weights.push(req, server, key, values, pull)
+            if attached is not None:
+                self._serve_attached(attached, server,
+                                     lambda: self.weights.pull(req.sender, (attached, server),
+                                                               key))
             return
         r = key.rounds.begin_push(req.sender, claimed_round(req))
         if pull:
@@ -263,13 +254,13 @@ class BytePSServer(KVStoreDistServer):
             self._ack_push(req, server, values.nbytes)
         if attached is not None:
             self._serve_attached(attached, server, lambda: self.pull(attached, server, key))
-        self._summing.submit(key.thread, lambda: self._accumulate(key, r, values))
+        self.summing.submit(key.thread, lambda: self._accumulate(key, r, values))
 
     def begin_sum(self, req, server, key: _BytePSKey, values: np.ndarray, r: int) -> None:
         """A push of ``key``'s round ``r`` (as claimed): counted, acknowledged, summed."""
         r = key.rounds.begin_push(req.sender, r)
         self._ack_push(req, server, values.nbytes)
-        self._summing.submit(key.thread, lambda: self._accumulate(key, r, values))
+        self.summing.submit(key.thread, lambda: self._accumulate(key, r, values))
 
     def _serve_attached(self, attached, server, serve: Callable[[], None]) -> None:
         """Run ``serve`` for a pull that rode along with a push already acknowledged: a
@@ -280,9 +271,10 @@ class BytePSServer(KVStoreDistServer):
             self.refuse(attached, server, str(exc))
 
     def pull(self, req, server, key: _BytePSKey) -> None:
-        """A pull of ``key``: answered now (async) or when its round is summed."""
-        if self.enable_async:
-            self._answer(req, server, key.value)
+        """A pull of ``key``: answered when its round is summed (or as the weights' path
+        says)."""
+        if self.weights is not None:
+            self.weights.pull(req.sender, (req, server), key)
             return
         ready = key.rounds.request_pull(req.sender, (req, server))
         if ready is not None:
@@ -312,9 +304,9 @@ class BytePSServer(KVStoreDistServer):
         return None
 
     def _init_key(self, ps_key: int, values: np.ndarray) -> _BytePSKey:
-        rounds = None if self.enable_async else KeyRounds(ps_key, self.num_workers, values.size,
-                                                          values.dtype)
-        thread = self._summing.bind(values.nbytes)
+        rounds = (KeyRounds(ps_key, self.num_workers, values.size, values.dtype)
+                  if self.weights is None else self.weights.new_rounds(ps_key, values))
+        thread = self.summing.bind(values.nbytes)
         self.expect_pushes(ps_key, values.nbytes)
         log.debug("BytePS key %d: %d bytes of %s on summing thread %d", ps_key, values.nbytes,
                   values.dtype, thread)
@@ -351,8 +343,8 @@ class BytePSServer(KVStoreDistServer):
     def _pull_batch(self, req, server, keys) -> None:
         batch = BatchAnswer(req, server, len(keys), self.send_answer)
         for index, key in enumerate(keys):
-            if self.enable_async:
-                batch.fill(index, key.value)
+            if self.weights is not None:
+                self.weights.pull(req.sender, batch.slot(index), key)
                 continue
             ready = key.rounds.request_pull(req.sender, batch.slot(index))
             if ready is not None:
@@ -371,69 +363,49 @@ class BytePSServer(KVStoreDistServer):
     def _push_batch(self, req, server, keys, values) -> None:
         for key, part in zip(keys, values):
             _check_matches(key, part)
-        if self.enable_async:      # acked once every key has its change added
-            added = _Countdown(len(keys), lambda: self.send_answer(server, req))
-            for key, part in zip(keys, values):
-                self._summing.submit(key.thread,
-                                     lambda k=key, v=part: self._add_async(k, v, added.done))
+        if self.weights is not None:
+            self.weights.push_batch(req, server, keys, values)
             return
         for key, part in zip(keys, values):
             r = key.rounds.begin_push(req.sender)
-            self._summing.submit(key.thread, lambda k=key, r=r, v=part: self._accumulate(k, r, v))
+            self.summing.submit(key.thread, lambda k=key, r=r, v=part: self._accumulate(k, r, v))
         self._ack_push(req, server, sum(part.nbytes for part in values))
 
     def _ack_push(self, req, server, nbytes: int) -> None:
-        """Acknowledge a round push now, or (sync rounds with pacing on) once the other
-        workers caught up; the pacer is None in async mode."""
-        if self.pacer is None:
-            self.send_answer(server, req)
-            return
-        _send_all(self.pacer.arrived(req.sender, nbytes, lambda: self.send_answer(server, req),
-                                     time.monotonic()))
+        """Acknowledge a round push now, or (pacing on) once the other workers caught up."""
+        self.acks.ack(req.sender, nbytes, lambda: self.send_answer(server, req))
 
     # -- summing tasks ----------------------------------------------------------------------
     def _accumulate(self, key: _BytePSKey, r: int, values: np.ndarray) -> None:
         tokens, total = key.rounds.accumulate(r, values)
         for token in tokens:
-            if isinstance(token, BatchSlot):
-                token.fill(total)
-            else:
-                req, server = token
-                self._answer(req, server, total)
+            self.deliver(token, total)
 
-    @staticmethod
-    def _add_async(key: _BytePSKey, values: np.ndarray, then: Callable[[], None]) -> None:
-        # a new array each time: pulls answered meanwhile keep the previous weights intact
-        key.value = publish(np.add(key.value, values))
-        # the push is answered (acked or read back) only now: a worker's pull after its acked
-        # push reads weights that hold its change
-        then()
+    def deliver(self, token, value: np.ndarray) -> None:
+        """Answer a pull token (``(req, server)`` or a batch's slot) with ``value``."""
+        if isinstance(token, BatchSlot):
+            token.fill(value)
+        else:
+            req, server = token
+            self._answer(req, server, value)
+
+    def fail(self, token, message: str) -> None:
+        """Answer a pull token with an error (a batch once, for all its slots)."""
+        if isinstance(token, BatchSlot):
+            token.batch.fail(message)
+        else:
+            req, server = token
+            self.refuse(req, server, message)
+
+    def updater_key(self, ps_key: int) -> int:
+        """The index the optimizer keeps ``ps_key``'s state under (as for MXNet's keys)."""
+        return self._mxnet_key(ps_key)
 
     def _answer(self, req, server, value: np.ndarray) -> None:
         if req.meta.head in COMPRESSED_HEADS:      # every answer passes here: no decoding
             value = self.compressed.answer_value(req, value)
         lens = np.array([value.nbytes], dtype=np.int32)
         self.send_answer(server, req, keys=req.keys, vals=value, lens=lens)
-
-
-class _Countdown:
-    """Runs ``then`` when :meth:`done` was called ``count`` times (from any threads)."""
-
-    def __init__(self, count: int, then: Callable[[], None]):
-        self._left, self._then = count, then
-        self._lock = threading.Lock()
-
-    def done(self) -> None:
-        with self._lock:
-            self._left -= 1
-            last = self._left == 0
-        if last:
-            self._then()
-
-
-def _send_all(acks) -> None:
-    for ack in acks:
-        ack()
 
 
 def _check_matches(key: _BytePSKey, values: np.ndarray) -> None:

@@ -38,8 +38,10 @@ class CompressedPath:
     ``rounds`` is the BytePS server it serves: the compressed path takes its keys, counts its
     rounds and sums there (``key_of``, ``pull``, ``begin_sum``)."""
 
-    def __init__(self, rounds, enable_async: bool):
-        self._rounds, self._async = rounds, enable_async
+    def __init__(self, rounds, refusal: Optional[str]):
+        """``refusal``: why this server's training mode cannot take compression (None: it
+        can)."""
+        self._rounds, self._refusal = rounds, refusal
         #: the dist_byteps workers' CompressionSpec, once set
         self.spec: Optional[CompressionSpec] = None
         self._compressors: Dict[int, PartitionCompressor] = {}   # per compressed ps key
@@ -48,9 +50,8 @@ class CompressedPath:
 
     def set_spec(self, body: bytes) -> None:
         """BYTEPS_COMPRESSION: the workers' compression dict, as JSON (checked here again)."""
-        if self._async:
-            raise ProtocolError("gradient compression needs synchronous training "
-                                "(BYTEPS_ENABLE_ASYNC is on)")
+        if self._refusal:
+            raise ProtocolError(self._refusal)
         try:
             params = json.loads(body.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as exc:

@@ -22,15 +22,19 @@ wait for the other at different servers, :class:`HoldExpiry` releases every ackn
 held ``hold_s`` or longer (it looks every ``hold_s / 2``, so the longest hold is 1.5 x
 ``hold_s``), which turns that case into a delay, counted in :attr:`PushPacer.expired_total`.
 
-:class:`PushPacer` is pure and thread-safe; the server calls :meth:`PushPacer.arrived` for every
-round push and runs a :class:`HoldExpiry` thread beside it.
+:class:`PushPacer` is pure and thread-safe; :class:`PacedAcks` is what the server plugs in: it
+calls :meth:`PushPacer.arrived` for every round push and runs a :class:`HoldExpiry` thread
+beside it. :class:`ImmediateAcks` (no pacing) answers every push at once.
 """
 import collections
+import logging
 import threading
 import time
-from typing import Callable, Deque, Dict, List, Tuple
+from typing import Callable, Deque, Dict, List, Optional, Tuple
 
-__all__ = ["PushPacer", "HoldExpiry"]
+__all__ = ["PushPacer", "HoldExpiry", "ImmediateAcks", "PacedAcks"]
+
+log = logging.getLogger(__name__)
 
 Ack = Callable[[], None]
 
@@ -135,3 +139,45 @@ class HoldExpiry:
         """Stop the thread (the server is done: what is still held is not sent)."""
         self._stop.set()
         self._thread.join(self._pacer.hold_s * 2 + 1.0)
+
+
+def _send_all(acks: List[Ack]) -> None:
+    for ack in acks:
+        ack()
+
+
+class ImmediateAcks:
+    """Round pushes are acknowledged at once (no pacing: the default, and never in async mode
+    or with backup workers)."""
+
+    pacer: Optional[PushPacer] = None
+
+    @staticmethod
+    def ack(sender: int, nbytes: int, send: Ack) -> None:
+        send()
+
+    def close(self) -> None:
+        pass
+
+
+class PacedAcks:
+    """Round pushes acknowledged through a :class:`PushPacer`, with its :class:`HoldExpiry`."""
+
+    def __init__(self, num_workers: int, lead_bytes: int, hold_s: float):
+        self.pacer = PushPacer(num_workers, lead_bytes, hold_s)
+        self._expiry = HoldExpiry(self.pacer, _send_all)
+
+    def ack(self, sender: int, nbytes: int, send: Ack) -> None:
+        """Acknowledge ``sender``'s push of ``nbytes`` now (``send``), or once the others
+        caught up."""
+        _send_all(self.pacer.arrived(sender, nbytes, send, time.monotonic()))
+
+    def close(self) -> None:
+        """Stop the expiry thread; say what is still held (it is not sent) and what was."""
+        self._expiry.close()
+        left = self.pacer.release_all()
+        if left:
+            log.warning("closing with %d push acknowledgement(s) still held by pacing", len(left))
+        if self.pacer.held_total:
+            log.info("pacing held %d push acknowledgement(s); the hold limit released %d",
+                     self.pacer.held_total, self.pacer.expired_total)

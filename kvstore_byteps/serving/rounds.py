@@ -23,7 +23,21 @@ import numpy as np
 
 from ..errors import ProtocolError
 
-__all__ = ["KeyRounds"]
+__all__ = ["KeyRounds", "sum_into"]
+
+
+def sum_into(buffer: Optional[np.ndarray], data: np.ndarray, first: bool, size: int,
+             dtype) -> np.ndarray:
+    """A round's sum with ``data`` in (the key's summing thread only, outside any lock):
+    copied into ``buffer`` (made on first use) for the round's first push, added for the
+    others. Returns the buffer."""
+    if buffer is None:
+        buffer = np.empty(size, dtype=dtype)
+    if first:
+        np.copyto(buffer, data)
+    else:
+        np.add(buffer, data, out=buffer)
+    return buffer
 
 
 @dataclasses.dataclass
@@ -151,12 +165,7 @@ class KeyRounds:
                 raise ProtocolError("key %d: push of round %d arrived in a slot of round %d"
                                     % (self.ps_key, r, slot.round))
             first = slot.summed == 0
-            if slot.buffer is None:
-                slot.buffer = np.empty(self._size, dtype=self._dtype)
-        if first:
-            np.copyto(slot.buffer, data)
-        else:
-            np.add(slot.buffer, data, out=slot.buffer)
+        slot.buffer = sum_into(slot.buffer, data, first, self._size, self._dtype)
         with self._lock:
             slot.summed += 1
             if slot.summed < self.num_workers:

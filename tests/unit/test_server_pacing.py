@@ -153,14 +153,14 @@ def test_server_holds_a_leading_workers_ack_but_sums_its_push_at_once():
         assert list(np.unique(fake.wait_for(p).values())) == [2.0]
         srv.handle_request(bpush(WORKER1, 2, 4096), fake)
         fake.wait_for(a[2])
-        assert srv.pacer.held() == 0
+        assert srv.acks.pacer.held() == 0
 
 
 def test_pacing_is_opt_in_and_never_in_async_mode():
     with build_server(Config.from_env({}), 2, 0) as srv:
-        assert srv.pacer is None
+        assert srv.acks.pacer is None
     on = {"BYTEPS_SERVER_PACING_BYTES": "1024000", "BYTEPS_SERVER_PACING_HOLD_MS": "50"}
     with build_server(Config.from_env(on), 2, 0) as srv:
-        assert srv.pacer.lead_bytes == 1024000 and srv.pacer.hold_s == 0.05
+        assert srv.acks.pacer.lead_bytes == 1024000 and srv.acks.pacer.hold_s == 0.05
     with build_server(Config.from_env(dict(on, BYTEPS_ENABLE_ASYNC="1")), 2, 0) as srv:
-        assert srv.pacer is None
+        assert srv.acks.pacer is None

@@ -1,0 +1,83 @@
+"""Asynchronous training on the server (``BYTEPS_ENABLE_ASYNC=1``): pushes are added into the
+weights, pulls read them as they are.
+
+BytePS's asynchronous mode: each worker pushes a change of the weights (its own optimizer
+made it, see ``mxnet_patch/async_training.py``); a key's summing thread adds it into the
+stored weights, in whatever order changes come, and only then answers the push, so a worker
+that reads after its acknowledged push finds its change in (read-your-writes). A pull is
+answered at once with the weights as they are. No round, no waiting for other workers.
+"""
+import threading
+from typing import Callable
+
+import numpy as np
+
+from .store import publish
+
+__all__ = ["AsyncAdds"]
+
+
+class AsyncAdds:
+    """The BytePS server's data path in asynchronous training (plugged into BytePSServer)."""
+
+    #: why a pull cannot ride along with a push here (it is answered at once instead)
+    riding_pull_refusal = ("a pull riding along with a push needs synchronous rounds (this "
+                           "server has BYTEPS_ENABLE_ASYNC on)")
+    compression_refusal = ("gradient compression needs synchronous training "
+                           "(BYTEPS_ENABLE_ASYNC is on)")
+
+    def __init__(self, server, describe: Callable):
+        self._server = server
+        self._add = server.profiler.timed(
+            "sum", self._add, lambda key, values, then: describe(key, None, values))
+
+    def new_rounds(self, ps_key: int, values: np.ndarray) -> None:
+        """No rounds: a key is its weights."""
+        return None
+
+    def push(self, req, server, key, values: np.ndarray, pull: bool) -> None:
+        """Add ``values`` to ``key``'s weights, then answer: the push's ack, or (a pushpull)
+        the weights with the change in."""
+        srv = self._server
+        if pull:
+            then = lambda: srv.deliver((req, server), key.value)     # noqa: E731
+        else:
+            then = lambda: srv.send_answer(server, req)               # noqa: E731
+        srv.summing.submit(key.thread, lambda: self._add(key, values, then))
+
+    def push_batch(self, req, server, keys, values) -> None:
+        """A batch of changes, acknowledged once, after every key has its change added."""
+        added = _Countdown(len(keys), lambda: self._server.send_answer(server, req))
+        for key, part in zip(keys, values):
+            self._server.summing.submit(key.thread,
+                                        lambda k=key, v=part: self._add(k, v, added.done))
+
+    def pull(self, sender: int, token, key) -> None:
+        """Answer at once with the weights as they are."""
+        self._server.deliver(token, key.value)
+
+    def absent(self, sender: int, absent: bool, keys) -> None:
+        """Nothing waits for a worker in asynchronous training."""
+
+    @staticmethod
+    def _add(key, values: np.ndarray, then: Callable[[], None]) -> None:
+        # a new array each time: pulls answered meanwhile keep the previous weights intact
+        key.value = publish(np.add(key.value, values))
+        # the push is answered (acked or read back) only now: a worker's pull after its acked
+        # push reads weights that hold its change
+        then()
+
+
+class _Countdown:
+    """Runs ``then`` when :meth:`done` was called ``count`` times (from any threads)."""
+
+    def __init__(self, count: int, then: Callable[[], None]):
+        self._left, self._then = count, then
+        self._lock = threading.Lock()
+
+    def done(self) -> None:
+        with self._lock:
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self._then()

@@ -1,0 +1,144 @@
+"""Round bookkeeping of one key with backup workers (``BYTEPS_BACKUP_WORKERS=b``). Pure.
+
+Synchronous SGD with backup workers (Chen et al., "Revisiting Distributed Synchronous SGD",
+2016; TensorFlow's ``SyncReplicasOptimizer(replicas_to_aggregate=W-b)``): the servers keep the
+weights and the optimizer; a round of a key closes when the first ``W - b`` of its ``W``
+workers have pushed their gradients for it; their sum (scaled to ``W`` contributions) goes
+through the optimizer once, and every pull of that round is answered with the new weights.
+
+Rounds are numbered by the weights' version: version ``v`` is what ``v`` closed rounds made
+of the initial value. A worker's push belongs to the round of the version it last read (its
+last answer), so it needs no round number on the wire:
+
+* the round is still open and has fewer than ``W - b`` pushes: the push counts;
+* otherwise (the round closed, or is closing with enough pushes) the push is stale: dropped
+  and counted, never summed into a later round (rounds never mix);
+* a pull is answered with the first weights newer than the round the worker last pushed:
+  at once if that round already closed (a straggler skips ahead to the current weights), or
+  when it closes.
+
+Workers that wait in a barrier or left the job (:meth:`BackupRounds.set_absent`) are not
+waited for: a round needs ``min(W - b, workers present)`` pushes, so the last worker training
+alone still closes its rounds.
+
+Threads: ``begin_push``, ``request_pull`` and ``set_absent`` run on the receive thread; ``add``,
+``recheck`` and ``close`` on the one summing thread the key is bound to (only it writes the
+sum buffer, outside the lock, and only it closes a round).
+"""
+import threading
+from typing import Dict, List, Optional, Set, Tuple
+
+import numpy as np
+
+from ..errors import ProtocolError
+from .rounds import sum_into
+
+__all__ = ["BackupRounds"]
+
+
+class BackupRounds:
+    """The open round of one key: who pushed it, its sum, the pulls waiting for it."""
+
+    def __init__(self, ps_key: int, num_workers: int, backup_workers: int, size: int, dtype):
+        if not 0 < backup_workers < num_workers:
+            raise ProtocolError("%d backup workers need at least %d workers, the job has %d"
+                                % (backup_workers, backup_workers + 1, num_workers))
+        self.ps_key = ps_key
+        self.num_workers = num_workers
+        self.backup_workers = backup_workers
+        self._size, self._dtype = size, np.dtype(dtype)
+        self._lock = threading.Lock()
+        self.version = 0                    # rounds closed so far
+        self._contributors: Set[int] = set()   # senders of the open round's counted pushes
+        self._summed = 0
+        self._buffer: Optional[np.ndarray] = None
+        self._read: Dict[int, int] = {}     # sender -> version of its last answer
+        self._pushed: Dict[int, int] = {}   # sender -> round of its push not yet answered
+        self._pending: List[Tuple[int, int, object]] = []   # (sender, round, token)
+        self._absent: Set[int] = set()
+        #: stale pushes dropped so far (counted, never summed)
+        self.dropped = 0
+
+    @property
+    def needed(self) -> int:
+        """Pushes that close a round: W - b, or fewer while workers are absent."""
+        return max(1, min(self.num_workers - self.backup_workers,
+                          self.num_workers - len(self._absent)))
+
+    def begin_push(self, sender: int) -> Optional[int]:
+        """Register ``sender``'s push: its round if it counts, None if it is stale (dropped).
+        ProtocolError for a second push before the first was answered."""
+        with self._lock:
+            if sender in self._pushed:
+                raise ProtocolError("node %d pushed key %d again before its pull of round %d "
+                                    "was answered" % (sender, self.ps_key, self._pushed[sender]))
+            r = self._read.get(sender, 0)
+            self._pushed[sender] = r
+            if r != self.version or len(self._contributors) >= self.needed:
+                self.dropped += 1
+                return None
+            self._contributors.add(sender)
+            return r
+
+    def request_pull(self, sender: int, token) -> Optional[int]:
+        """Register ``sender``'s pull: the version to answer with now (the current weights),
+        or None if ``token`` waits for the round the sender pushed, and comes back from
+        :meth:`close`. Each pull is answered exactly once."""
+        with self._lock:
+            wanted = self._pushed.get(sender)
+            if wanted is None or wanted < self.version:
+                self._answered(sender)
+                return self.version
+            self._pending.append((sender, wanted, token))
+            return None
+
+    def _answered(self, sender: int) -> None:
+        self._read[sender] = self.version
+        self._pushed.pop(sender, None)
+
+    def add(self, r: int, data: np.ndarray) -> Optional[Tuple[np.ndarray, int]]:
+        """Add a counted push of round ``r`` (summing thread). Returns ``(sum, contributors)``
+        when this push completes the round: the caller computes the new weights and calls
+        :meth:`close`; else None."""
+        with self._lock:
+            if r != self.version:
+                raise ProtocolError("key %d: a push of round %d reached the sum of round %d"
+                                    % (self.ps_key, r, self.version))
+            first = self._summed == 0
+        self._buffer = sum_into(self._buffer, data, first, self._size, self._dtype)
+        with self._lock:
+            self._summed += 1
+            return self._complete()
+
+    def set_absent(self, sender: int, absent: bool) -> None:
+        """``sender`` pushes nothing for now (it waits in a barrier or left the job), or is
+        back. Rounds need fewer pushes while it is away: the open round may be complete now,
+        the caller runs :meth:`recheck` on the key's summing thread."""
+        with self._lock:
+            if absent:
+                self._absent.add(sender)
+            else:
+                self._absent.discard(sender)
+
+    def recheck(self) -> Optional[Tuple[np.ndarray, int]]:
+        """``(sum, contributors)`` if the open round is complete now (summing thread)."""
+        with self._lock:
+            return self._complete()
+
+    def _complete(self) -> Optional[Tuple[np.ndarray, int]]:
+        count = len(self._contributors)
+        if count == 0 or count < self.needed or self._summed < count:
+            return None
+        return self._buffer, count
+
+    def close(self) -> List[object]:
+        """The open round's new weights are in place: count the version, start the next
+        round, and return the tokens of the pulls to answer with the new weights."""
+        with self._lock:
+            self.version += 1
+            self._contributors, self._summed = set(), 0
+            ready = [item for item in self._pending if item[1] < self.version]
+            self._pending = [item for item in self._pending if item[1] >= self.version]
+            for sender, _, _ in ready:
+                self._answered(sender)
+            return [token for _, _, token in ready]

@@ -1,0 +1,78 @@
+"""BackupRounds (serving/backup_rounds.py): rounds close at W - b pushes, stale pushes are
+dropped and counted, pulls get the first weights newer than what they pushed, absent workers
+are not waited for. Pure: no server, no network."""
+import numpy as np
+import pytest
+
+from kvstore_byteps.errors import ProtocolError
+from kvstore_byteps.serving.backup_rounds import BackupRounds
+
+
+def rounds(workers=3, backup=1):
+    return BackupRounds(7, workers, backup, 2, np.float64)
+
+
+def push(r, sender, value):
+    """A push and its summation, as the server does them (receive, then summing thread)."""
+    n = r.begin_push(sender)
+    return n, (None if n is None else r.add(n, np.full(2, float(value))))
+
+
+def test_a_round_closes_at_w_minus_b_pushes_and_the_late_push_is_dropped():
+    r = rounds()
+    assert push(r, 9, 1) == (0, None)
+    n, complete = push(r, 11, 2)
+    assert n == 0 and complete[1] == 2 and list(complete[0]) == [3.0, 3.0]
+    assert r.request_pull(9, "pull9") is None          # waits for the close
+    assert r.close() == ["pull9"] and r.version == 1
+    assert push(r, 13, 100) == (None, None) and r.dropped == 1   # round 0 closed: stale
+    assert r.request_pull(13, "pull13") == 1           # skips ahead to the current weights
+    assert r.request_pull(11, "pull11") == 1           # its round closed already
+
+
+def test_a_stale_worker_counts_again_once_it_read_the_current_weights():
+    r = rounds()
+    push(r, 9, 1), push(r, 11, 1)
+    r.request_pull(9, "t9"), r.request_pull(11, "t11")
+    assert r.close() == ["t9", "t11"]
+    push(r, 13, 5)                                     # stale (read version 0)
+    assert r.request_pull(13, "t13") == 1
+    assert push(r, 13, 5)[0] == 1                       # now it is in round 1
+    assert push(r, 9, 1)[1][1] == 2                     # 13 and 9 complete round 1
+    assert r.request_pull(13, "t13") is None and r.close() == ["t13"]
+
+
+def test_a_second_push_before_the_answer_is_refused():
+    r = rounds()
+    r.begin_push(9)
+    with pytest.raises(ProtocolError, match="again before its pull"):
+        r.begin_push(9)
+
+
+def test_rounds_do_not_wait_for_absent_workers_and_wait_again_when_they_are_back():
+    r = rounds(workers=3, backup=1)
+    r.begin_push(9)
+    r.add(0, np.ones(2))
+    assert r.recheck() is None                         # needs 2
+    r.set_absent(11, True)
+    r.set_absent(13, True)
+    assert r.recheck()[1] == 1                         # alone: one push closes the round
+    r.close()
+    r.set_absent(11, False)
+    r.set_absent(13, False)
+    assert r.needed == 2
+
+
+def test_pushes_are_summed_only_when_all_counted_pushes_arrived():
+    r = rounds(workers=4, backup=1)
+    for sender in (9, 11, 13):
+        assert r.begin_push(sender) == 0
+    assert r.add(0, np.ones(2)) is None and r.add(0, np.ones(2)) is None
+    total, count = r.add(0, np.ones(2))
+    assert count == 3 and list(total) == [3.0, 3.0]
+    assert r.begin_push(15) is None                    # the fourth is a backup: dropped
+
+
+def test_backup_workers_need_more_workers():
+    with pytest.raises(ProtocolError, match="at least 3 workers"):
+        BackupRounds(1, 2, 2, 1, np.float32)

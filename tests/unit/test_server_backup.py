@@ -1,0 +1,84 @@
+"""BytePSServer with backup workers (BYTEPS_BACKUP_WORKERS), through a recording responder (no
+sockets): the optimizer runs on each round of W - b pushes, scaled by W / c; the late push is
+dropped and its pull gets the new weights; absent workers are not waited for; a worker that
+trains otherwise is refused at the probe."""
+import numpy as np
+
+from kvstore_byteps.mxproto import PROBE_ANSWER, RequestType, ServerCommand
+from kvstore_byteps.serving.byteps import BytePSServer
+from tests.support.server_fakes import WORKER0, WORKER1, WORKER2, FakeServer, command, pull, push
+
+BP = RequestType.BYTEPS
+MODE = b"sync with 1 backup workers"
+
+
+def bpush(sender, key, value, pull_too=False):
+    return push(sender, key, np.full(4, value, np.float32), pull=pull_too, rtype=BP)
+
+
+def minus_grad(key, grad, weight):
+    """SGD with learning rate 1: the new weights (never changes ``weight`` in place)."""
+    return weight - grad
+
+
+def backup_server():
+    srv = BytePSServer(3, summing_threads=2, backup_workers=1,
+                       updater_loader=lambda body: minus_grad)
+    fake = FakeServer()
+    srv.handle_command(command(WORKER0, ServerCommand.CONTROLLER, b"sgd"), fake)
+    srv.handle_request(bpush(WORKER0, 1, 10.0), fake)          # rank 0 initialises: 10
+    return srv, fake
+
+
+def values(fake, req):
+    answer = fake.wait_for(req)
+    assert answer.error is None, answer.error
+    return list(answer.values())
+
+
+def test_a_round_of_two_of_three_pushes_updates_once_and_the_late_push_is_dropped():
+    srv, fake = backup_server()
+    with srv:
+        a, b = bpush(WORKER0, 1, 1.0, pull_too=True), bpush(WORKER1, 1, 2.0, pull_too=True)
+        srv.handle_request(a, fake)
+        assert not fake.answered(a)                             # the round needs 2 pushes
+        srv.handle_request(b, fake)
+        # (1 + 2) scaled by 3 workers / 2 contributors = 4.5 -> 10 - 4.5
+        assert values(fake, a) == values(fake, b) == [5.5] * 4
+        late = bpush(WORKER2, 1, 100.0, pull_too=True)          # computed on version 0
+        srv.handle_request(late, fake)
+        assert values(fake, late) == [5.5] * 4                  # dropped: current weights
+        assert srv._keys[1].rounds.dropped == 1
+        current = pull(WORKER2, 1)                              # a default pull reads them too
+        srv.handle_request(current, fake)
+        assert values(fake, current) == [5.5] * 4
+
+
+def test_an_absent_worker_is_not_waited_for():
+    srv, fake = backup_server()
+    with srv:
+        for sender in (WORKER1, WORKER2):
+            srv.handle_command(command(sender, ServerCommand.BYTEPS_ABSENT, b"1"), fake)
+        alone = bpush(WORKER0, 1, 1.0, pull_too=True)
+        srv.handle_request(alone, fake)
+        assert values(fake, alone) == [7.0] * 4                 # 1 x 3 / 1
+        srv.handle_command(command(WORKER1, ServerCommand.BYTEPS_ABSENT, b"0"), fake)
+        again = bpush(WORKER0, 1, 1.0, pull_too=True)
+        srv.handle_request(again, fake)
+        assert not fake.answered(again)                         # worker 1 is back: 2 needed
+        srv.handle_request(bpush(WORKER1, 1, 1.0), fake)        # read version 0: stale
+        assert not fake.answered(again)
+        srv.handle_command(command(WORKER1, ServerCommand.BYTEPS_ABSENT, b"1"), fake)
+        assert values(fake, again) == [4.0] * 4
+
+
+def test_the_probe_refuses_a_worker_that_trains_otherwise():
+    srv, fake = backup_server()
+    with srv:
+        same = command(WORKER0, ServerCommand.BYTEPS_PROBE, MODE)
+        srv.handle_command(same, fake)
+        assert fake.wait_for(same).error is None and fake.wait_for(same).body == PROBE_ANSWER
+        other = command(WORKER1, ServerCommand.BYTEPS_PROBE, b"sync")
+        srv.handle_command(other, fake)
+        assert "this server trains sync with 1 backup workers, the worker sync" in \
+            fake.wait_for(other).error

@@ -1,0 +1,47 @@
+"""TrainingMode (engine/modes.py): what each training mode tells the servers, refuses and sends
+around a barrier. Pure."""
+import pytest
+
+from kvstore_byteps.config import Config, ConfigError
+from kvstore_byteps.engine.modes import TrainingMode
+from kvstore_byteps.mxproto import ServerCommand
+
+MISSING = "MXNet's servers lack our extensions"
+
+
+def mode(**env):
+    return TrainingMode.of(Config.from_env(dict({"DMLC_NUM_WORKER": "4"}, **env)))
+
+
+def test_each_mode_names_itself_and_what_it_cannot_do():
+    sync, asynchronous = mode(), mode(BYTEPS_ENABLE_ASYNC="1")
+    backup = mode(BYTEPS_BACKUP_WORKERS="1")
+    assert (sync.name, asynchronous.name, backup.name) == (
+        "sync", "async", "sync with 1 backup workers")
+    assert sync.summed and sync.refusal(MISSING) is None and sync.compression_refusal is None
+    assert asynchronous.refusal(MISSING).startswith("BYTEPS_ENABLE_ASYNC needs kvstore-byteps")
+    assert backup.refusal(MISSING).startswith("BYTEPS_BACKUP_WORKERS needs kvstore-byteps")
+    assert backup.refusal(None) is None                 # our servers
+    assert "unset BYTEPS_BACKUP_WORKERS" in backup.compression_refusal
+    assert "kept the weights" in backup.unrestorable and sync.unrestorable is None
+
+
+def test_only_backup_workers_tell_the_servers_they_are_away():
+    sent = []
+    record = lambda head, body, what: sent.append((head, body))    # noqa: E731
+    mode().absent(record, True)
+    mode(BYTEPS_ENABLE_ASYNC="1").absent(record, True)
+    assert sent == []
+    backup = mode(BYTEPS_BACKUP_WORKERS="2")
+    backup.absent(record, True)
+    backup.absent(record, False)
+    assert sent == [(ServerCommand.BYTEPS_ABSENT, b"1"), (ServerCommand.BYTEPS_ABSENT, b"0")]
+
+
+@pytest.mark.parametrize("env,words", [
+    ({"BYTEPS_BACKUP_WORKERS": "1", "BYTEPS_ENABLE_ASYNC": "1"}, "exclude each other"),
+    ({"BYTEPS_BACKUP_WORKERS": "4"}, "needs more workers than that"),
+])
+def test_impossible_combinations_are_refused_at_start(env, words):
+    with pytest.raises(ConfigError, match=words):
+        Config.from_env(dict({"DMLC_NUM_WORKER": "4"}, **env))
