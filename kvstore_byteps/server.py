@@ -51,6 +51,11 @@ def run_server(config: Config) -> int:
     if config.keep_freed_memory:
         from .memory import keep_freed_memory
         keep_freed_memory()
+    if config.backup_workers:
+        # the servers will run the workers' optimizer: import MXNet now, while the cluster
+        # forms, not in the first round (2-3 s on 2 cores, in every worker's first step)
+        from .serving.unpickle import import_mxnet
+        import_mxnet()
     postoffice = Postoffice(config)
     server = build_server(config, config.num_workers, key_begin=0)
     try:
