@@ -3,6 +3,7 @@
 
     python benchmarks/bench_straggler.py --workers 4 --servers 2 --epochs 8 --step-time 0.05
     python benchmarks/bench_straggler.py --out benchmarks/results/straggler/digits_4x2.json
+    python benchmarks/bench_straggler.py --network netns --link-rate 500mbit     # (root)
 
 Every job trains the demo's MLP on scikit-learn's digits (``benchmarks/_straggler_worker.py``:
 the demo's model, data, shards and learning rate) with each step stretched to ``--step-time``
@@ -64,6 +65,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--slow-factor", type=float, default=2.0, help="the straggler's slowdown")
     p.add_argument("--target", type=float, default=0.95, help="test accuracy to reach")
     p.add_argument("--systems", default="sync,backup,async,mxnet_sync,mxnet_async")
+    p.add_argument("--network", choices=["loopback", "netns"], default="loopback",
+                   help="loopback: 127.0.0.1 (default); netns: every node on an emulated host "
+                        "of its own (launch.py --launcher netns; root)")
+    p.add_argument("--link-rate", default="500mbit",
+                   help="netns: each host's link rate in each direction (default 500mbit)")
     p.add_argument("--job-timeout", type=int, default=600)
     p.add_argument("--out", help="results JSON (e.g. benchmarks/results/straggler/....json)")
     return p.parse_args(argv)
@@ -72,7 +78,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 def run_job(args, system: str, slow: bool) -> Optional[Dict]:
     """The summary of one job, or None (the output's tail is printed)."""
     kvstore, env, options = SYSTEMS[system]
+    network = (["--launcher", "netns", "--link-rate", args.link_rate]
+               if args.network == "netns" else [])
     argv = [sys.executable, LAUNCH, "-n", str(args.workers), "-s", str(args.servers), *options,
+            *network,
             "--timeout", str(args.job_timeout), "--grace", "20",
             sys.executable, WORKER, "--kvstore", kvstore, "--epochs", str(args.epochs),
             "--step-time", str(args.step_time)]
@@ -104,9 +113,11 @@ def summarise(results: List[Dict], target: float) -> Dict:
 
 
 def table(args, found: Dict[str, Dict[str, Dict]]) -> List[str]:
-    rows = ["digits MLP, %d workers x %d servers, loopback; %.0f ms per step, straggler: the "
+    where = ("emulated network, %s links" % args.link_rate if args.network == "netns"
+             else "loopback")
+    rows = ["digits MLP, %d workers x %d servers, %s; %.0f ms per step, straggler: the "
             "last worker %.1fx slower; time to %.0f%% test accuracy (rank 0)"
-            % (args.workers, args.servers, 1000 * args.step_time, args.slow_factor,
+            % (args.workers, args.servers, where, 1000 * args.step_time, args.slow_factor,
                100 * args.target),
             "| system | samples/s, no straggler | samples/s, straggler | kept | vs its sync "
             "(straggler) | final accuracy (straggler) | time to target (straggler) |",
