@@ -85,7 +85,7 @@ def test_trace_shows_every_stage_with_the_parameter_names(tmp_path):
 def test_workers_initialising_keys_in_different_orders_are_told_why():
     # balanced placement follows the initialisation order; rank 1 reverses it, so it looks for
     # the partitions on the wrong servers: a clear error at init, never a hang or a wrong sum
-    results = run_checks("init-order", env={"BYTEPS_REQUEST_TIMEOUT": "10"}, servers=2,
+    results = run_checks("init-order", env={"BYTEPS_REQUEST_TIMEOUT": "6"}, servers=2,
                          timeout=60, expect_ok=False)
     code, out = results["worker1"] if "ERROR rank 1" in results["worker1"][1] else \
         results["worker0"]
