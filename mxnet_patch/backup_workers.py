@@ -34,7 +34,8 @@ class ServerUpdates:
                                      "on the servers in the gradients' dtype: multi_precision "
                                      "optimizers are not supported there")
         self.optimizer = optimizer
-        # as MXNet's KVStore.set_optimizer sends it (rank 0 only; the others' call is a no-op)
+        # as MXNet's KVStore.set_optimizer sends it (rank 0 only), then a barrier: every
+        # worker calls set_optimizer (gluon's Trainer and Module do)
         engine.set_optimizer(pickle.dumps(optimizer, 0))
 
     #: the workers keep no updater (gluon's load_states reads it)

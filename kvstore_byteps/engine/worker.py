@@ -313,9 +313,12 @@ class WorkerEngine:
 
     def set_optimizer(self, body: bytes) -> None:
         """kController from rank 0 (MXNet's body: the optimizer pickled with protocol 0): the
-        servers run it on the rounds' sums (backup workers). Blocking."""
+        servers run it on the rounds' sums (backup workers). Then a barrier: a round may close
+        without rank 0's push, so no worker may push before the servers have the optimizer
+        (every worker calls this, as gluon and Module do). Blocking."""
         if self.rank == 0:
             self._command(ServerCommand.CONTROLLER, body, "setting the optimizer")
+        self.barrier()
 
     # ------------------------------------------------------------------ compression
     def set_compression(self, params) -> None:

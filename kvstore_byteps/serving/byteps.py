@@ -243,9 +243,7 @@ class BytePSServer(KVStoreDistServer):
         if self.weights is not None:
             self.weights.push(req, server, key, values, pull)
             if attached is not None:
-                self._serve_attached(attached, server,
-                                     lambda: self.weights.pull(req.sender, (attached, server),
-                                                               key))
+                self._serve_attached(attached, server, lambda: self.pull(attached, server, key))
             return
         r = key.rounds.begin_push(req.sender, claimed_round(req))
         if pull:
