@@ -60,6 +60,10 @@ class AsyncAdds:
         """Nothing waits for a worker in asynchronous training."""
 
     @staticmethod
+    def close(keys) -> None:
+        """Nothing to say."""
+
+    @staticmethod
     def _add(key, values: np.ndarray, then: Callable[[], None]) -> None:
         # a new array each time: pulls answered meanwhile keep the previous weights intact
         key.value = publish(np.add(key.value, values))

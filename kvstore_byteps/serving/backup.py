@@ -81,6 +81,14 @@ class BackupWorkers:
                 self._server.summing.submit(key.thread, lambda k=key: self._close(
                     k, k.rounds.recheck()))
 
+    @staticmethod
+    def close(keys) -> None:
+        """Say how many late pushes were dropped (the server is done)."""
+        keys = list(keys)
+        dropped = sum(key.rounds.dropped for key in keys)
+        log.info("backup workers: %d late push(es) dropped over %d key(s), %d round(s)",
+                 dropped, len(keys), sum(key.rounds.version for key in keys))
+
     def _add(self, key, r: int, values: np.ndarray) -> None:
         self._close(key, key.rounds.add(r, values))
 
@@ -99,6 +107,8 @@ class BackupWorkers:
             key.value = publish(server.updater(server.updater_key(key.ps_key), grad,
                                                key.value).astype(key.dtype, copy=False))
             error = None
+        except ProtocolError as exc:  # answered to every pull of the round: the workers say it
+            error = str(exc)
         except Exception as exc:      # a failing optimizer must not stop the summing thread
             log.exception("update of ps key %d failed", key.ps_key)
             error = "update of ps key %d failed: %s" % (key.ps_key, exc)

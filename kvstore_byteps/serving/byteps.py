@@ -185,6 +185,8 @@ class BytePSServer(KVStoreDistServer):
         """Finish queued summations and stop the summing threads (and the pacing thread)."""
         self.acks.close()
         self.summing.close(timeout)
+        if self.weights is not None:
+            self.weights.close(list(self._keys.values()))
         super().close()
 
     def __enter__(self) -> "BytePSServer":
