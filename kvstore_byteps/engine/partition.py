@@ -29,14 +29,13 @@ from typing import Dict, List, Optional, Tuple
 
 from ..config import Config
 from ..errors import KVStoreBytePSError
-from ..van.kv_keys import K_MAX_KEY, server_key_range, server_of_key
+from ..van.kv_keys import K_MAX_KEY, PARTITION_BITS, server_key_range, server_of_key
 from .keyhash import KeyHash, server_for_key
 
 __all__ = ["K_MAX_KEY", "PARTITION_BITS", "MAX_PARTITIONS", "MAX_USER_KEY", "KeyLayoutError",
            "Partition", "PartitionPlan", "Partitioner", "encode_ps_key",
            "decode_ps_key", "partition_bound", "plan_partitions"]
 
-PARTITION_BITS = 16
 MAX_PARTITIONS = 1 << PARTITION_BITS
 #: Largest user key the encoding admits (MXNet keys are C ``int``).
 MAX_USER_KEY = 2 ** 31 - 1

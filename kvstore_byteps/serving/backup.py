@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ProtocolError
+from ..van.kv_keys import PARTITION_BITS
 from .backup_rounds import BackupRounds
 from .store import publish
 
@@ -81,6 +82,17 @@ class BackupWorkers:
                 self._server.summing.submit(key.thread, lambda k=key: self._close(
                     k, k.rounds.recheck()))
 
+    def _index(self, ps_key: int) -> int:
+        """The index the optimizer keeps ``ps_key``'s state under: ``-1 - local key`` (unique
+        on this server, and never an MXNet key, so a partition cannot take another
+        parameter's multipliers), given the learning-rate and weight-decay multipliers of
+        the MXNet key the partition belongs to (MXNet's server updates by MXNet key)."""
+        local = self._server.mxnet_key(ps_key)
+        alias = getattr(self._server.updater, "alias", None)
+        if alias is not None:
+            alias(-1 - local, local >> PARTITION_BITS)
+        return -1 - local
+
     @staticmethod
     def close(keys) -> None:
         """Say how many late pushes were dropped (the server is done)."""
@@ -104,7 +116,7 @@ class BackupWorkers:
                 raise ProtocolError("no optimizer: with BYTEPS_BACKUP_WORKERS the servers run "
                                     "the optimizer, set by the workers' store (gluon.Trainer "
                                     "and Module.fit do; or kv.set_optimizer)")
-            key.value = publish(server.updater(server.updater_key(key.ps_key), grad,
+            key.value = publish(server.updater(self._index(key.ps_key), grad,
                                                key.value).astype(key.dtype, copy=False))
             error = None
         except ProtocolError as exc:  # answered to every pull of the round: the workers say it

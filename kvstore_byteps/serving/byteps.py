@@ -397,10 +397,6 @@ class BytePSServer(KVStoreDistServer):
             req, server = token
             self.refuse(req, server, message)
 
-    def updater_key(self, ps_key: int) -> int:
-        """The index the optimizer keeps ``ps_key``'s state under (as for MXNet's keys)."""
-        return self._mxnet_key(ps_key)
-
     def _answer(self, req, server, value: np.ndarray) -> None:
         if req.meta.head in COMPRESSED_HEADS:      # every answer passes here: no decoding
             value = self.compressed.answer_value(req, value)

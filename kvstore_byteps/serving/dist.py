@@ -288,11 +288,11 @@ class KVStoreDistServer:
                 self.refuse(waiting_req, waiting_server,
                              "push of key %d refused: this server refused the optimizer (%s), "
                              "and storing the summed gradients as the weights would train "
-                             "wrongly" % (self._mxnet_key(ps_key), self.refused_optimizer))
+                             "wrongly" % (self.mxnet_key(ps_key), self.refused_optimizer))
             return
         try:
             if self.updater is not None:
-                entry.set_working(self._update(self._mxnet_key(ps_key), grad, entry.working))
+                entry.set_working(self._update(self.mxnet_key(ps_key), grad, entry.working))
             else:
                 entry.set_working(dense_rows(grad) if isinstance(grad, RowSparseGrad) else grad)
         except Exception as exc:
@@ -308,14 +308,14 @@ class KVStoreDistServer:
         if self.updater is None:
             raise ProtocolError("async mode needs an optimizer on the server (kv.set_optimizer) "
                                 "before pushes to key %d" % ps_key)
-        entry.set_working(self._update(self._mxnet_key(ps_key), grad, entry.working))
+        entry.set_working(self._update(self.mxnet_key(ps_key), grad, entry.working))
 
     # -- answers ----------------------------------------------------------------------------
     def _entry(self, ps_key: int, kind: StorageKind) -> Entry:
         entry = self._store.get(ps_key)
         if entry is None:
             raise ProtocolError("pull of key %d (MXNet key %d), which was never initialised"
-                                % (ps_key, self._mxnet_key(ps_key)))
+                                % (ps_key, self.mxnet_key(ps_key)))
         if not isinstance(entry, Entry) or entry.kind is not kind:
             raise ProtocolError("key %d does not hold %s data" % (ps_key, kind.value))
         return entry
@@ -360,7 +360,7 @@ class KVStoreDistServer:
         except Exception:  # the peer may be gone; that must not stop the server
             log.exception("could not answer node %s", req.sender)
 
-    def _mxnet_key(self, ps_key: int) -> int:
+    def mxnet_key(self, ps_key: int) -> int:
         return ps_key - self.key_begin
 
 

@@ -43,6 +43,17 @@ class MXNetUpdater:
         self._updater = self._mx.optimizer.get_updater(optimizer)
         self.optimizer = optimizer
 
+    def alias(self, index: int, like: int) -> None:
+        """Optimizer index ``index`` (a partition) takes the learning-rate and weight-decay
+        multipliers that index ``like`` (its MXNet key) has, found by index or by name
+        (``idx2name``, as Module sets it), 1.0 otherwise. Set once: looked up by index first,
+        so a partition's index can never pick up another parameter's name."""
+        optimizer = self.optimizer
+        name = optimizer.idx2name.get(like)
+        for mults in (optimizer.lr_mult, optimizer.wd_mult):
+            if index not in mults:
+                mults[index] = mults[like] if like in mults else mults.get(name, 1.0)
+
     def __call__(self, key: int, grad: Grad, weight: np.ndarray) -> np.ndarray:
         nd = self._mx.nd
         if isinstance(grad, RowSparseGrad):

@@ -5,6 +5,9 @@ from typing import List, NamedTuple, Optional, Tuple
 import numpy as np
 
 K_MAX_KEY = 2 ** 64 - 1
+#: dist_byteps's local key of a partition: ``(user_key << PARTITION_BITS) | index`` (see
+#: ``engine/partition.py``); a server recovers the MXNet key from it
+PARTITION_BITS = 16
 
 
 class KeyRange(NamedTuple):

@@ -2,6 +2,9 @@
 sockets): the optimizer runs on each round of W - b pushes, scaled by W / c; the late push is
 dropped and its pull gets the new weights; absent workers are not waited for; a worker that
 trains otherwise is refused at the probe."""
+import pickle
+
+import mxnet as mx      # at collection: importing it inside a test trips the unit-purity guard
 import numpy as np
 
 from kvstore_byteps.mxproto import PROBE_ANSWER, RequestType, ServerCommand
@@ -82,3 +85,24 @@ def test_the_probe_refuses_a_worker_that_trains_otherwise():
         srv.handle_command(other, fake)
         assert "this server trains sync with 1 backup workers, the worker sync" in \
             fake.wait_for(other).error
+
+
+def test_a_partition_takes_its_mxnet_keys_multipliers_with_a_real_optimizer():
+    """The servers update partitions (their local keys) but an optimizer finds multipliers by
+    MXNet key or name (Module's idx2name: no weight decay on biases), as MXNet's server does."""
+    sgd = mx.optimizer.SGD(learning_rate=1.0, wd=0.1, rescale_grad=1.0,
+                           param_idx2name={0: "fc_weight", 1: "fc_bias"})
+    srv, fake = BytePSServer(3, summing_threads=2, backup_workers=1), FakeServer()
+    with srv:
+        srv.handle_command(command(WORKER0, ServerCommand.CONTROLLER, pickle.dumps(sgd, 0)), fake)
+        weight_part1, bias = 1, 1 << 16          # key 0's 2nd partition, key 1's 1st
+        for ps_key in (weight_part1, bias):
+            srv.handle_request(bpush(WORKER0, ps_key, 1.0), fake)          # initial 1.0
+        answers = {}
+        for ps_key in (weight_part1, bias):
+            reqs = [bpush(s, ps_key, 0.0, pull_too=True) for s in (WORKER0, WORKER1)]
+            for req in reqs:
+                srv.handle_request(req, fake)
+            answers[ps_key] = values(fake, reqs[0])
+    assert np.allclose(answers[weight_part1], 0.9)                          # decayed
+    assert answers[bias] == [1.0] * 4                                       # no weight decay
