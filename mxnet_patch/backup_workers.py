@@ -34,6 +34,7 @@ class ServerUpdates:
                                      "on the servers in the gradients' dtype: multi_precision "
                                      "optimizers are not supported there")
         self.optimizer = optimizer
+        self._lr = optimizer.lr          # what the servers got
         # as MXNet's KVStore.set_optimizer sends it (rank 0 only), then a barrier: every
         # worker calls set_optimizer (gluon's Trainer and Module do)
         engine.set_optimizer(pickle.dumps(optimizer, 0))
@@ -41,9 +42,17 @@ class ServerUpdates:
     #: the workers keep no updater (gluon's load_states reads it)
     updater = None
 
-    @staticmethod
-    def step(key, grads, weights, submit, priority: int) -> None:
+    def step(self, key, grads, weights, submit, priority: int) -> None:
         """One step of ``key``: the local devices' ``grads`` summed and pushed; the weights
         after their round land in ``weights`` (a CPU NDArray). Queued on MXNet's engine;
         nothing waits."""
+        if self.optimizer.lr != self._lr:
+            # gluon's trainer.set_learning_rate changes the optimizer here only: with MXNet's
+            # dist_sync servers that is silently ignored; say so instead
+            from kvstore_byteps.errors import KVStoreBytePSError
+            raise KVStoreBytePSError(
+                "the learning rate changed to %g on this worker, but with backup workers the "
+                "servers run the optimizer (set with %g): trainer.set_learning_rate cannot "
+                "reach them; give the optimizer an lr_scheduler instead (it runs on the "
+                "servers)" % (self.optimizer.lr, self._lr))
         submit([host_sum(grads, weights)], [weights], priority)
