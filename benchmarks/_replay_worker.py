@@ -33,7 +33,9 @@ MODELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "repla
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--kvstore", required=True, help="dist_sync or dist_byteps")
+    p.add_argument("--kvstore", required=True,
+                   help="dist_sync, dist_byteps, plain (the ceiling: _plain_ps.py) or gloo "
+                   "(the all-reduce anchor: _gloo_replay.py)")
     p.add_argument("--model", default="resnet50_v1")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16"])
     p.add_argument("--compute", type=float, required=True, help="compute seconds per step")
@@ -56,21 +58,96 @@ def spend(seconds: float, since: float) -> None:
         time.sleep(left)
 
 
+class MXNetStore:
+    """The replay's arrays as MXNet NDArrays and an MXNet kvstore (ours or upstream)."""
+
+    def __init__(self, kvstore: str, shapes, dtype: str):
+        self.kv = mx.kv.create(kvstore)
+        self.rank, self.num_workers = self.kv.rank, self.kv.num_workers
+        self.grads = {i: mx.nd.full(shapes[i], self.rank + 1, dtype=dtype) for i in sorted(shapes)}
+        self.sums = {i: mx.nd.zeros(shapes[i], dtype=dtype) for i in sorted(shapes)}
+        for i in sorted(shapes):             # as gluon's Trainer initialises, in index order
+            self.kv.init(i, self.sums[i])
+        mx.nd.waitall()
+        self._set_value = mx.nd._internal._set_value
+
+    def write(self, i: int) -> None:         # the device writes the gradient: one engine
+        self._set_value(src=self.rank + 1, out=self.grads[i])   # call (x[:] = v made ~8)
+
+    def pushpull(self, i: int) -> None:
+        self.kv.pushpull(i, self.grads[i], out=self.sums[i], priority=-i)
+
+    def wait(self, i: int) -> None:
+        self.sums[i].wait_to_read()
+
+    def result(self, i: int) -> np.ndarray:
+        return self.sums[i].asnumpy()
+
+    def close(self) -> None:
+        mx.nd.waitall()
+
+
+class PlainStore(MXNetStore):
+    """numpy arrays and the plain-socket ceiling (``_plain_ps.PlainKV``)."""
+
+    def __init__(self, kvstore: str, shapes, dtype: str):
+        from _plain_ps import PlainKV
+        self.kv = PlainKV()
+        self.rank, self.num_workers = self.kv.rank, self.kv.num_workers
+        self.grads = {i: np.full(shapes[i], self.rank + 1, dtype=dtype) for i in sorted(shapes)}
+        self.sums = {i: np.zeros(shapes[i], dtype=dtype) for i in sorted(shapes)}
+        for i in sorted(shapes):
+            self.kv.init(i, self.sums[i])
+
+    def write(self, i: int) -> None:
+        self.grads[i].fill(self.rank + 1)
+
+    def pushpull(self, i: int) -> None:
+        self.kv.pushpull(i, self.grads[i], self.sums[i], priority=-i)
+
+    def wait(self, i: int) -> None:
+        self.kv.wait(i)
+
+    def result(self, i: int) -> np.ndarray:
+        self.kv.wait(i)
+        return self.sums[i]
+
+    def close(self) -> None:
+        self.kv.close()
+
+
+class GlooStore(PlainStore):
+    """torch tensors in DDP-style buckets and gloo's all-reduce (``_gloo_replay.GlooKV``)."""
+
+    def __init__(self, kvstore: str, shapes, dtype: str):
+        from _gloo_replay import GlooKV
+        self.kv = GlooKV(shapes, dtype)
+        self.rank, self.num_workers = self.kv.rank, self.kv.num_workers
+        self.grads = self.sums = {i: self.kv.grad(i) for i in shapes}   # sums land in place
+
+    def write(self, i: int) -> None:
+        self.grads[i].fill_(self.rank + 1)
+
+    def pushpull(self, i: int) -> None:
+        self.kv.pushpull(i)
+
+    def result(self, i: int) -> np.ndarray:
+        self.kv.wait(i)
+        return self.sums[i].numpy()
+
+
+STORES = {"plain": PlainStore, "gloo": GlooStore}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     with open(MODELS) as f:
         layers = json.load(f)[args.model]
-    kv = mx.kv.create(args.kvstore)
-    rank, workers = kv.rank, kv.num_workers
     shapes = {i: tuple(shape) for layer in layers
               for i, shape in zip(layer["index"], layer["params"])}
-    grads = {i: mx.nd.full(shapes[i], rank + 1, dtype=args.dtype) for i in sorted(shapes)}
-    sums = {i: mx.nd.zeros(shapes[i], dtype=args.dtype) for i in sorted(shapes)}
-    for i in sorted(shapes):                 # as gluon's Trainer initialises, in index order
-        kv.init(i, sums[i])
-    mx.nd.waitall()
+    store = STORES.get(args.kvstore, MXNetStore)(args.kvstore, shapes, args.dtype)
+    rank, workers = store.rank, store.num_workers
     forward, backward = layer_times(layers, args.compute)
-    set_value = mx.nd._internal._set_value
     steps, waits = [], []
     window_start = None
     started = time.perf_counter()
@@ -82,7 +159,7 @@ def main(argv=None) -> int:
         for layer, seconds in zip(layers, forward):
             before = time.perf_counter()
             for i in layer["index"]:
-                sums[i].wait_to_read()       # the previous step's sum of this layer
+                store.wait(i)                # the previous step's sum of this layer
             after = time.perf_counter()
             waited += after - before
             spend(seconds, after)
@@ -90,11 +167,11 @@ def main(argv=None) -> int:
                          ["forward", after - started, time.perf_counter() - started]]
         for layer, seconds in zip(reversed(layers), reversed(backward)):
             begin = time.perf_counter()
-            for i in layer["index"]:         # the device writes the gradient: one engine
-                set_value(src=rank + 1, out=grads[i])   # call (x[:] = v made ~8 C calls)
+            for i in layer["index"]:
+                store.write(i)
             spend(seconds, begin)
             for i in layer["index"]:
-                kv.pushpull(i, grads[i], out=sums[i], priority=-i)
+                store.pushpull(i)
             timeline.append(["backward", begin - started, time.perf_counter() - started])
         now = time.perf_counter()
         if step >= args.warmup:
@@ -102,9 +179,9 @@ def main(argv=None) -> int:
             waits.append(waited)
         started = now
     window = [window_start, time.time()]
-    mx.nd.waitall()
     want = workers * (workers + 1) / 2
-    wrong = [i for i in sorted(shapes) if not np.all(sums[i].asnumpy() == want)]
+    wrong = [i for i in sorted(shapes) if not np.all(store.result(i) == want)]
+    store.close()
     timeline = [[kind, round(a, 4), round(b, 4)] for kind, a, b in timeline if b - a > 1e-4]
     print(RESULT_TAG + json.dumps({"rank": rank, "steps": steps, "waits": waits,
                                    "window": window, "timeline": timeline,

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""A replayed accelerator training step: dist_byteps against MXNet's dist_sync, same machine.
+"""A replayed accelerator training step: dist_byteps, MXNet's dist_sync, an all-reduce anchor
+and a plain-socket ceiling, on the same machine in the same run.
 
     python benchmarks/bench_replay.py --network netns --link-rate 500mbit --compute-ratio 1
     python benchmarks/bench_replay.py --network loopback --workers 2 --servers 2 --compute 0.5
@@ -11,19 +12,27 @@ handed to the store in backward order with gluon's priorities, and the next forw
 each layer's sum. The step's compute is ``--compute`` seconds, or ``--compute-ratio`` times
 S / rate (S: the model's bytes; rate: the emulated link's TCP rate, measured in the same run).
 
+Systems (``--systems``): ``dist_byteps`` (ours, the ``--van``/``--byteps-env`` settings),
+``dist_sync`` (MXNet's C++ scheduler and servers), ``gloo`` (torch.distributed's ring
+all-reduce with DDP's gradient buckets, ``_gloo_replay.py``; needs torch) and ``plain`` (the
+ceiling: the least a Python parameter server can do, on bare sockets, ``_plain_ps.py``).
+
 Bounds: a worker sends and receives S per step (with at least as many servers as workers), so
 the step cannot be shorter than S / rate (the link bound) nor than the compute (the overlap
-bound is the larger of the two). The table shows each system's slowest-worker median step, its
-fraction of the bound, its scaling efficiency (compute / step: one worker without
-communication takes exactly the compute), the ratio dist_sync / dist_byteps (> 1: we are
-faster), the median time the forward waited for sums (the communication the step did not
-hide), the CPU seconds per step of each role's process (workers, servers and scheduler, ours
-and MXNet's alike, read from ``/proc``: ``_role_usage.py``), how busy the machine's CPUs were
+bound is the larger of the two). One flow's rate overstates what a PS step's W x S flows get
+from TCP at once: bare sockets exchanging exactly that traffic (``bench_mesh.py``) give a
+tighter bound, shown in brackets. The table shows each system's slowest-worker median step,
+its fraction of the bounds, its scaling efficiency (compute / step: one worker without
+communication takes exactly the compute), dist_sync's and gloo's step over its own (> 1: it
+is faster), the median time the forward waited for sums (the communication the step did not
+hide), the CPU seconds per step of each role's process (workers, servers and scheduler, read
+from ``/proc`` for every system alike: ``_role_usage.py``), how busy the machine's CPUs were
 (near 100%: the CPU, not the network, bound the step) and how busy the workers' links were
-each way (bytes moved over what the link could move in the step); ``--out`` also draws
-the last step of the slowest worker of each system as a timeline (PNG next to the JSON, with
-matplotlib). Systems alternate ``--repeats`` times; each keeps its best median. A benchmark,
-never a test: it reports what it measured with the date, the commit and the load.
+each way (bytes moved over what the link could move in the step); ``--out`` writes the JSON
+(with the row of docs/performance.md's replay table) and draws the last step of the slowest
+worker of each system as a timeline (PNG next to the JSON, with matplotlib). Systems alternate
+``--repeats`` times; each keeps its best median. A benchmark, never a test: it reports what it
+measured with the date, the commit and the load.
 """
 import argparse
 import datetime
@@ -35,20 +44,29 @@ import sys
 import time
 from typing import Dict, List, Optional
 
+import bench_mesh
 from bench_pushpull import (add_byteps_job_arguments, byteps_launch_options, check_byteps_env,
-                            child_env, describe_byteps_jobs, masked, measure_links)
+                            child_env, describe_byteps_jobs, gloo_note, masked, measure_links)
 from _role_usage import JOB_MARK, RoleUsage
 from replay_models import model_bytes
+from results_table import replay_row
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "_replay_worker.py")
 LAUNCH = os.path.join(ROOT, "launch.py")
 RESULT_TAG = "REPLAY_RESULT "
+PLAIN = "%s %s" % (sys.executable, os.path.join(HERE, "_plain_ps.py"))
+GLOO = "%s %s" % (sys.executable, os.path.join(HERE, "_gloo_replay.py"))
 SYSTEMS = {
     # label: (kvstore, launch.py options)
     "dist_byteps": ("dist_byteps", ["--scheduler", "byteps", "--server", "byteps"]),
     "dist_sync": ("dist_sync", ["--scheduler", "mxnet", "--server", "mxnet"]),
+    # the ceiling: a bare Python parameter server on plain sockets (_plain_ps.py)
+    "plain": ("plain", ["--scheduler-cmd", PLAIN + " scheduler",
+                        "--server-cmd", PLAIN + " server"]),
+    # the all-reduce anchor: torch gloo with DDP's gradient buckets (_gloo_replay.py)
+    "gloo": ("gloo", ["--scheduler-cmd", GLOO + " rendezvous", "--server-cmd", GLOO + " idle"]),
 }
 
 
@@ -66,12 +84,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=15)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--systems", default="dist_byteps,dist_sync")
+    p.add_argument("--systems", default="dist_byteps,dist_sync,gloo,plain",
+                   help="of: " + ", ".join(SYSTEMS))
+    p.add_argument("--plain-partition-bytes", type=int, default=384000,
+                   help="the plain-socket ceiling's partition size (its best here: 384000 "
+                        "beat 768000, 1536000 and 4096000 at 4x4 on 500 Mbit/s links)")
     p.add_argument("--job-timeout", type=float, default=600)
     p.add_argument("--out", help="results JSON (e.g. benchmarks/results/replay_....json)")
     add_byteps_job_arguments(p, "BYTEPS_PARTITION_BYTES=768000")
     args = p.parse_args(argv)
     check_byteps_env(p, args.byteps_env)
+    unknown = set(args.systems.split(",")) - set(SYSTEMS)
+    if unknown:
+        p.error("unknown systems: %s (of %s)" % (", ".join(sorted(unknown)), ", ".join(SYSTEMS)))
     if (args.compute is None) == (args.compute_ratio is None):
         p.error("give either --compute or --compute-ratio")
     if args.compute_ratio is not None and args.network != "netns":
@@ -84,6 +109,8 @@ def run_job(args, system: str, compute: float) -> Optional[Dict]:
     kvstore, options = SYSTEMS[system]
     if kvstore == "dist_byteps":
         options = byteps_launch_options(args.van, args.byteps_env) + options
+    elif kvstore == "plain":
+        options = ["--env", "PLAIN_PARTITION_BYTES=%d" % args.plain_partition_bytes] + options
     network = ["--launcher", "netns", "--link-rate", args.link_rate] \
         if args.network == "netns" else []
     argv = [sys.executable, LAUNCH, "-n", str(args.workers), "-s", str(args.servers),
@@ -140,7 +167,13 @@ def main(argv=None) -> int:
     link_bound = size / rate if rate else None
     compute = args.compute if args.compute is not None else args.compute_ratio * link_bound
     bound = max(compute, link_bound or 0.0)
+    # what TCP gets for a PS step's W x S flows at once: a tighter bound than one flow's rate
+    mesh = measure_mesh(args, size) if args.network == "netns" else None
+    tight = max(compute, mesh) if mesh else None
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if "gloo" in systems and gloo_note() != "run":
+        print("gloo all-reduce anchor %s" % gloo_note(), flush=True)
+        systems.remove("gloo")
     load_before = os.getloadavg()[0]
     best: Dict[str, Dict] = {}
     from tqdm import tqdm
@@ -155,32 +188,53 @@ def main(argv=None) -> int:
                 best[system] = result
             bar.update(1)
     load_after = os.getloadavg()[0]
-    rows = table(args, best, size, compute, link_bound, bound)
+    rows = table(args, best, size, compute, link_bound, bound, tight)
     print("\n".join(rows))
     if args.out:
-        write_json(args, best, size, compute, link_bound, bound, (load_before, load_after))
+        write_json(args, best, size, compute, link_bound, bound, tight,
+                   (load_before, load_after))
     return 0 if best and all(r["wrong_sums"] == 0 for r in best.values()) else 1
 
 
-def table(args, best, size, compute, link_bound, bound) -> List[str]:
+def measure_mesh(args, size: int) -> float:
+    """Seconds that bare sockets take to move one step's traffic (``bench_mesh.py``: each worker
+    S / servers to every server and back, all at once) on a fresh emulated network; the better
+    of two (it is a bound; single runs moved by 6% between hours)."""
+    from kvstore_byteps.launcher.netns import EmulatedNetwork, parse_rate
+    with EmulatedNetwork(args.workers + args.servers, parse_rate(args.link_rate)) as net:
+        seconds = min(bench_mesh.run_once(net, args.workers, args.servers,
+                                          size // args.servers, args.job_timeout)
+                      for _ in range(2))
+    print("one step's traffic on bare sockets: %.2f s" % seconds, flush=True)
+    return seconds
+
+
+def table(args, best, size, compute, link_bound, bound, tight) -> List[str]:
     head = ("%s, %s, %d workers x %d servers, %s; S = %.1f MB, compute %.2f s per step%s; "
-            "bound %.2f s" % (args.model, args.dtype, args.workers, args.servers,
-                              "emulated %s links" % args.link_rate if args.network == "netns"
-                              else "loopback", size / 1e6, compute,
-                              ", link bound %.2f s" % link_bound if link_bound else "", bound))
-    rows = [head, "| system | step | of the bound | efficiency | vs dist_sync | exposed "
-            "| CPU/step: worker, server, scheduler | machine CPU busy | worker link busy |",
-            "|---|---|---|---|---|---|---|---|---|"]
-    upstream = best.get("dist_sync")
+            "bound %.2f s%s" % (args.model, args.dtype, args.workers, args.servers,
+                                "emulated %s links" % args.link_rate if args.network == "netns"
+                                else "loopback", size / 1e6, compute,
+                                ", link bound %.2f s" % link_bound if link_bound else "", bound,
+                                ", one step's traffic on bare sockets %.2f s" % tight if tight else ""))
+    rows = [head, "| system | step | of the bound (of TCP's) | efficiency | vs dist_sync "
+            "| vs gloo | exposed | CPU/step: worker, server, scheduler | machine CPU busy "
+            "| worker link busy |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for system, result in best.items():
-        ratio = ("%.2fx" % (upstream["step_s"] / result["step_s"]) if upstream else "-")
         busy = result.get("machine_busy")
-        rows.append("| %s | %.3f s | %.0f%% | %.0f%% | %s | %.3f s | %s | %s | %s |" % (
+        rows.append("| %s | %.3f s | %.0f%%%s | %.0f%% | %s | %s | %.3f s | %s | %s | %s |" % (
             system, result["step_s"], 100 * bound / result["step_s"],
-            100 * compute / result["step_s"], ratio, result["exposed_s"],
-            cpu_per_role(result), "%.0f%%" % (100 * busy) if busy is not None else "?",
+            " (%.0f%%)" % (100 * tight / result["step_s"]) if tight else "",
+            100 * compute / result["step_s"], _ratio(best.get("dist_sync"), result),
+            _ratio(best.get("gloo"), result), result["exposed_s"], cpu_per_role(result),
+            "%.0f%%" % (100 * busy) if busy is not None else "?",
             link_busy(result, size, link_bound)))
     return rows
+
+
+def _ratio(reference: Optional[Dict], result: Dict) -> str:
+    """reference's step over result's (> 1: result is faster)."""
+    return "%.2fx" % (reference["step_s"] / result["step_s"]) if reference else "-"
 
 
 def cpu_per_role(result) -> str:
@@ -202,30 +256,27 @@ def link_busy(result, size, link_bound) -> str:
                                       100 * worker["rx_mb"] / capacity)
 
 
-def write_json(args, best, size, compute, link_bound, bound, load) -> None:
-    ours, upstream = best.get("dist_byteps"), best.get("dist_sync")
+def write_json(args, best, size, compute, link_bound, bound, tight, load) -> None:
+    settings = describe_byteps_jobs(args.van, args.byteps_env)
     data = {
         "benchmark": "replay",
         "network": ("emulated %s links" % args.link_rate if args.network == "netns"
                     else "loopback"),
         "command": " ".join(["benchmarks/bench_replay.py"] + masked(sys.argv[1:])),
-        "settings": describe_byteps_jobs(args.van, args.byteps_env),
+        "settings": settings, "plain_partition_bytes": args.plain_partition_bytes,
+        "model": args.model, "dtype": args.dtype,
+        "workers": args.workers, "servers": args.servers,
         "bytes": size, "compute_s": compute, "link_bound_s": link_bound, "bound_s": bound,
-        "systems": best,
-        "rows": [{
-            "case": "%s step (%s), compute %.2f s" % (args.model, args.dtype, compute),
-            "topology": "%dx%d" % (args.workers, args.servers),
-            "van": describe_byteps_jobs(args.van, args.byteps_env).replace("dist_byteps ", ""),
-            "upstream_ms": upstream["step_s"] * 1000 if upstream else None,
-            "byteps_ms": ours["step_s"] * 1000 if ours else None,
-            "byteps_bound_pct": round(100 * bound / ours["step_s"]) if ours else None,
-            "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-            "commit": git_commit(), "load": "%.2f -> %.2f" % load}],
+        "tcp_bound_s": tight, "systems": best,
+        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        "commit": git_commit(), "load": "%.2f -> %.2f" % load,
     }
+    data["row"] = replay_row(data)
     with open(args.out, "w") as f:
         json.dump(data, f, indent=1)
     print("wrote", args.out)
-    plot(best, os.path.splitext(args.out)[0] + ".png", data["rows"][0]["case"])
+    plot(best, os.path.splitext(args.out)[0] + ".png",
+         "%s step (%s), compute %.2f s, %s" % (args.model, args.dtype, compute, data["network"]))
 
 
 def plot(best: Dict[str, Dict], path: str, title: str) -> None:

@@ -2,6 +2,7 @@
 """The current results table of docs/performance.md, made from benchmarks/results/*.json.
 
     python benchmarks/results_table.py            # print the table (Markdown)
+    python benchmarks/results_table.py replay     # the replayed GPU step's table
 
 Each results file holds one benchmark setting: either ``rows`` (one per case, as transcribed or
 written by hand) or ``runs`` (the JSON that ``bench_pushpull.py --out`` writes, each with a
@@ -67,6 +68,63 @@ def _line(row: Dict) -> str:
         row["van"], upstream, ours, ratio, bound, row["date"], row["commit"], row["load"])
 
 
+REPLAY = os.path.join(RESULTS, "replay")
+REPLAY_HEADER = ("| model, compute per step | workers x servers, dist_byteps settings "
+                 "| bound: link, TCP all-to-all | MXNet dist_sync | gloo all-reduce "
+                 "| plain sockets (ceiling) | dist_byteps | vs dist_sync, vs gloo "
+                 "| dist_byteps of the bound (of TCP's) | CPU per step, worker / server: "
+                 "MXNet; ours | when, commit, load |\n"
+                 "|---|---|---|---|---|---|---|---|---|---|---|")
+MODEL_NAMES = {"resnet50_v1": "ResNet-50", "vgg16": "VGG-16", "bert_base": "BERT-base"}
+
+
+def replay_row(data: Dict) -> str:
+    """The replay table's row of one ``bench_replay.py --out`` file."""
+    systems = data["systems"]
+
+    def step(name):
+        return "%.2f s" % systems[name]["step_s"] if name in systems else "-"
+
+    def ratio(name):
+        if name in systems and "dist_byteps" in systems:
+            return "%.2fx" % (systems[name]["step_s"] / systems["dist_byteps"]["step_s"])
+        return "-"
+
+    def cpu(name):
+        roles = systems.get(name, {}).get("roles", {})
+        if "worker" not in roles or "server" not in roles:
+            return "-"
+        return "%.2f / %.2f s" % (roles["worker"]["cpu_s"], roles["server"]["cpu_s"])
+
+    compute, link = data["compute_s"], data.get("link_bound_s")
+    case = "%s %s, %.2f s" % (MODEL_NAMES.get(data["model"], data["model"]), data["dtype"],
+                              compute)
+    if link:
+        case += " (%g x S / rate)" % round(compute / link, 2)
+    tight = data.get("tcp_bound_s")
+    ours = systems.get("dist_byteps")
+    share = "-"
+    if ours:
+        share = "%.0f%%" % (100 * data["bound_s"] / ours["step_s"])
+        if tight:
+            share += " (%.0f%%)" % (100 * tight / ours["step_s"])
+    bounds = ("%.2f s, %.2f s" % (link, tight) if link and tight else "-")
+    return "| %s | %dx%d, %s | %s | %s | %s | %s | %s | %s, %s | %s | %s; %s | %s, %s, load %s |" % (
+        case, data["workers"], data["servers"], data["settings"].replace("dist_byteps ", ""),
+        bounds, step("dist_sync"), step("gloo"), step("plain"), step("dist_byteps"),
+        ratio("dist_sync"), ratio("gloo"), share, cpu("dist_sync"), cpu("dist_byteps"),
+        data["date"], data["commit"], data["load"])
+
+
+def replay_table() -> str:
+    """The replay table of docs/performance.md: a row per file of benchmarks/results/replay/."""
+    lines = [REPLAY_HEADER]
+    for path in sorted(glob.glob(os.path.join(REPLAY, "*.json"))):
+        with open(path) as source:
+            lines.append(json.load(source)["row"])
+    return "\n".join(lines) + "\n"
+
+
 def table() -> str:
     """The Markdown table of every results file, in file-name order."""
     lines: List[str] = [HEADER]
@@ -77,4 +135,5 @@ def table() -> str:
 
 
 if __name__ == "__main__":
-    print(table(), end="")
+    import sys
+    print(replay_table() if sys.argv[1:] == ["replay"] else table(), end="")
