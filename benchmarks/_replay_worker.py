@@ -37,6 +37,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="dist_sync, dist_byteps, plain (the ceiling: _plain_ps.py) or gloo "
                    "(the all-reduce anchor: _gloo_replay.py)")
     p.add_argument("--model", default="resnet50_v1")
+    p.add_argument("--models", default=MODELS, help="the models file (replay_models.py's)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16"])
     p.add_argument("--compute", type=float, required=True, help="compute seconds per step")
     p.add_argument("--steps", type=int, default=20)
@@ -141,7 +142,7 @@ STORES = {"plain": PlainStore, "gloo": GlooStore}
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    with open(MODELS) as f:
+    with open(args.models) as f:
         layers = json.load(f)[args.model]
     shapes = {i: tuple(shape) for layer in layers
               for i, shape in zip(layer["index"], layer["params"])}

@@ -28,11 +28,11 @@ is faster), the median time the forward waited for sums (the communication the s
 hide), the CPU seconds per step of each role's process (workers, servers and scheduler, read
 from ``/proc`` for every system alike: ``_role_usage.py``), how busy the machine's CPUs were
 (near 100%: the CPU, not the network, bound the step) and how busy the workers' links were
-each way (bytes moved over what the link could move in the step); ``--out`` writes the JSON
-(with the row of docs/performance.md's replay table) and draws the last step of the slowest
-worker of each system as a timeline (PNG next to the JSON, with matplotlib). Systems alternate
-``--repeats`` times; each keeps its best median. A benchmark, never a test: it reports what it
-measured with the date, the commit and the load.
+each way (bytes moved over what the link could move in the step). ``--out`` writes the JSON
+(``results_table.py replay`` makes the docs' table from those files) and draws the last step
+of the slowest worker of each system as a timeline (PNG next to the JSON, with matplotlib).
+Systems alternate ``--repeats`` times; each keeps its best median. A benchmark, never a test:
+it reports what it measured with the date, the commit and the load.
 """
 import argparse
 import datetime
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
     rows = table(args, best, size, compute, link_bound, bound, tight)
     print("\n".join(rows))
     if args.out:
-        write_json(args, best, size, compute, link_bound, bound, tight,
+        write_json(args, best, size, compute, link_bound, bound, mesh, tight,
                    (load_before, load_after))
     return 0 if best and all(r["wrong_sums"] == 0 for r in best.values()) else 1
 
@@ -215,7 +215,8 @@ def table(args, best, size, compute, link_bound, bound, tight) -> List[str]:
                                 "emulated %s links" % args.link_rate if args.network == "netns"
                                 else "loopback", size / 1e6, compute,
                                 ", link bound %.2f s" % link_bound if link_bound else "", bound,
-                                ", one step's traffic on bare sockets %.2f s" % tight if tight else ""))
+                                " (%.2f s with bare sockets' rate for a step's traffic)" % tight
+                                if tight else ""))
     rows = [head, "| system | step | of the bound (of TCP's) | efficiency | vs dist_sync "
             "| vs gloo | exposed | CPU/step: worker, server, scheduler | machine CPU busy "
             "| worker link busy |",
@@ -256,7 +257,7 @@ def link_busy(result, size, link_bound) -> str:
                                       100 * worker["rx_mb"] / capacity)
 
 
-def write_json(args, best, size, compute, link_bound, bound, tight, load) -> None:
+def write_json(args, best, size, compute, link_bound, bound, mesh, tight, load) -> None:
     settings = describe_byteps_jobs(args.van, args.byteps_env)
     data = {
         "benchmark": "replay",
@@ -267,14 +268,14 @@ def write_json(args, best, size, compute, link_bound, bound, tight, load) -> Non
         "model": args.model, "dtype": args.dtype,
         "workers": args.workers, "servers": args.servers,
         "bytes": size, "compute_s": compute, "link_bound_s": link_bound, "bound_s": bound,
-        "tcp_bound_s": tight, "systems": best,
+        "mesh_s": mesh, "tcp_bound_s": tight, "systems": best,
         "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
         "commit": git_commit(), "load": "%.2f -> %.2f" % load,
     }
-    data["row"] = replay_row(data)
     with open(args.out, "w") as f:
         json.dump(data, f, indent=1)
-    print("wrote", args.out)
+    print("wrote", args.out, "; its row of docs/performance.md's replay table:")
+    print(replay_row(data))
     plot(best, os.path.splitext(args.out)[0] + ".png",
          "%s step (%s), compute %.2f s, %s" % (args.model, args.dtype, compute, data["network"]))
 

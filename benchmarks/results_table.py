@@ -70,8 +70,8 @@ def _line(row: Dict) -> str:
 
 REPLAY = os.path.join(RESULTS, "replay")
 REPLAY_HEADER = ("| model, compute per step | workers x servers, dist_byteps settings "
-                 "| bound: link, TCP all-to-all | MXNet dist_sync | gloo all-reduce "
-                 "| plain sockets (ceiling) | dist_byteps | vs dist_sync, vs gloo "
+                 "| S / rate, a step's bytes on bare sockets | MXNet dist_sync | gloo all-reduce "
+                 "| plain-socket PS | dist_byteps | vs dist_sync, vs gloo "
                  "| dist_byteps of the bound (of TCP's) | CPU per step, worker / server: "
                  "MXNet; ours | when, commit, load |\n"
                  "|---|---|---|---|---|---|---|---|---|---|---|")
@@ -108,8 +108,10 @@ def replay_row(data: Dict) -> str:
         share = "%.0f%%" % (100 * data["bound_s"] / ours["step_s"])
         if tight:
             share += " (%.0f%%)" % (100 * tight / ours["step_s"])
-    bounds = ("%.2f s, %.2f s" % (link, tight) if link and tight else "-")
-    return "| %s | %dx%d, %s | %s | %s | %s | %s | %s | %s, %s | %s | %s; %s | %s, %s, load %s |" % (
+    mesh = data.get("mesh_s")
+    bounds = ("%.2f s, %.2f s" % (link, mesh) if link and mesh else "-")
+    cells = "| %s | %dx%d, %s | %s | %s | %s | %s | %s | %s, %s | %s | %s; %s | %s, %s, load %s |"
+    return cells % (
         case, data["workers"], data["servers"], data["settings"].replace("dist_byteps ", ""),
         bounds, step("dist_sync"), step("gloo"), step("plain"), step("dist_byteps"),
         ratio("dist_sync"), ratio("gloo"), share, cpu("dist_sync"), cpu("dist_byteps"),
@@ -121,7 +123,7 @@ def replay_table() -> str:
     lines = [REPLAY_HEADER]
     for path in sorted(glob.glob(os.path.join(REPLAY, "*.json"))):
         with open(path) as source:
-            lines.append(json.load(source)["row"])
+            lines.append(replay_row(json.load(source)))
     return "\n".join(lines) + "\n"
 
 

@@ -53,6 +53,17 @@ def test_the_performance_page_shows_the_results_files_table():
     assert shown == results_table.table()
 
 
+def test_the_performance_page_shows_the_replay_results_table():
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    try:
+        import results_table
+    finally:
+        sys.path.pop(0)
+    page = read("docs", "performance.md")
+    shown = page.split("<!-- replay table: made by benchmarks/results_table.py replay -->\n")[1]
+    assert shown.split("<!-- end of replay table -->")[0] == results_table.replay_table()
+
+
 def test_the_performance_page_shows_the_straggler_results_table():
     import glob
     import json

@@ -1,0 +1,50 @@
+"""The replay table's row of a results file (benchmarks/results_table.py)."""
+import sys
+
+import pytest
+
+from tests.support.benchmarks import load_benchmark
+from tests.support.paths import REPO
+
+
+@pytest.fixture(scope="module")
+def tables():
+    sys.path.insert(0, REPO + "/benchmarks")
+    try:
+        yield load_benchmark("results_table")
+    finally:
+        sys.path.remove(REPO + "/benchmarks")
+
+
+def system(step, worker_cpu=None, server_cpu=None):
+    roles = {} if worker_cpu is None else {"worker": {"cpu_s": worker_cpu},
+                                           "server": {"cpu_s": server_cpu}}
+    return {"step_s": step, "roles": roles}
+
+
+def data(**systems):
+    return {"model": "resnet50_v1", "dtype": "float32", "compute_s": 1.71,
+            "link_bound_s": 1.71, "bound_s": 1.71, "mesh_s": 1.9, "tcp_bound_s": 1.9, "workers": 4,
+            "servers": 4, "settings": "dist_byteps zmq", "systems": systems,
+            "date": "2026-11-26 12:00", "commit": "abc1234", "load": "1.00 -> 2.00"}
+
+
+def test_a_row_gives_each_system_its_step_and_ours_against_the_references(tables):
+    row = tables.replay_row(data(dist_byteps=system(2.0, 0.6, 0.3),
+                                 dist_sync=system(2.8, 0.4, 0.25), gloo=system(3.0),
+                                 plain=system(2.2)))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[0] == "ResNet-50 float32, 1.71 s (1 x S / rate)"
+    assert cells[1] == "4x4, zmq"
+    assert cells[2] == "1.71 s, 1.90 s"
+    assert cells[3:7] == ["2.80 s", "3.00 s", "2.20 s", "2.00 s"]
+    assert cells[7] == "1.40x, 1.50x"
+    assert cells[8] == "86% (95%)"
+    assert cells[9] == "0.40 / 0.25 s; 0.60 / 0.30 s"
+    assert cells[10] == "2026-11-26 12:00, abc1234, load 1.00 -> 2.00"
+
+
+def test_a_system_that_did_not_run_is_a_dash(tables):
+    cells = [c.strip() for c in tables.replay_row(data(dist_byteps=system(2.0))).split("|")]
+    assert cells[4:7] == ["-", "-", "-"]             # dist_sync, gloo, plain
+    assert cells[8] == "-, -"
