@@ -16,6 +16,7 @@ reads them). The sum lands in place.
 The scheduler's place runs torch's TCPStore for the rendezvous (``DMLC_PS_ROOT_URI``/``PORT``);
 the launcher's one server waits with it until every worker is done.
 """
+import math
 import os
 import sys
 import time
@@ -124,10 +125,7 @@ class GlooKV:
 
 
 def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
+    return math.prod(int(d) for d in shape)
 
 
 if __name__ == "__main__":

@@ -41,27 +41,19 @@ def test_the_readmes_links_into_docs_lead_to_pages_and_headings():
         assert not anchor or anchor in anchors(target), (page, anchor)
 
 
-def test_the_performance_page_shows_the_results_files_table():
-    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-    try:
-        import results_table
-    finally:
-        sys.path.pop(0)
-    page = read("docs", "performance.md")
-    shown = page.split("<!-- results table: made by benchmarks/results_table.py -->\n")[1]
-    shown = shown.split("<!-- end of results table -->")[0]
-    assert shown == results_table.table()
+def shown_between(page, begin, end):
+    """The text of ``page`` between the marker lines ``begin`` and ``end``."""
+    return page.split(begin + "\n")[1].split(end)[0]
 
 
-def test_the_performance_page_shows_the_replay_results_table():
-    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-    try:
-        import results_table
-    finally:
-        sys.path.pop(0)
+def test_the_performance_page_shows_the_results_files_tables():
+    from tests.support.benchmarks import load_benchmark
+    tables = load_benchmark("results_table")
     page = read("docs", "performance.md")
-    shown = page.split("<!-- replay table: made by benchmarks/results_table.py replay -->\n")[1]
-    assert shown.split("<!-- end of replay table -->")[0] == results_table.replay_table()
+    assert shown_between(page, "<!-- results table: made by benchmarks/results_table.py -->",
+                         "<!-- end of results table -->") == tables.table()
+    assert shown_between(page, "<!-- replay table: made by benchmarks/results_table.py replay -->",
+                         "<!-- end of replay table -->") == tables.replay_table()
 
 
 def test_the_performance_page_shows_the_straggler_results_table():
