@@ -2,7 +2,6 @@
 benchmark results, and links that lead somewhere (mkdocs --strict checks docs/ itself)."""
 import os
 import re
-import sys
 
 from kvstore_byteps.config import Env
 from tests.support.paths import REPO
