@@ -60,10 +60,10 @@ def _recv_line(sock: socket.socket) -> bytes:
     return data
 
 
-def _listen(host: str) -> socket.socket:
+def _listen(host: str, port: int = 0) -> socket.socket:
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, 0))
+    sock.bind((host, port))
     sock.listen(64)
     return sock
 
@@ -85,6 +85,14 @@ def _connect(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _accept(listener: socket.socket, what: str) -> socket.socket:
+    """The next connection, within ``DEADLINE_S``; the error names what did not come."""
+    try:
+        return listener.accept()[0]
+    except socket.timeout:
+        raise TimeoutError("%s did not connect within %.0f s" % (what, DEADLINE_S)) from None
+
+
 def _root() -> Tuple[str, int]:
     return os.environ["DMLC_PS_ROOT_URI"], int(os.environ["DMLC_PS_ROOT_PORT"])
 
@@ -93,16 +101,12 @@ def _root() -> Tuple[str, int]:
 def scheduler() -> int:
     """Collect the servers' addresses, hand the list to each worker, wait for everyone to go."""
     workers, servers = int(os.environ["DMLC_NUM_WORKER"]), int(os.environ["DMLC_NUM_SERVER"])
-    host, port = _root()
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(64)
-    sock.settimeout(DEADLINE_S)
+    sock = _listen(*_root())
     addresses: List[Tuple[int, list]] = []
     waiting_workers: List[socket.socket] = []
     while len(addresses) < servers or len(waiting_workers) < workers:
-        conn, _ = sock.accept()
+        conn = _accept(sock, "%d of %d servers and %d of %d workers" % (
+            servers - len(addresses), servers, workers - len(waiting_workers), workers))
         hello = json.loads(_recv_line(conn))
         if hello["role"] == "server":
             addresses.append(hello["address"])
@@ -112,7 +116,9 @@ def scheduler() -> int:
     listing = (json.dumps(sorted(addresses)) + "\n").encode()
     for conn in waiting_workers:
         conn.sendall(listing)
-    for conn in waiting_workers:            # the job ends when every worker has hung up
+    # the job ends when every worker has hung up: as long as training takes (launch.py's
+    # --timeout bounds the job)
+    for conn in waiting_workers:
         conn.settimeout(None)
         conn.recv(1)
         conn.close()
@@ -150,11 +156,10 @@ def server() -> int:
     """Accept every worker; sum each partition over the workers; send each sum to all."""
     workers = int(os.environ["DMLC_NUM_WORKER"])
     listener = _listen(os.environ.get("DMLC_NODE_HOST", "127.0.0.1"))
-    listener.settimeout(DEADLINE_S)
     with _connect(*_root()) as sched:
         sched.sendall((json.dumps({"role": "server",
                                    "address": listener.getsockname()[:2]}) + "\n").encode())
-    conns = [listener.accept()[0] for _ in range(workers)]
+    conns = [_accept(listener, "worker %d of %d" % (n + 1, workers)) for n in range(workers)]
     outboxes = [queue.Queue() for _ in conns]
     sums = _Sums(workers)
 

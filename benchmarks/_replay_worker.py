@@ -88,7 +88,7 @@ class MXNetStore:
         mx.nd.waitall()
 
 
-class PlainStore(MXNetStore):
+class PlainStore:
     """numpy arrays and the plain-socket ceiling (``_plain_ps.PlainKV``)."""
 
     def __init__(self, kvstore: str, shapes, dtype: str):

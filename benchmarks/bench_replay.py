@@ -171,8 +171,9 @@ def main(argv=None) -> int:
     mesh = measure_mesh(args, size) if args.network == "netns" else None
     tight = max(compute, mesh) if mesh else None
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    if "gloo" in systems and gloo_note() != "run":
-        print("gloo all-reduce anchor %s" % gloo_note(), flush=True)
+    gloo = gloo_note() if "gloo" in systems else "run"
+    if gloo != "run":
+        print("gloo all-reduce anchor %s" % gloo, flush=True)
         systems.remove("gloo")
     load_before = os.getloadavg()[0]
     best: Dict[str, Dict] = {}
@@ -191,7 +192,7 @@ def main(argv=None) -> int:
     rows = table(args, best, size, compute, link_bound, bound, tight)
     print("\n".join(rows))
     if args.out:
-        write_json(args, best, size, compute, link_bound, bound, mesh, tight,
+        write_json(args, best, size, compute, link_bound, bound, mesh,
                    (load_before, load_after))
     return 0 if best and all(r["wrong_sums"] == 0 for r in best.values()) else 1
 
@@ -257,7 +258,7 @@ def link_busy(result, size, link_bound) -> str:
                                       100 * worker["rx_mb"] / capacity)
 
 
-def write_json(args, best, size, compute, link_bound, bound, mesh, tight, load) -> None:
+def write_json(args, best, size, compute, link_bound, bound, mesh, load) -> None:
     settings = describe_byteps_jobs(args.van, args.byteps_env)
     data = {
         "benchmark": "replay",
@@ -268,7 +269,7 @@ def write_json(args, best, size, compute, link_bound, bound, mesh, tight, load) 
         "model": args.model, "dtype": args.dtype,
         "workers": args.workers, "servers": args.servers,
         "bytes": size, "compute_s": compute, "link_bound_s": link_bound, "bound_s": bound,
-        "mesh_s": mesh, "tcp_bound_s": tight, "systems": best,
+        "mesh_s": mesh, "systems": best,
         "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
         "commit": git_commit(), "load": "%.2f -> %.2f" % load,
     }

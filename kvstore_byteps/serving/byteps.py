@@ -186,7 +186,7 @@ class BytePSServer(KVStoreDistServer):
         self.acks.close()
         self.summing.close(timeout)
         if self.weights is not None:
-            self.weights.close(list(self._keys.values()))
+            self.weights.close(self._keys.values())
         super().close()
 
     def __enter__(self) -> "BytePSServer":

@@ -24,7 +24,7 @@ def system(step, worker_cpu=None, server_cpu=None):
 
 def data(**systems):
     return {"model": "resnet50_v1", "dtype": "float32", "compute_s": 1.71,
-            "link_bound_s": 1.71, "bound_s": 1.71, "mesh_s": 1.9, "tcp_bound_s": 1.9, "workers": 4,
+            "link_bound_s": 1.71, "bound_s": 1.71, "mesh_s": 1.9, "workers": 4,
             "servers": 4, "settings": "dist_byteps zmq", "systems": systems,
             "date": "2026-11-26 12:00", "commit": "abc1234", "load": "1.00 -> 2.00"}
 
