@@ -138,6 +138,9 @@ class Config:
     bigarray_bound: int = 1000000
     kvstore_server: ServerKind = ServerKind.MXNET
     partition_bytes: int = 4096000
+    #: BYTEPS_PARTITION_BYTES unset: with our servers, rank 0 sizes partitions from its
+    #: measured link at start, at most ``partition_bytes`` (engine/sizing.py)
+    size_partitions_by_link: bool = False
     partition_spread_bytes: int = 262144
     #: 8, not BytePS's 4: measured on a replayed BERT-base step (4x4, 500 Mbit/s links) 4
     #: partitions of 4 MB in flight left the links idle while each waited its round trip
@@ -207,6 +210,7 @@ class Config:
             bigarray_bound=env.get(Env.BIGARRAY_BOUND, _positive_int, 1000000),
             kvstore_server=env.get(Env.KVSTORE_SERVER, _server_kind, ServerKind.MXNET),
             partition_bytes=env.get(Env.PARTITION_BYTES, _positive_int, 4096000),
+            size_partitions_by_link=env.get(Env.PARTITION_BYTES, _positive_int, None) is None,
             partition_spread_bytes=env.get(Env.PARTITION_SPREAD_BYTES, _nonnegative_int,
                                            262144),
             scheduling_credit=env.get(Env.SCHEDULING_CREDIT, _positive_int, 8),

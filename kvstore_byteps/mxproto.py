@@ -35,6 +35,7 @@ class RequestType(enum.IntEnum):
     BYTEPS = 3        # ours: the BytePS data path
     BYTEPS_COMPRESSED = 4   # ours: the BytePS data path, values compressed (kvstore_byteps.compress)
     BYTEPS_RECOVERY = 5     # ours: a worker's report to a restarted server (serving.recovery)
+    BYTEPS_LINK_TEST = 6    # ours: bytes acknowledged and dropped (engine/sizing.py)
 
 
 class MShadowType(enum.IntEnum):
@@ -72,6 +73,9 @@ class ServerCommand(enum.IntEnum):
     #: ours, with backup workers: body b"1": this worker pushes nothing for now (it waits in a
     #: barrier, or leaves), rounds stop waiting for it; b"0": it is back
     BYTEPS_ABSENT = 102
+    #: ours: rank 0 leaves the partition layout it chose (JSON, engine/sizing.py); an empty
+    #: body asks for it
+    BYTEPS_LAYOUT = 103
 
 
 PROBE_ANSWER = b"byteps"

@@ -24,14 +24,15 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..compress.params import parse_compression_params
-from ..config import Config
+from ..config import Config, ServerKind
 from ..errors import KVStoreBytePSError, PeerError
 from ..logs import announce
-from ..mxproto import ServerCommand
+from ..mxproto import RequestType, ServerCommand, encode_cmd
 from ..van.kv import KVWorker
-from ..van.message import ALL_GROUP, WORKER_GROUP
+from ..van.message import ALL_GROUP, SERVER_GROUP, WORKER_GROUP
 from ..van.postoffice import Postoffice
 from .modes import TrainingMode
+from . import sizing
 from .layout import KeyLayout, Layouts, ServerDialect, dialect_for, server_kind
 from .partition import KeyLayoutError
 from .recovery import RecoveryKeeper, Unrestorable
@@ -76,6 +77,8 @@ class WorkerEngine:
         self.keeper: Optional[Unrestorable] = None     # what a restarted server needs
         self._route: Optional[PlainRoute] = None       # plain or riding
         self.compressed: Optional[CompressedRoute] = None     # with gradient compression
+        #: bytes a second rank 0 measured to the servers when it sized the partitions
+        self.link_rate: Optional[float] = None
 
     def start(self) -> "WorkerEngine":
         """Join the cluster and get ready to push: postoffice start and MXNet's start-up
@@ -88,8 +91,11 @@ class WorkerEngine:
         # our servers check that they train as this worker does; MXNet's ignore the body
         probe = self._command(ServerCommand.BYTEPS_PROBE, self.mode.name.encode("utf-8"),
                               "the server probe")
-        self.dialect = dialect_for(server_kind(probe.bodies.values()), config,
-                                   self.po.num_servers)
+        kind = server_kind(probe.bodies.values())
+        if kind is ServerKind.BYTEPS and config.size_partitions_by_link:
+            self.config = config = dataclasses.replace(
+                config, partition_bytes=self._agree_on_partition_bytes())
+        self.dialect = dialect_for(kind, config, self.po.num_servers)
         self.layouts = Layouts(self.dialect)
         self.keeper = self._keeper()
         self.po.on_recovery(lambda node, epoch: self.kv.post(
@@ -108,6 +114,34 @@ class WorkerEngine:
             announce(config, self.describe())
         return self
 
+    def _agree_on_partition_bytes(self) -> int:
+        """Rank 0 sizes the partitions from its link to the servers and leaves the size with
+        them; the others read it back after a barrier of the workers (sizing.py)."""
+        if self.rank == 0:
+            rate = sizing.measure_rate(self._link_test, self.po.num_servers)
+            body = sizing.encode_layout(sizing.partition_bytes_for(rate), rate)
+            self._command(ServerCommand.BYTEPS_LAYOUT, body, "leaving the partition layout")
+        self.po.barrier(WORKER_GROUP, timeout=self.config.request_timeout)
+        if self.rank != 0:
+            answers = self._command(ServerCommand.BYTEPS_LAYOUT, b"",
+                                    "reading rank 0's partition layout").bodies.values()
+            bodies = set(map(bytes, answers))
+            if len(bodies) != 1:
+                raise KVStoreBytePSError("the servers hold different partition layouts of "
+                                         "rank 0: %s" % sorted(bodies))
+            body = bodies.pop()
+        layout = sizing.decode_layout(body)
+        self.link_rate = layout.get("rate")
+        return int(layout["partition_bytes"])
+
+    def _link_test(self, body) -> None:
+        """``body`` to every server at once as pushes they acknowledge and drop."""
+        cmd = encode_cmd(RequestType.BYTEPS_LINK_TEST, np.float32)
+        requests = [self.kv.send_push(server, cmd, b"", [0], body, [len(body)], "the link test")
+                    for server in self.po.group_ids(SERVER_GROUP)]
+        for request in requests:
+            self._wait(request, "the link test")
+
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
@@ -117,9 +151,11 @@ class WorkerEngine:
         """What this worker talks to and how: the line rank 0 prints at start-up."""
         cfg = self.config
         credit = self.dialect.credit()
-        return ("dist_byteps: %d workers, %d %s; van %s; partitions of %d bytes; credit %s%s%s"
+        sized = ("" if self.link_rate is None else
+                 " (sized for rank 0's link to the servers: %.0f MB/s)" % (self.link_rate / 1e6))
+        return ("dist_byteps: %d workers, %d %s; van %s; partitions of %d bytes%s; credit %s%s%s"
                 % (self.num_workers, self.po.num_servers, self.dialect.description,
-                   cfg.van_type.value, cfg.partition_bytes,
+                   cfg.van_type.value, cfg.partition_bytes, sized,
                    "%d bytes (%d partitions)" % (credit, cfg.scheduling_credit) if credit
                    else "unlimited",
                    "; each pull sent with its push" if self._pulls_ride() else "",

@@ -118,19 +118,35 @@ class BytePSServer(KVStoreDistServer):
         self.restart: NotRestarted = NotRestarted()
         #: default pulls (req, server, cmd) that wait for their key's initialising push
         self._init_waits = InitWaits(self._lock, lambda ps_key: ps_key in self._store)
+        #: the partition layout rank 0 chose at start (BYTEPS_LAYOUT), as it sent it
+        self._layout: Optional[bytes] = None
 
     def request_handlers(self) -> dict:
         return {**super().request_handlers(),
                 RequestType.BYTEPS: self._handle_byteps,
                 RequestType.BYTEPS_COMPRESSED: lambda req, server, cmd: self.compressed.handle(
                     req, server, cmd),
-                RequestType.BYTEPS_RECOVERY: self._unexpected_report}
+                RequestType.BYTEPS_RECOVERY: self._unexpected_report,
+                # rank 0 times these pushes to size the partitions (engine/sizing.py)
+                RequestType.BYTEPS_LINK_TEST: lambda req, server, cmd: server.respond(req)}
 
     def command_handlers(self) -> dict:
         return {**super().command_handlers(),
                 ServerCommand.BYTEPS_PROBE: self._probe,
                 ServerCommand.BYTEPS_ABSENT: lambda body: b"",
-                ServerCommand.BYTEPS_COMPRESSION: lambda body: self.compressed.set_spec(body)}
+                ServerCommand.BYTEPS_COMPRESSION: lambda body: self.compressed.set_spec(body),
+                ServerCommand.BYTEPS_LAYOUT: self._layout_command}
+
+    def _layout_command(self, body: bytes) -> bytes:
+        """Rank 0 leaves the partition layout it chose at start (engine/sizing.py); the other
+        workers, after their start-up barrier, read it back (an empty body)."""
+        if body:
+            self._layout = body
+            return b""
+        if self._layout is None:
+            raise ProtocolError("no partition layout: rank 0 leaves it before the workers' "
+                                "start-up barrier")
+        return self._layout
 
     def _probe(self, body: bytes) -> bytes:
         """Which server this is; a worker says how it trains (``Config.training_mode``), and

@@ -17,6 +17,13 @@ def test_defaults_match_upstream_and_byteps():
     assert cfg.bigarray_bound == 1000000
 
 
+def test_partitions_are_sized_by_the_link_unless_their_size_is_set():
+    assert Config.from_env({}).size_partitions_by_link
+    for text in ("4096000", "768000"):
+        cfg = Config.from_env({"BYTEPS_PARTITION_BYTES": text})
+        assert not cfg.size_partitions_by_link and cfg.partition_bytes == int(text)
+
+
 def test_summing_threads_take_at_most_half_the_cores_and_four():
     assert [default_server_summing_threads(n) for n in (1, 2, 3, 4, 6, 8, 64)] == \
         [1, 1, 1, 2, 3, 4, 4]

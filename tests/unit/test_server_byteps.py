@@ -222,6 +222,25 @@ def test_probe_tells_byteps_server_from_mxnet_semantics():
     assert fake.answer_to(probe).body == b"" and not fake.answer_to(probe).error
 
 
+def test_rank_0s_partition_layout_is_kept_for_the_other_workers(server):
+    srv, fake = server
+    early = command(WORKER1, ServerCommand.BYTEPS_LAYOUT)
+    srv.handle_command(early, fake)
+    assert "no partition layout" in fake.answer_to(early).error
+    from kvstore_byteps.mxproto import encode_cmd
+    data = np.zeros(65536, np.uint8)
+    test = request(WORKER0, [0], data, [data.size], push=True,
+                   head=encode_cmd(RequestType.BYTEPS_LINK_TEST, np.float32))
+    srv.handle_request(test, fake)                      # acknowledged, nothing stored
+    assert _ok(fake, test).vals is None and 0 not in srv._keys
+    left = command(WORKER0, ServerCommand.BYTEPS_LAYOUT, b'{"partition_bytes": 765952}')
+    srv.handle_command(left, fake)
+    assert not fake.answer_to(left).error
+    read = command(WORKER1, ServerCommand.BYTEPS_LAYOUT)
+    srv.handle_command(read, fake)
+    assert fake.answer_to(read).body == b'{"partition_bytes": 765952}'
+
+
 def test_our_workers_protocol_default_init_then_byteps_pushpull_rounds(server):
     """Rank 0 initialises with a default push; everyone reads it back with a default pull;
     rounds are BytePS pushpulls; the init value is not taken for a round's push."""

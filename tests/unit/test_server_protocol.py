@@ -46,8 +46,8 @@ def test_unsupported_dtypes_are_refused_by_name(cmd, words):
 
 
 def test_unknown_request_type_and_negative_cmd_are_refused():
-    with pytest.raises(ProtocolError, match="unknown request type 6"):
-        decode_cmd(cantor_pair(6, 0))      # 4 and 5 are ours: compressed path, recovery report
+    with pytest.raises(ProtocolError, match="unknown request type 7"):
+        decode_cmd(cantor_pair(7, 0))      # 4-6 are ours: compressed, recovery, link test
     with pytest.raises(ProtocolError, match="bad cmd"):
         decode_cmd(-1)
 
