@@ -38,6 +38,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -143,7 +144,16 @@ def run_job(args, system: str, compute: float) -> Optional[Dict]:
                                     nodes={"worker": args.workers, "server": args.servers,
                                            "scheduler": 1}),
             "machine_busy": usage.machine_busy(*window),
-            "wrong_sums": sum(r["wrong_sums"] for r in results)}
+            "wrong_sums": sum(r["wrong_sums"] for r in results),
+            "sized_partitions": sized_partitions(out)}
+
+
+def sized_partitions(out: str) -> Optional[str]:
+    """The partition size dist_byteps' rank 0 chose from its link, as its start-up line says
+    (e.g. "768000 bytes for 62 MB/s"); None when it was set (or the job was not ours)."""
+    found = re.search(r"partitions of (\d+) bytes \(sized for rank 0's link to the servers: "
+                      r"(\d+) MB/s\)", out)
+    return found and "%s bytes for %s MB/s" % found.groups()
 
 
 def git_commit() -> str:
@@ -260,6 +270,9 @@ def link_busy(result, size, link_bound) -> str:
 
 def write_json(args, best, size, compute, link_bound, bound, mesh, load) -> None:
     settings = describe_byteps_jobs(args.van, args.byteps_env)
+    sized = best.get("dist_byteps", {}).get("sized_partitions")
+    if sized:
+        settings += ", partitions sized from the link: %s" % sized
     data = {
         "benchmark": "replay",
         "network": ("emulated %s links" % args.link_rate if args.network == "netns"

@@ -48,3 +48,17 @@ def test_a_system_that_did_not_run_is_a_dash(tables):
     cells = [c.strip() for c in tables.replay_row(data(dist_byteps=system(2.0))).split("|")]
     assert cells[4:7] == ["-", "-", "-"]             # dist_sync, gloo, plain
     assert cells[8] == "-, -"
+
+
+def test_the_partition_size_rank_0_chose_is_read_from_its_start_up_line():
+    sys.path.insert(0, REPO + "/benchmarks")
+    try:
+        replay = load_benchmark("bench_replay")
+    finally:
+        sys.path.remove(REPO + "/benchmarks")
+    line = ("[worker 0] [kvstore_byteps] dist_byteps: 4 workers, 4 BytePS servers; van zmq; "
+            "partitions of 768000 bytes (sized for rank 0's link to the servers: 62 MB/s); "
+            "credit 6144000 bytes (8 partitions)")
+    assert replay.sized_partitions("x\n" + line + "\n") == "768000 bytes for 62 MB/s"
+    assert replay.sized_partitions(line.replace(" (sized for rank 0's link to the servers: "
+                                                "62 MB/s)", "")) is None
