@@ -53,8 +53,8 @@ class MemoryRegion:
 
     def __init__(self, pd: "ProtectionDomain", buffer, access: Access, lkey: int, rkey: int):
         array = np.frombuffer(buffer, np.uint8)
-        if array.flags.writeable is False:
-            raise VerbsError("reg_mr: the buffer is read-only")
+        if not array.flags.writeable and access & (Access.LOCAL_WRITE | Access.REMOTE_WRITE):
+            raise VerbsError("reg_mr: a read-only buffer registered for writing (EFAULT)")
         if access & Access.REMOTE_WRITE and not access & Access.LOCAL_WRITE:
             raise VerbsError("reg_mr: REMOTE_WRITE needs LOCAL_WRITE (EINVAL)")
         self.pd, self.access, self.lkey, self.rkey = pd, Access(access), lkey, rkey
