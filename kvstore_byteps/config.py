@@ -66,6 +66,7 @@ class Env:
     PORT = "PORT"
     VAN_TYPE = "DMLC_PS_VAN_TYPE"
     ENABLE_RDMA = "DMLC_ENABLE_RDMA"
+    RDMA_DEVICE = "BYTEPS_RDMA_DEVICE"
     LOCAL = "DMLC_LOCAL"
     WATER_MARK = "DMLC_PS_WATER_MARK"
     VERBOSE = "PS_VERBOSE"
@@ -125,6 +126,9 @@ class Config:
     port: Optional[int] = None
     van_type: VanType = VanType.ZMQ
     local_ipc: bool = False
+    #: byteps_rdma's device: a device name (pyverbs), or "soft" (the in-host test provider);
+    #: None: the first device
+    rdma_device: Optional[str] = None
     water_mark: Optional[int] = None
     verbose: int = 0
     heartbeat_interval: float = 3.0
@@ -196,6 +200,7 @@ class Config:
             port=env.get(Env.PORT, _port, None),
             van_type=env.get(Env.VAN_TYPE, _van_type, van_default),
             local_ipc=env.flag(Env.LOCAL, False),
+            rdma_device=env.get(Env.RDMA_DEVICE, _nonempty, None),
             water_mark=env.get(Env.WATER_MARK, _positive_int, None),
             verbose=env.get(Env.VERBOSE, _nonnegative_int, 0),
             # On by default for our nodes (ps-lite's default is off): a dead node must be

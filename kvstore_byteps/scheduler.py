@@ -20,14 +20,16 @@ def run_scheduler(config: Config) -> int:
     if config.role is not Role.SCHEDULER:
         raise KVStoreBytePSError("run_scheduler needs DMLC_ROLE=scheduler, not %s"
                                  % config.role.name.lower())
-    postoffice = Postoffice(config)
+    postoffice = None
     try:
+        postoffice = Postoffice(config)        # its van may refuse the config (no device)
         postoffice.start()
         postoffice.barrier(ALL_GROUP)          # start-up barrier (MXNet: RunServer)
         postoffice.finalize()                  # shutdown barrier: waits for every node
     except KVStoreBytePSError as exc:
         log.error("scheduler failed: %s", exc)
-        postoffice.stop()
+        if postoffice is not None:
+            postoffice.stop()
         return 1
     return 0
 

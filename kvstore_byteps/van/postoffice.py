@@ -51,8 +51,10 @@ def make_van(config: Config):
     if config.van_type is VanType.BYTEPS_TCP:
         from .tcp_van import TcpVan
         return TcpVan(config)
-    raise ConfigError("DMLC_PS_VAN_TYPE=%s is not available yet (zmq, p3 and byteps_tcp are)"
-                      % config.van_type.value)
+    if config.van_type is VanType.BYTEPS_RDMA:
+        from .rdma_van import RdmaVan
+        return RdmaVan(config)
+    raise ConfigError("DMLC_PS_VAN_TYPE=%s is not available" % config.van_type.value)
 
 
 class HandlerThread:

@@ -145,6 +145,16 @@ class Channel:
             self._queue.popleft()
             (self._post_writes if kind == _WRITES_DUE else self._post_slot)(kind, message_id)
 
+    @property
+    def idle(self) -> bool:
+        """Whether everything sent has been posted and completed."""
+        return not (self._queue or self._outgoing or self._writes or self._posted)
+
+    @property
+    def waiting(self) -> bool:
+        """Whether something waits to be posted (for credits or work-request slots)."""
+        return bool(self._queue)
+
     def _credits(self) -> int:
         return self.peer.slots + int(self._credit_in[0]) - self._sent
 

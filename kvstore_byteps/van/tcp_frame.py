@@ -34,6 +34,7 @@ __all__ = ["MAGIC", "VERSION", "FLAG_AUTH", "Hello", "HELLO_BYTES", "ZMTP_SIGNAT
 MAGIC = b"KVBPS"
 VERSION = 2          # 2: the flags field and the authenticated handshake
 FLAG_AUTH = 1
+FLAG_RDMA = 2        # the sender is a byteps_rdma node (its connections carry RDMA channels)
 _HELLO = struct.Struct("<5sBHII")
 HELLO_BYTES = _HELLO.size                       # 16
 ZMTP_SIGNATURE_BYTES = 10
@@ -50,11 +51,13 @@ class Hello(NamedTuple):
 
     node_id: int
     auth: bool
+    rdma: bool = False
 
 
-def encode_hello(node_id: int, auth: bool = False) -> bytes:
+def encode_hello(node_id: int, auth: bool = False, rdma: bool = False) -> bytes:
     """This node's hello; ``node_id`` K_EMPTY while the scheduler has not assigned one."""
-    return _HELLO.pack(MAGIC, VERSION, FLAG_AUTH if auth else 0, node_id & 0xFFFFFFFF, 0)
+    flags = (FLAG_AUTH if auth else 0) | (FLAG_RDMA if rdma else 0)
+    return _HELLO.pack(MAGIC, VERSION, flags, node_id & 0xFFFFFFFF, 0)
 
 
 def is_zmtp_signature(first: bytes) -> bool:
@@ -68,9 +71,10 @@ def decode_hello(data: bytes) -> Hello:
     worded to follow the peer's name ("the node at ... speaks ZeroMQ ...")."""
     if is_zmtp_signature(data):
         raise ProtocolError("speaks ZeroMQ (upstream MXNet's ps-lite, or a node with "
-                            "DMLC_PS_VAN_TYPE=zmq) but this node uses DMLC_PS_VAN_TYPE=byteps_tcp;"
-                            " every node of a cluster must use the same van, and upstream MXNet "
-                            "nodes only speak zmq")
+                            "DMLC_PS_VAN_TYPE=zmq) but this node uses a BytePS van "
+                            "(DMLC_PS_VAN_TYPE=byteps_tcp or byteps_rdma); every node of a "
+                            "cluster must use the same van, and upstream MXNet nodes only speak "
+                            "zmq")
     if len(data) != HELLO_BYTES:
         raise ProtocolError("hello of %d bytes, expected %d" % (len(data), HELLO_BYTES))
     magic, version, flags, node_id, _ = _HELLO.unpack(data)
@@ -79,9 +83,9 @@ def decode_hello(data: bytes) -> Hello:
     if version != VERSION:
         raise ProtocolError("speaks byteps_tcp version %d, this node version %d "
                             "(install the same kvstore-byteps everywhere)" % (version, VERSION))
-    if flags & ~FLAG_AUTH:
+    if flags & ~(FLAG_AUTH | FLAG_RDMA):
         raise ProtocolError("sent unknown hello flags 0x%x" % flags)
-    return Hello(node_id, bool(flags & FLAG_AUTH))
+    return Hello(node_id, bool(flags & FLAG_AUTH), bool(flags & FLAG_RDMA))
 
 
 def encode_header(meta: bytes, frames: Sequence[int]) -> bytes:

@@ -84,13 +84,17 @@ def read_hello(sock: socket.socket, what: str) -> tcp_frame.Hello:
 
 
 def exchange_hellos(sock: socket.socket, my_id: int, mac_key: Optional[bytes], side: bytes,
-                    what: str) -> int:
+                    what: str, rdma: bool = False) -> int:
     """Send this node's hello, read the peer's and, with ``mac_key`` (BYTEPS_AUTH_KEY), run the
     mutual proof of auth.py; the peer's node id. AuthenticationError when the peer does not
     authenticate, or proves nothing, or the two sides disagree on whether to authenticate."""
     nonce = auth.new_nonce() if mac_key else b""
-    sock.sendall(tcp_frame.encode_hello(my_id, auth=mac_key is not None) + nonce)
+    sock.sendall(tcp_frame.encode_hello(my_id, auth=mac_key is not None, rdma=rdma) + nonce)
     hello = read_hello(sock, what)
+    if hello.rdma != rdma:
+        names = ("DMLC_PS_VAN_TYPE=byteps_rdma", "DMLC_PS_VAN_TYPE=byteps_tcp")
+        raise ConfigError("%s uses %s but this node %s; every node of a cluster must use the "
+                          "same van" % ((what,) + (names if hello.rdma else names[::-1])))
     if mac_key is None:
         if hello.auth:
             raise AuthenticationError("%s requires authentication (it has BYTEPS_AUTH_KEY) but "
@@ -162,6 +166,9 @@ class _Inbound:
 class TcpVan(Van):
     """BytePS TCP transport; talks to byteps_tcp nodes only."""
 
+    #: whether this node's connections carry RDMA channels (its hello says so)
+    rdma = False
+
     def __init__(self, config: Config, pool: Optional[RecvBufferPool] = None):
         self.config = config
         self.pool = pool if pool is not None else RecvBufferPool(_LAND_IN_PLACE_BYTES)
@@ -225,7 +232,9 @@ class TcpVan(Van):
         try:
             sock.settimeout(_HANDSHAKE_SECONDS)
             _tune(sock)
-            peer_id = exchange_hellos(sock, self.my_id, self._mac_key, auth.ACCEPTOR, what)
+            peer_id = exchange_hellos(sock, self.my_id, self._mac_key, auth.ACCEPTOR, what,
+                                      self.rdma)
+            inbound = self._inbound(sock, peer_id, address, what)
         except ConfigError as exc:   # AuthenticationError, or a ZeroMQ peer
             sock.close()
             if isinstance(exc, AuthenticationError) or self._mac_key is not None:
@@ -242,8 +251,16 @@ class TcpVan(Van):
                                    address, exc)
             sock.close()
             return
-        self._accepted.put(_Inbound(sock, peer_id, address, self.pool))
+        self._accepted.put(inbound)
         self._wake()
+
+    def _inbound(self, sock: socket.socket, peer_id: int, address: str, what: str) -> _Inbound:
+        """(Accept side, after the hellos.) What reads the connection."""
+        return _Inbound(sock, peer_id, address, self.pool)
+
+    def _outbound(self, sock: socket.socket, what: str) -> Outbound:
+        """(Connect side, after the hellos.) What sends on the connection."""
+        return Outbound(sock, what)
 
     def _wake(self) -> None:
         try:
@@ -272,13 +289,14 @@ class TcpVan(Van):
         try:
             _tune(sock)
             exchange_hellos(sock, self.my_id if my_id is not None else K_EMPTY, self._mac_key,
-                            auth.CONNECTOR, what)
+                            auth.CONNECTOR, what, self.rdma)
+            out = self._outbound(sock, what)
         except BaseException:
             sock.close()
             raise
         with self._out_lock:
             old = self._out.get(node.id)
-            self._out[node.id] = Outbound(sock, what)
+            self._out[node.id] = out
         if old is not None:
             old.close()
 

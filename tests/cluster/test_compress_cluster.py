@@ -1,6 +1,7 @@
 """Compressed dist_byteps rounds in real clusters give the simulated sums and shrink the pushes."""
 import pytest
 
+from tests.support.vans import van_env
 
 
 CASES = {
@@ -18,12 +19,13 @@ RATIO = {"onebit-ef-scaling": 1 / 32, "topk-momentum": 0.02, "randomk": 0.05,
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("case,van,contexts", [(c, "zmq", 1) for c in CASES]
-                         + [("onebit-ef-scaling", "byteps_tcp", 2)])
+                         + [("onebit-ef-scaling", "byteps_tcp", 2),
+                            ("onebit-ef-scaling", "byteps_rdma", 2)])
 def test_compressed_rounds_give_the_simulated_sums_and_the_pushes_shrink(case, van, contexts):
     import json
     from tests.cluster.test_worker_behaviour import run_checks
     results = run_checks("compress", json.dumps(CASES[case]), contexts,
-                         env={"DMLC_PS_VAN_TYPE": van})
+                         env=van_env(van))
     for name in ("worker0", "worker1"):
         out = results[name][1]
         assert "COMPRESS OK" in out, out

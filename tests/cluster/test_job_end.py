@@ -45,9 +45,11 @@ LONG_HEARTBEAT = ["--env", "PS_HEARTBEAT_TIMEOUT=90"]
 @pytest.mark.parametrize("mode,options", [
     ("pushpull", ["-s", "2"]),
     ("pushpull", ["-s", "2", "--env", "DMLC_PS_VAN_TYPE=byteps_tcp"]),
+    ("pushpull", ["-s", "2", "--env", "DMLC_PS_VAN_TYPE=byteps_rdma",
+                  "--env", "BYTEPS_RDMA_DEVICE=soft"]),
     ("pushpull", ["-s", "2", "--server", "mxnet"]),
     ("fit", ["-s", "1"]),
-], ids=["zmq", "byteps_tcp", "mxnet-servers", "module-fit"])
+], ids=["zmq", "byteps_tcp", "byteps_rdma", "mxnet-servers", "module-fit"])
 def test_a_script_ending_with_work_in_flight_completes_it_and_exits_0_in_seconds(
         spawn, mode, options):
     code, output, took = launch(spawn, [mode], options + LONG_HEARTBEAT)
@@ -56,7 +58,7 @@ def test_a_script_ending_with_work_in_flight_completes_it_and_exits_0_in_seconds
 
 
 # -- PS_RESEND under loss ----------------------------------------------------------------------
-@pytest.mark.parametrize("van", ["zmq", "byteps_tcp"])
+@pytest.mark.parametrize("van", ["zmq", "byteps_tcp", "byteps_rdma"])
 def test_lost_acks_never_make_a_resend_read_freed_arrays(spawn, van):
     """30% of ACKs lost. The script pushes 40 MB arrays made fresh every step and drops them at
     once: MXNet frees them when the operation completes, and the allocator unmaps blocks that
@@ -67,7 +69,8 @@ def test_lost_acks_never_make_a_resend_read_freed_arrays(spawn, van):
     code, output, _ = launch(spawn, ["fresh", 10, 40],
                              ["-s", "2", "--env", "PS_RESEND=1",
                               "--env", "BYTEPS_KEEP_FREED_MEMORY=0",
-                              "--env", "DMLC_PS_VAN_TYPE=%s" % van], env=env)
+                              "--env", "DMLC_PS_VAN_TYPE=%s" % van,
+                              "--env", "BYTEPS_RDMA_DEVICE=soft"], env=env)
     assert_clean(code, output, "fresh")
     assert output.count("step 10 exact") == 2, output
 

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from tests.support.vans import van_env
 from tests.support.cluster import SCHEDULER_OURS, Cluster, app, assert_all_ok
 
 pytestmark = pytest.mark.timeout(120)
@@ -32,7 +33,7 @@ def run_checks(mode, *args, env=None, timeout=90, expect_ok=True, servers=1):
 @pytest.mark.parametrize("van,pull_with_push", [("zmq", "1"), ("byteps_tcp", "1"),
                                                 ("zmq", "0")])
 def test_pushpull_returns_before_communication_and_result_is_correct(van, pull_with_push):
-    env = {"DMLC_PS_VAN_TYPE": van}
+    env = van_env(van)
     if pull_with_push == "0":             # on by default
         env["BYTEPS_PULL_WITH_PUSH"] = "0"
     results = run_checks("async", env=env, servers=2)

@@ -4,6 +4,7 @@ import sys
 import numpy as np
 import pytest
 
+from tests.support.vans import van_env
 from tests.support.cluster import SCHEDULER_OURS, UPSTREAM, Cluster, app, assert_all_ok
 from tests.support.paths import APPS
 
@@ -32,11 +33,12 @@ SERVERS = {
 
 @pytest.mark.parametrize("server,contexts,van", [("byteps", 1, "zmq"), ("byteps", 2, "zmq"),
                                                 ("upstream", 1, "zmq"),
-                                                ("byteps", 2, "byteps_tcp")])
+                                                ("byteps", 2, "byteps_tcp"),
+                                                ("byteps", 2, "byteps_rdma")])
 def test_two_workers_two_servers_match_single_process(tmp_path, server, contexts, van):
     steps = 5
     env = {"MXNET_KVSTORE_SERVER": "byteps" if server == "byteps" else "mxnet",
-           "DMLC_PS_VAN_TYPE": van}
+           **van_env(van)}
     with Cluster(num_workers=2, num_servers=2, env=env) as cluster:
         cluster.start("scheduler", SCHEDULER_OURS)
         for _ in range(2):

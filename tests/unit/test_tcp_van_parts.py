@@ -14,9 +14,10 @@ ZMTP_GREETING = b"\xff" + b"\x00" * 8 + b"\x7f" + b"\x03\x00NULL" + b"\x00" * 48
 
 
 def test_hello_carries_the_node_id_or_none():
-    assert tcp_frame.decode_hello(tcp_frame.encode_hello(9)) == (9, False)
-    assert tcp_frame.decode_hello(tcp_frame.encode_hello(K_EMPTY)) == (K_EMPTY, False)
-    assert tcp_frame.decode_hello(tcp_frame.encode_hello(4, auth=True)) == (4, True)
+    assert tcp_frame.decode_hello(tcp_frame.encode_hello(9)) == (9, False, False)
+    assert tcp_frame.decode_hello(tcp_frame.encode_hello(K_EMPTY)) == (K_EMPTY, False, False)
+    assert tcp_frame.decode_hello(tcp_frame.encode_hello(4, auth=True)) == (4, True, False)
+    assert tcp_frame.decode_hello(tcp_frame.encode_hello(4, rdma=True)) == (4, False, True)
     assert len(tcp_frame.encode_hello(9)) == tcp_frame.HELLO_BYTES
     assert tcp_frame.encode_hello(9)[0] != 0xFF      # never mistaken for a ZMTP greeting
 

@@ -17,6 +17,7 @@ import ctypes
 import dataclasses
 import itertools
 import random
+import socket
 import threading
 from collections import deque
 from typing import Deque, Dict, List, Optional, Tuple
@@ -78,7 +79,10 @@ class ProtectionDomain:
 
 
 class CompletionQueue:
-    """Completions in arrival order; more than ``depth`` unpolled is an overrun (an error)."""
+    """Completions in arrival order; more than ``depth`` unpolled is an overrun (an error).
+
+    Events as with a completion channel: after :meth:`req_notify` the next completion makes
+    :meth:`fileno` readable (once); :meth:`ack_events` consumes that."""
 
     def __init__(self, depth: int):
         if depth < 1:
@@ -87,13 +91,46 @@ class CompletionQueue:
         self._entries: Deque[Completion] = deque()
         self._lock = threading.Lock()
         self.overrun = False
+        self._armed = False
+        self._events = None          # a socket pair, made when a poller first asks for it
+
+    def fileno(self) -> int:
+        with self._lock:
+            if self._events is None:
+                self._events = socket.socketpair()
+                for end in self._events:
+                    end.setblocking(False)
+            return self._events[0].fileno()
+
+    def req_notify(self) -> None:
+        with self._lock:
+            self._armed = True
+
+    def ack_events(self) -> None:
+        try:
+            while self._events[0].recv(4096):
+                pass
+        except (BlockingIOError, TypeError):
+            pass
 
     def push(self, completion: Completion) -> None:
         with self._lock:
             if len(self._entries) >= self.depth:
                 self.overrun = True
-                return
-            self._entries.append(completion)
+            else:
+                self._entries.append(completion)
+            signal, self._armed = self._armed and self._events is not None, False
+        if signal:
+            try:
+                self._events[1].send(b"!")
+            except BlockingIOError:      # already readable
+                pass
+
+    def close(self) -> None:
+        with self._lock:
+            events, self._events = self._events, None
+        for end in events or ():
+            end.close()
 
     def poll(self, max_entries: int = 16) -> List[Completion]:
         with self._lock:

@@ -1,0 +1,284 @@
+"""The BytePS RDMA van (``DMLC_PS_VAN_TYPE=byteps_rdma``): reliable-connected queue pairs.
+
+Connections are made as byteps_tcp makes them (tcp_van.py: one per peer and direction, a
+hello with the node id, authentication, a ZeroMQ peer refused with a clear error), and then
+each side tells the other its channel (rdma_wire.ChannelInfo: device address, queue pair,
+receive slots, where to write credits) over that TCP connection, which afterwards carries
+nothing: it stays open so that a peer's exit is seen at once, and the claims of tcp_van.py
+(which connection speaks for which node) apply to it unchanged. Messages travel on the queue
+pair (rdma_channel.py: SENDs into posted receives, large frames RDMA-written into landing
+buffers of the byteps_tcp pool, credits, in-order delivery).
+
+One receive thread polls the completion queue shared by all channels, delivers the messages
+of accepted connections, watches the TCP sockets and pumps what waits for credits.
+
+Devices: ``BYTEPS_RDMA_DEVICE=soft`` (verbs/soft.py, in-host, for tests); a real device
+through pyverbs is not built yet, and asking for one fails at start with one line that says
+so.
+"""
+import logging
+import selectors
+import socket
+import struct
+import threading
+import time
+from typing import Callable, Dict, List
+
+from ..config import Config
+from ..errors import ConfigError, ProtocolError
+from .codec import decode_meta, encode_meta
+from .message import Message
+from .rdma_channel import Channel
+from .rdma_wire import ChannelInfo
+from .tcp_outbound import Outbound
+from .tcp_van import TcpVan, _Inbound, _recv_exactly
+
+log = logging.getLogger(__name__)
+
+_INFO_LENGTH = struct.Struct("<I")
+_MAX_INFO_BYTES = 4096
+#: the receive loop's wait while a channel waits for credits
+_CREDIT_WAIT_S = 0.001
+#: a retired connection is closed at the latest this long after its last send
+_RETIRE_S = 10.0
+_CQ_DEPTH = 1 << 16
+
+
+def open_device(name):
+    """``(fabric, device)`` for BYTEPS_RDMA_DEVICE; ConfigError in one line otherwise."""
+    if name == "soft":
+        from .verbs.soft_fabric import UnixFabric
+        fabric = UnixFabric()
+        return fabric, fabric.device()
+    raise ConfigError("DMLC_PS_VAN_TYPE=byteps_rdma: only BYTEPS_RDMA_DEVICE=soft (the in-host "
+                      "test provider) is available in this version; the pyverbs provider for "
+                      "RDMA devices%s is not built yet"
+                      % ("" if name is None else " (asked for: %s)" % name))
+
+
+class _Connection:
+    """A channel and the lock every call into it takes (send, the receive loop)."""
+
+    def __init__(self, channel: Channel):
+        self.channel, self.lock = channel, threading.Lock()
+
+
+class _RdmaOutbound(Outbound):
+    """The sending side of a connection: its channel; the socket only shows the peer's exit.
+
+    Closing it (a replaced connection, the van's end) retires it: what was sent still goes
+    out (as a closed TCP socket still delivers what it holds) and it is closed once its
+    channel is idle, or after :data:`_RETIRE_S`."""
+
+    def __init__(self, sock: socket.socket, peer: str, connection: _Connection, retire):
+        super().__init__(sock, peer)
+        self.connection, self._retire = connection, retire
+        self.retired_at = None
+
+    def close(self) -> None:
+        self.retired_at = time.monotonic()
+        self._retire(self)
+
+    def finish(self) -> None:
+        with self.connection.lock:
+            self.connection.channel.qp.to_error()
+        super().close()
+
+
+class _RdmaInbound(_Inbound):
+    """An accepted connection: its channel delivers the messages."""
+
+    def __init__(self, sock, peer_id, address, pool, connection: _Connection):
+        super().__init__(sock, peer_id, address, pool)
+        self.connection = connection
+
+
+class RdmaVan(TcpVan):
+    """BytePS RDMA transport; talks to byteps_rdma nodes only."""
+
+    rdma = True
+
+    def __init__(self, config: Config):
+        super().__init__(config)
+        self._fabric, self._device = open_device(config.rdma_device)
+        self._pd = self._device.alloc_pd()
+        self._cq = self._device.create_cq(_CQ_DEPTH)
+        self._connections: Dict[int, _Connection] = {}      # by queue pair number
+        self._connections_lock = threading.Lock()
+        self._retiring: List[_RdmaOutbound] = []          # closed, still sending
+
+    # ------------------------------------------------------------------ connecting
+    def _channel(self, sock: socket.socket, what: str, accepting: bool) -> _Connection:
+        """Exchange channel infos over the handshake's socket; the connected channel. The
+        accepting side connects its queue pair before it sends its info, and the connecting
+        side sends nothing before it got that info: no packet finds a queue pair not yet
+        ready to receive (which fails it at once: no retries)."""
+        channel = Channel(self._device, self._pd, self._cq, landing=self.pool.take)
+        info = channel.info().encode()
+        if not accepting:
+            sock.sendall(_INFO_LENGTH.pack(len(info)) + info)
+        (length,) = _INFO_LENGTH.unpack(_recv_exactly(sock, _INFO_LENGTH.size, what))
+        if length > _MAX_INFO_BYTES:
+            raise ProtocolError("%s sent an RDMA channel info of %d bytes" % (what, length))
+        channel.connect(ChannelInfo.decode(_recv_exactly(sock, length, what)))
+        if accepting:
+            sock.sendall(_INFO_LENGTH.pack(len(info)) + info)
+        connection = _Connection(channel)
+        with self._connections_lock:
+            self._connections[channel.qp.qp_num] = connection
+        return connection
+
+    def _inbound(self, sock, peer_id, address, what):
+        return _RdmaInbound(sock, peer_id, address, self.pool,
+                            self._channel(sock, what, accepting=True))
+
+    def _outbound(self, sock, what):
+        return _RdmaOutbound(sock, what, self._channel(sock, what, accepting=False),
+                             self._retire)
+
+    def _retire(self, out: _RdmaOutbound) -> None:
+        with self._connections_lock:
+            self._retiring.append(out)
+        self._wake()
+
+    def _finish_retired(self, everything: bool = False) -> None:
+        """Close the retired connections whose channel is idle (all, with ``everything``)."""
+        now = time.monotonic()
+        with self._connections_lock:
+            done = [out for out in self._retiring if everything or now - out.retired_at >
+                    _RETIRE_S or out.connection.channel.idle]
+            self._retiring = [out for out in self._retiring if out not in done]
+            for out in done:
+                self._connections.pop(out.connection.channel.qp.qp_num, None)
+        for out in done:
+            out.finish()
+
+    # ------------------------------------------------------------------ sending
+    def send(self, message: Message) -> int:
+        out = self._out.get(message.meta.recver)
+        if out is None or self._closed.is_set():
+            raise ProtocolError("no connection to node %s" % message.meta.recver)
+        pieces = [encode_meta(message.meta)] + [memoryview(d).cast("B") for d in message.data]
+        with out.connection.lock:
+            out.connection.channel.send(pieces)
+            waiting = out.connection.channel.waiting
+        if waiting:               # the receive loop posts it once credits come: wake it
+            self._wake()
+        return sum(memoryview(p).nbytes for p in pieces)
+
+    # ------------------------------------------------------------------ receiving
+    def run(self, on_message: Callable[[Message], bool], on_tick: Callable[[], None],
+            tick_seconds: float) -> None:
+        selector = self._selector = selectors.DefaultSelector()
+        selector.register(self._wake_r, selectors.EVENT_READ, None)
+        selector.register(self._cq, selectors.EVENT_READ, self._cq)
+        ticked = time.monotonic()
+        try:
+            while True:
+                busy = self._poll()
+                if not self._deliver(selector, on_message):
+                    return
+                if not busy:                 # arm, then look once more (no lost wake-up)
+                    self._cq.req_notify()
+                    busy = self._poll()
+                self._finish_retired()
+                closed = []
+                for key, _ in selector.select(0 if busy else self._wait(tick_seconds)):
+                    if key.data is self._cq:
+                        self._cq.ack_events()
+                    elif key.data is None:
+                        self._register_accepted(selector)
+                    elif self._watch(key.data):
+                        closed.append(key.data)
+                if closed:                   # what they sent before closing comes first
+                    self._poll()
+                    if not self._deliver(selector, on_message):
+                        return
+                    for inbound in closed:
+                        self._drop(inbound, selector)
+                if time.monotonic() - ticked >= tick_seconds:
+                    on_tick()
+                    ticked = time.monotonic()
+        finally:
+            for key in list(selector.get_map().values()):
+                if isinstance(key.data, _RdmaInbound):
+                    key.data.sock.close()
+            for inbound in self._held:
+                inbound.sock.close()
+            selector.close()
+
+    def _wait(self, tick_seconds: float) -> float:
+        """How long the loop may sleep: until an event, or briefly while a channel waits for
+        credits (they arrive as the peer's writes, which raise no completion here)."""
+        with self._connections_lock:
+            connections = list(self._connections.values())
+        if self._retiring or any(connection.channel.waiting for connection in connections):
+            return _CREDIT_WAIT_S
+        return tick_seconds
+
+    def _poll(self) -> bool:
+        """Hand every completion to its channel and post what waits; whether any came."""
+        completions = self._cq.poll(256)
+        with self._connections_lock:
+            connections = dict(self._connections)
+        for completion in completions:
+            connection = connections.get(completion.qp_num)
+            if connection is not None:
+                with connection.lock:
+                    connection.channel.on_completion(completion)
+        for connection in connections.values():
+            with connection.lock:
+                if connection.channel.failure is None:
+                    connection.channel.pump()
+        return bool(completions)
+
+    def _deliver(self, selector, on_message) -> bool:
+        """Deliver the messages of the accepted connections being read (claims.py)."""
+        for key in list(selector.get_map().values()):
+            inbound = key.data
+            if not isinstance(inbound, _RdmaInbound):
+                continue
+            delivered = inbound.connection.channel.delivered
+            while delivered:
+                meta_raw, *data = delivered.popleft()
+                try:
+                    meta = decode_meta(meta_raw, sender=inbound.peer_id, recver=self.my_id)
+                except ProtocolError as exc:
+                    self._peer_log.warning(inbound.peer_key(), "dropped a malformed message "
+                                           "from %s: %s", inbound.describe(), exc)
+                    continue
+                if not on_message(Message(meta, data)):
+                    return False
+        return True
+
+    def _watch(self, inbound: _RdmaInbound) -> bool:
+        """The TCP socket of an accepted connection became readable: whether the peer left
+        (or broke the protocol: nothing follows the handshake)."""
+        try:
+            data = inbound.sock.recv(4096)
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            data, error = b"", exc
+        else:
+            error = "bytes after the handshake" if data else None
+        failure = inbound.connection.channel.failure
+        if error is not None or failure is not None:    # a plain close is a peer leaving
+            self._peer_log.warning(inbound.peer_key(), "connection from %s closed: %s",
+                                   inbound.describe(), error or failure)
+        return True
+
+    def _drop(self, inbound: _RdmaInbound, selector) -> None:
+        selector.unregister(inbound.sock)
+        inbound.sock.close()
+        with self._connections_lock:
+            self._connections.pop(inbound.connection.channel.qp.qp_num, None)
+        successor = self._claims.closed(inbound)
+        if successor is not None:
+            self._read_held(successor)
+
+    def close(self) -> None:
+        super().close()
+        self._finish_retired(everything=True)
+        self._cq.close()
+        self._fabric.close()

@@ -1,0 +1,60 @@
+"""The byteps_rdma van on the soft provider: the demo trains as on zmq; an upstream MXNet node
+is refused with a clear error; without a device a node stops at start with one line."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.cluster import SCHEDULER_OURS, Cluster, app
+from tests.support.paths import REPO
+
+LAUNCH = os.path.join(REPO, "launch.py")
+DEMO = os.path.join(REPO, "examples", "train_digits.py")
+
+
+def _demo(spawn, params, *env):
+    argv = [sys.executable, LAUNCH, "-n", "2", "-s", "2", "--timeout", "120",
+            *[part for item in env for part in ("--env", item)],
+            sys.executable, DEMO, "--epochs", "3", "--save-params", str(params)]
+    proc = spawn(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, _ = proc.communicate(timeout=150)
+    assert proc.returncode == 0, out
+    return out
+
+
+@pytest.mark.timeout(200)
+def test_the_demo_over_rdma_gives_the_parameters_of_zmq(spawn, tmp_path):
+    _demo(spawn, tmp_path / "zmq.params")
+    out = _demo(spawn, tmp_path / "rdma.params", "DMLC_PS_VAN_TYPE=byteps_rdma",
+                "BYTEPS_RDMA_DEVICE=soft")
+    assert "van byteps_rdma;" in out and "parameters identical on all 2 workers" in out, out
+    assert (tmp_path / "rdma.params").read_bytes() == (tmp_path / "zmq.params").read_bytes()
+
+
+@pytest.mark.timeout(60)
+def test_an_upstream_node_joining_an_rdma_cluster_stops_it_with_a_clear_error():
+    env = {"BYTEPS_START_TIMEOUT": "60"}
+    with Cluster(num_workers=1, num_servers=1, env=env) as cluster:
+        cluster.start("scheduler", SCHEDULER_OURS, env={"DMLC_PS_VAN_TYPE": "byteps_rdma",
+                                                        "BYTEPS_RDMA_DEVICE": "soft"})
+        cluster.start("worker", app("upstream_worker.py", "3"))
+        proc = cluster.procs["scheduler0"][0]
+        proc.wait(30)
+        out = cluster.output("scheduler0")
+    assert proc.returncode != 0 and "speaks ZeroMQ" in out, out
+
+
+@pytest.mark.timeout(60)
+def test_without_a_device_a_node_stops_at_start_with_one_line(spawn):
+    env = dict(os.environ, DMLC_ROLE="scheduler", DMLC_PS_VAN_TYPE="byteps_rdma",
+               DMLC_PS_ROOT_URI="127.0.0.1", DMLC_PS_ROOT_PORT="1", DMLC_NUM_WORKER="1",
+               DMLC_NUM_SERVER="1")
+    env.pop("BYTEPS_RDMA_DEVICE", None)
+    proc = spawn(SCHEDULER_OURS, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                 text=True)
+    out, _ = proc.communicate(timeout=50)
+    assert proc.returncode != 0, out
+    errors = [line for line in out.splitlines() if "BYTEPS_RDMA_DEVICE=soft" in line]
+    assert len(errors) == 1 and "pyverbs provider" in errors[0], out
+    assert "Traceback" not in out, out
