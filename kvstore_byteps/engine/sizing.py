@@ -4,10 +4,11 @@ Smaller partitions pipeline a round better over worker -> server -> worker (a pa
 comes back while later ones are still being pushed, and the servers' loads even out); every
 message costs CPU on both ends. On a slow link the first wins, on a fast one the second:
 replayed ResNet-50 steps, 4 workers x 4 servers, 500 Mbit/s links: 768 KB partitions beat
-BytePS's 4 MB default by ~16%; on loopback they cost 15-65% (docs/performance.md). So a
-partition is sized to take about :data:`WIRE_SECONDS` on the measured link: of :data:`SIZES`
-the nearest (by ratio) to that, BytePS's default wherever the link is fast. Few, far apart
-sizes: a measurement a little off (a busy machine) does not change the choice.
+BytePS's 4 MB default by 16% (2.73 against 3.24 s); on loopback they cost 15-65%
+(docs/design.md, Partition size). So a partition is sized to take about :data:`WIRE_SECONDS`
+on the measured link: of :data:`SIZES` the nearest (by ratio) to that, BytePS's default
+wherever the link is fast. Few, far apart sizes: a measurement a little off (a busy machine)
+does not change the choice.
 
 How the workers agree (every worker must cut its keys alike): at start rank 0 times pushes of
 two sizes to every server at once (its own link's rate, the round trip taken out; the servers
