@@ -8,6 +8,7 @@ import pytest
 
 from tests.support.cluster import SCHEDULER_OURS, Cluster, app
 from tests.support.paths import REPO
+from tests.support.vans import RDMA_CLUSTERS
 
 LAUNCH = os.path.join(REPO, "launch.py")
 DEMO = os.path.join(REPO, "examples", "train_digits.py")
@@ -23,6 +24,7 @@ def _demo(spawn, params, *env):
     return out
 
 
+@RDMA_CLUSTERS
 @pytest.mark.timeout(200)
 def test_the_demo_over_rdma_gives_the_parameters_of_zmq(spawn, tmp_path):
     _demo(spawn, tmp_path / "zmq.params")

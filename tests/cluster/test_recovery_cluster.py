@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.support.vans import van_env
+from tests.support.vans import RDMA_CLUSTERS, van_env
 from tests.support.cluster import SCHEDULER_OURS, Cluster, app
 from tests.support.procs import free_port
 
@@ -35,7 +35,9 @@ def _train_kill_and_restart_a_server(env, ports=None, restarted_env=None, timeou
 
 
 @pytest.mark.parametrize("van,same_port", [("zmq", False), ("byteps_tcp", True),
-                                           ("byteps_tcp", False), ("byteps_rdma", True)])
+                                           ("byteps_tcp", False),
+                                           pytest.param("byteps_rdma", True,
+                                                        marks=RDMA_CLUSTERS)])
 def test_a_restarted_server_is_restored_and_the_sums_stay_exact(van, same_port):
     results, dump = _train_kill_and_restart_a_server(
         dict(ENV, **van_env(van)), [free_port(), free_port()] if same_port else None)
