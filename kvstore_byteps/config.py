@@ -188,6 +188,7 @@ class Config:
         """Build a config from ``environ`` (default ``os.environ``); raise ConfigError on bad values."""
         env = _EnvReader(os.environ if environ is None else environ)
         van_default = VanType.BYTEPS_RDMA if env.flag(Env.ENABLE_RDMA, False) else VanType.ZMQ
+        partition_bytes = env.get(Env.PARTITION_BYTES, _positive_int, None)   # None: not set
         config = cls(
             role=env.get(Env.ROLE, Role.parse, Role.WORKER),
             num_workers=env.get(Env.NUM_WORKER, _positive_int, 1),
@@ -214,8 +215,8 @@ class Config:
             request_timeout=env.get(Env.REQUEST_TIMEOUT, _positive_float, 300.0),
             bigarray_bound=env.get(Env.BIGARRAY_BOUND, _positive_int, 1000000),
             kvstore_server=env.get(Env.KVSTORE_SERVER, _server_kind, ServerKind.MXNET),
-            partition_bytes=env.get(Env.PARTITION_BYTES, _positive_int, 4096000),
-            size_partitions_by_link=env.get(Env.PARTITION_BYTES, _positive_int, None) is None,
+            partition_bytes=partition_bytes or 4096000,
+            size_partitions_by_link=partition_bytes is None,
             partition_spread_bytes=env.get(Env.PARTITION_SPREAD_BYTES, _nonnegative_int,
                                            262144),
             scheduling_credit=env.get(Env.SCHEDULING_CREDIT, _positive_int, 8),

@@ -29,8 +29,8 @@ import numpy as np
 
 from ..errors import PeerError, ProtocolError
 from . import rdma_wire as wire
-from .verbs.api import (SGE, Access, Completion, Opcode, QPCaps, RecvWR, SendWR, WCOpcode,
-                        WCStatus)
+from .verbs.api import (SGE, Access, Completion, Endpoint, Opcode, QPCaps, RecvWR, SendWR,
+                        WCOpcode, WCStatus)
 
 #: tags of work request ids (the high 32 bits; the low ones: a slot or a message id)
 _RECV, _SLOT, _WRITE, _CREDIT = 1, 2, 3, 4
@@ -96,7 +96,6 @@ class Channel:
 
     def connect(self, peer: wire.ChannelInfo) -> None:
         """Post the receives and bring the QP to RTS towards ``peer``."""
-        from .verbs.api import Endpoint
         self.peer = peer
         self.qp.to_init(Access.REMOTE_WRITE)
         for index in range(self.slots):
