@@ -87,6 +87,7 @@ def _connect(host: str, port: int) -> socket.socket:
 
 def _accept(listener: socket.socket, what: str) -> socket.socket:
     """The next connection, within ``DEADLINE_S``; the error names what did not come."""
+    listener.settimeout(DEADLINE_S)
     try:
         return listener.accept()[0]
     except socket.timeout:
