@@ -6,7 +6,6 @@ import time
 import pytest
 
 from tests.support.cluster import SCHEDULER_OURS, Cluster, app
-from tests.support.procs import free_port
 
 
 SERVER_KNOB = [sys.executable, "-c", "import mxnet"]
@@ -18,10 +17,10 @@ def test_with_auth_on_strangers_cannot_join_or_send_and_training_stays_exact(van
     """2 dist_byteps workers train with a key while a fuzzer without it fires frames at the
     scheduler and the server, a worker without the key and one with another key try to join:
     the rogues get nothing in, the job's sums stay exact, the refusals are logged."""
-    server_port = free_port()
     env = {"MXNET_KVSTORE_SERVER": "byteps", "DMLC_PS_VAN_TYPE": van,
            "BYTEPS_AUTH_KEY": "cluster-key-" + "9" * 20}
     with Cluster(num_workers=2, num_servers=1, env=env) as cluster:
+        server_port, = cluster.ports(1)
         scheduler_port = cluster.base_env["DMLC_PS_ROOT_PORT"]
         cluster.start("scheduler", SCHEDULER_OURS)
         cluster.start("server", SERVER_KNOB, env={"PORT": str(server_port)})
@@ -61,10 +60,10 @@ def test_without_a_key_a_spoofed_worker_id_cannot_stop_the_servers(van, tmp_path
     the server while the workers train. The claim holds no weight while the real worker's
     connection is open: training goes on exact and the job ends normally. (On byteps_tcp the
     server used to stop every round; the workers failed only at their request deadline.)"""
-    server_port = free_port()
     env = {"MXNET_KVSTORE_SERVER": "byteps", "DMLC_PS_VAN_TYPE": van,
            "BYTEPS_REQUEST_TIMEOUT": "20"}
     with Cluster(num_workers=2, num_servers=1, env=env) as cluster:
+        server_port, = cluster.ports(1)
         cluster.start("scheduler", SCHEDULER_OURS)
         cluster.start("server", SERVER_KNOB, env={"PORT": str(server_port)})
         stop_file = tmp_path / "stop"

@@ -2,7 +2,6 @@
 import pytest
 
 from tests.support.cluster import SCHEDULER_OURS, UPSTREAM, Cluster, app, assert_all_ok
-from tests.support.procs import free_port
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -34,9 +33,9 @@ def test_a_our_scheduler_upstream_server_and_workers(env):
 
 @pytest.mark.parametrize("ours_rank", [0, 1])
 def test_b_our_kv_worker_beside_upstream_nodes(ours_rank):
-    low, high = sorted([free_port(), free_port()])
-    ours_port, theirs_port = (low, high) if ours_rank == 0 else (high, low)
     with Cluster(num_workers=2, num_servers=1) as cluster:
+        low, high = sorted(cluster.ports(2))
+        ours_port, theirs_port = (low, high) if ours_rank == 0 else (high, low)
         cluster.start("scheduler", UPSTREAM)
         cluster.start("server", UPSTREAM)
         # Our worker also asks for the other rank (DMLC_WORKER_ID, a BytePS extension field of

@@ -8,7 +8,6 @@ import pytest
 
 from tests.support.vans import RDMA_CLUSTERS, van_env
 from tests.support.cluster import SCHEDULER_OURS, Cluster, app
-from tests.support.procs import free_port
 
 SERVER_KNOB = [sys.executable, "-c", "import mxnet"]
 ENV = {"MXNET_KVSTORE_SERVER": "byteps", "BYTEPS_SERVER_RECOVERY": "1",
@@ -16,10 +15,11 @@ ENV = {"MXNET_KVSTORE_SERVER": "byteps", "BYTEPS_SERVER_RECOVERY": "1",
        "BYTEPS_PARTITION_BYTES": "400000"}
 
 
-def _train_kill_and_restart_a_server(env, ports=None, restarted_env=None, timeout=150):
+def _train_kill_and_restart_a_server(env, same_port=False, restarted_env=None, timeout=150):
     """2 workers x 2 servers, 150 varied rounds; server1 is killed (-9) after round 20 and
-    started again with the same environment (and ``ports``' PORT, if given)."""
+    started again with the same environment (and, if ``same_port``, on its PORT again)."""
     with Cluster(num_workers=2, num_servers=2, env=env) as cluster:
+        ports = cluster.ports(2) if same_port else None
         cluster.start("scheduler", SCHEDULER_OURS)
         for rank in range(2):
             cluster.start("server", SERVER_KNOB, env={"PORT": str(ports[rank])} if ports else None)
@@ -40,7 +40,7 @@ def _train_kill_and_restart_a_server(env, ports=None, restarted_env=None, timeou
                                                         marks=RDMA_CLUSTERS)])
 def test_a_restarted_server_is_restored_and_the_sums_stay_exact(van, same_port):
     results, dump = _train_kill_and_restart_a_server(
-        dict(ENV, **van_env(van)), [free_port(), free_port()] if same_port else None)
+        dict(ENV, **van_env(van)), same_port)
     for name, (code, out) in results.items():
         if name == "server1":
             assert code == -signal.SIGKILL

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from tests.support.cluster import APPS, PY, REPO, SCHEDULER_OURS, UPSTREAM, Cluster, app, assert_all_ok
-from tests.support.procs import free_port
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -79,8 +78,8 @@ def test_same_results_as_mxnets_own_server(scenario, server, tmp_path):
 
 def test_bad_input_is_refused_while_mxnet_workers_keep_exact_sums(tmp_path):
     marker = tmp_path / "pwned"
-    ports = sorted(free_port() for _ in range(3))   # ranks follow ports: the rogue is rank 2
     with Cluster(num_workers=3, num_servers=1) as cluster:
+        ports = sorted(cluster.ports(3))   # ranks follow ports: the rogue is rank 2
         cluster.start("scheduler", SCHEDULER_OURS)
         cluster.start("server", OUR_SERVER)
         for port in ports[:2]:

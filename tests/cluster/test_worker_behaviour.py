@@ -145,10 +145,9 @@ def test_fuzzed_frames_from_strangers_leave_training_exact_and_the_log_bounded(t
     """Thousands of mutated frames at the scheduler and the server while 2 workers train
     (until the fuzzer is done): no crash, every sum exact, each complaint logged once per
     peer and then only counted."""
-    from tests.support.procs import free_port
-    server_port = free_port()
     stop_file = tmp_path / "stop"
     with Cluster(num_workers=2, num_servers=1, env={"MXNET_KVSTORE_SERVER": "byteps"}) as cluster:
+        server_port, = cluster.ports(1)
         scheduler_port = cluster.base_env["DMLC_PS_ROOT_PORT"]
         cluster.start("scheduler", SCHEDULER_OURS)
         cluster.start("server", SERVER_KNOB, env={"PORT": str(server_port)})

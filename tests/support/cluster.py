@@ -12,7 +12,7 @@ import sys
 import tempfile
 
 from tests.support.paths import APPS, REPO  # noqa: F401  (tests import them from here)
-from tests.support.procs import free_port, kill_process_tree
+from tests.support.procs import free_port, free_ports, kill_process_tree
 PY = sys.executable
 SCHEDULER_OURS = [PY, "-m", "kvstore_byteps.scheduler"]
 UPSTREAM = [PY, "-c", "import mxnet"]      # scheduler or server, by DMLC_ROLE
@@ -36,6 +36,11 @@ class Cluster:
         })
         self.base_env.update(env or {})
         self.procs = {}
+
+    def ports(self, count):
+        """``count`` distinct free ports for nodes started with a fixed PORT: never the
+        scheduler's root port (a port chosen before it was taken would collide)."""
+        return free_ports(count, exclude={int(self.base_env["DMLC_PS_ROOT_PORT"])})
 
     def start(self, role, argv, name=None, env=None, cwd=REPO):
         name = name or "%s%d" % (role, sum(1 for n in self.procs if n.startswith(role)))

@@ -1,6 +1,8 @@
 """Processes and ports for tests: free ports, bounded waits, and killing a process tree."""
+import contextlib
 import os
 import signal
+import socket
 import time
 
 import pytest
@@ -9,6 +11,21 @@ from kvstore_byteps.launcher.procs import pid_alive  # noqa: F401  (tests import
 from kvstore_byteps.ports import free_port  # noqa: F401  (tests import it from here)
 
 KILL_GRACE_S = 3.0
+
+
+def free_ports(count, exclude=()):
+    """``count`` distinct free ports on 127.0.0.1, none of them in ``exclude``. All are held
+    bound while choosing, so two calls of ``free_port()`` cannot hand out the same port twice
+    (the OS may reuse a port as soon as its throw-away socket closes)."""
+    with contextlib.ExitStack() as held:
+        ports = []
+        while len(ports) < count:
+            sock = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+            if port not in exclude:
+                ports.append(port)
+        return ports
 
 
 def wait_until(predicate, timeout, what):
