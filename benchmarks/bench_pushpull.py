@@ -234,9 +234,10 @@ def add_byteps_job_arguments(p: argparse.ArgumentParser, example: str) -> None:
     (also used by ``bench_training.py``)."""
     p.add_argument("--byteps-env", action="append", default=[], metavar="NAME=VALUE",
                    help="environment of the dist_byteps jobs only (repeatable), e.g. " + example)
-    p.add_argument("--van", choices=["zmq", "byteps_tcp"], default="zmq",
-                   help="DMLC_PS_VAN_TYPE of the dist_byteps jobs (default zmq; byteps_tcp "
-                        "needs our servers: upstream MXNet only speaks zmq)")
+    p.add_argument("--van", choices=["auto", "zmq", "byteps_tcp"], default="auto",
+                   help="DMLC_PS_VAN_TYPE of the dist_byteps jobs (default: not set, i.e. auto: "
+                        "byteps_tcp between our nodes, zmq with MXNet's; byteps_tcp needs our "
+                        "servers: upstream MXNet only speaks zmq)")
 
 
 def check_byteps_env(p: argparse.ArgumentParser, items: Sequence[str]) -> None:
@@ -247,8 +248,9 @@ def check_byteps_env(p: argparse.ArgumentParser, items: Sequence[str]) -> None:
 
 
 def byteps_launch_options(van: str, items: Sequence[str]) -> List[str]:
-    """launch.py options of the dist_byteps jobs: the van, then each ``--byteps-env`` item."""
-    options = ["--env", "DMLC_PS_VAN_TYPE=%s" % van]
+    """launch.py options of the dist_byteps jobs: the van (auto: left unset, as users leave
+    it), then each ``--byteps-env`` item."""
+    options = [] if van == "auto" else ["--env", "DMLC_PS_VAN_TYPE=%s" % van]
     for item in items:
         options.extend(["--env", item])
     return options

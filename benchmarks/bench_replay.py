@@ -145,7 +145,7 @@ def run_job(args, system: str, compute: float) -> Optional[Dict]:
                                            "scheduler": 1}),
             "machine_busy": usage.machine_busy(*window),
             "wrong_sums": sum(r["wrong_sums"] for r in results),
-            "sized_partitions": sized_partitions(out)}
+            "sized_partitions": sized_partitions(out), "van": chosen_van(out)}
 
 
 def sized_partitions(out: str) -> Optional[str]:
@@ -154,6 +154,13 @@ def sized_partitions(out: str) -> Optional[str]:
     found = re.search(r"partitions of (\d+) bytes \(sized for rank 0's link to the servers: "
                       r"(\d+) MB/s\)", out)
     return found and "%s bytes for %s MB/s" % found.groups()
+
+
+def chosen_van(out: str) -> Optional[str]:
+    """The transport dist_byteps' rank 0 names in its start-up line (the default van says
+    which one it chose, e.g. "byteps_tcp (auto: every peer is ours)")."""
+    found = re.search(r"; van (.+?); partitions of", out)
+    return found and found.group(1)
 
 
 def git_commit() -> str:
@@ -269,7 +276,8 @@ def link_busy(result, size, link_bound) -> str:
 
 
 def write_json(args, best, size, compute, link_bound, bound, mesh, load) -> None:
-    settings = describe_byteps_jobs(args.van, args.byteps_env)
+    chosen = best.get("dist_byteps", {}).get("van") if args.van == "auto" else None
+    settings = describe_byteps_jobs(chosen or args.van, args.byteps_env)
     sized = best.get("dist_byteps", {}).get("sized_partitions")
     if sized:
         settings += ", partitions sized from the link: %s" % sized

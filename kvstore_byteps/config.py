@@ -36,6 +36,8 @@ class Role(enum.IntEnum):
 class VanType(enum.Enum):
     """Which transport a node uses (``DMLC_PS_VAN_TYPE``)."""
 
+    #: the default: ZeroMQ with every peer, byteps_tcp between our nodes (van/auto_van.py)
+    AUTO = "auto"
     ZMQ = "zmq"
     #: ps-lite's P3 van: ZeroMQ's wire, sends ordered by priority (van/p3_van.py)
     P3 = "p3"
@@ -124,7 +126,7 @@ class Config:
     node_host: Optional[str] = None
     interface: Optional[str] = None
     port: Optional[int] = None
-    van_type: VanType = VanType.ZMQ
+    van_type: VanType = VanType.AUTO
     local_ipc: bool = False
     #: byteps_rdma's device: a device name (pyverbs), or "soft" (the in-host test provider);
     #: None: the first device
@@ -187,7 +189,7 @@ class Config:
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Config":
         """Build a config from ``environ`` (default ``os.environ``); raise ConfigError on bad values."""
         env = _EnvReader(os.environ if environ is None else environ)
-        van_default = VanType.BYTEPS_RDMA if env.flag(Env.ENABLE_RDMA, False) else VanType.ZMQ
+        van_default = VanType.BYTEPS_RDMA if env.flag(Env.ENABLE_RDMA, False) else VanType.AUTO
         partition_bytes = env.get(Env.PARTITION_BYTES, _positive_int, None)   # None: not set
         config = cls(
             role=env.get(Env.ROLE, Role.parse, Role.WORKER),
@@ -399,12 +401,13 @@ def _nonempty(text: str) -> str:
 
 
 def _van_type(text: str) -> VanType:
-    aliases = {"zmq": VanType.ZMQ, "p3": VanType.P3, "byteps_tcp": VanType.BYTEPS_TCP,
+    aliases = {"auto": VanType.AUTO, "zmq": VanType.ZMQ, "p3": VanType.P3,
+               "byteps_tcp": VanType.BYTEPS_TCP,
                "byteps_rdma": VanType.BYTEPS_RDMA, "rdma": VanType.BYTEPS_RDMA}
     try:
         return aliases[text.lower()]
     except KeyError:
-        raise ValueError("expected one of zmq, p3, byteps_tcp, byteps_rdma") from None
+        raise ValueError("expected one of auto, zmq, p3, byteps_tcp, byteps_rdma") from None
 
 
 def _server_kind(text: str) -> ServerKind:

@@ -16,7 +16,8 @@ _EPILOG = """\
 configuration comes from the environment, as for MXNet's own nodes:
   DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT   the scheduler's address and port (the port is required)
   DMLC_NUM_WORKER, DMLC_NUM_SERVER      how many workers and servers the cluster has
-  DMLC_PS_VAN_TYPE                      zmq (default, MXNet-compatible) or byteps_tcp
+  DMLC_PS_VAN_TYPE                      unset: ZeroMQ with MXNet's nodes, byteps_tcp between
+                                        ours; zmq, p3, byteps_tcp, byteps_rdma
   PS_HEARTBEAT_INTERVAL, PS_HEARTBEAT_TIMEOUT, BYTEPS_*: see the README's Configuration table
 
 usually the launcher starts every node: kvstore-byteps-launch -n 2 -s 2 python train.py"""

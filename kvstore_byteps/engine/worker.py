@@ -155,7 +155,7 @@ class WorkerEngine:
                  " (sized for rank 0's link to the servers: %.0f MB/s)" % (self.link_rate / 1e6))
         return ("dist_byteps: %d workers, %d %s; van %s; partitions of %d bytes%s; credit %s%s%s"
                 % (self.num_workers, self.po.num_servers, self.dialect.description,
-                   cfg.van_type.value, cfg.partition_bytes, sized,
+                   self.po.transport, cfg.partition_bytes, sized,
                    "%d bytes (%d partitions)" % (credit, cfg.scheduling_credit) if credit
                    else "unlimited",
                    "; each pull sent with its push" if self._pulls_ride() else "",

@@ -66,6 +66,15 @@ class Van(abc.ABC):
         """After this returns, the van writes nothing more into the target of ``handle`` (a
         result of :meth:`expect_frame`, or None). Thread-safe."""
 
+    def describe(self) -> str:
+        """The transport as a start-up line names it (once the cluster formed)."""
+        return type(self).__name__
+
+    def advertise(self, node: Node) -> Node:
+        """``node`` (this node, bound) as its registration announces it: a van that listens on
+        more than the node's port adds what peers need to reach it there. Optional."""
+        return node
+
     def on_ready(self) -> None:
         """The cluster has formed (this node got its id and the node list). Optional."""
 

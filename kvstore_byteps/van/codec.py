@@ -96,6 +96,8 @@ def _pack_node(node: Node, pb_node) -> None:
         pb_node.rank_hint = node.rank_hint
     if node.heartbeat_ms is not None:
         pb_node.heartbeat_ms = node.heartbeat_ms
+    if node.tcp_port is not None:
+        pb_node.tcp_port = node.tcp_port
 
 
 def _unpack_control(pb_control) -> Control:
@@ -119,8 +121,9 @@ def _unpack_node(pb_node) -> Node:
     hostname = pb_node.hostname
     if not isinstance(hostname, str):   # protobuf hands invalid UTF-8 back as bytes
         raise ProtocolError("node hostname %r is not UTF-8" % (hostname[:64],))
-    if not 0 <= pb_node.port <= 65535:
-        raise ProtocolError("node port %d is out of range" % pb_node.port)
+    for name in ("port", "tcp_port"):
+        if not 0 <= getattr(pb_node, name) <= 65535:
+            raise ProtocolError("node %s %d is out of range" % (name, getattr(pb_node, name)))
     return Node(
         role=role,
         id=pb_node.id if pb_node.HasField("id") else K_EMPTY,
@@ -130,4 +133,5 @@ def _unpack_node(pb_node) -> Node:
         customer_id=pb_node.customer_id,
         rank_hint=pb_node.rank_hint if pb_node.HasField("rank_hint") else None,
         heartbeat_ms=pb_node.heartbeat_ms if pb_node.HasField("heartbeat_ms") else None,
+        tcp_port=pb_node.tcp_port or None,
     )

@@ -97,6 +97,9 @@ class Node:
     rank_hint: Optional[int] = None
     #: How often this node heartbeats, in ms (our nodes announce it; a BytePS extension field).
     heartbeat_ms: Optional[int] = None
+    #: Where this node also accepts byteps_tcp connections (our nodes on the default van,
+    #: auto_van.py; a BytePS extension field that upstream schedulers do not relay).
+    tcp_port: Optional[int] = None
 
     @property
     def address(self) -> str:

@@ -23,6 +23,9 @@ _NODE_FIELDS = [
     # dead when it falls silent (upstream nodes do not send it and are never declared dead
     # unless they heartbeat).
     ("heartbeat_ms", 101, _F.TYPE_INT32, _F.LABEL_OPTIONAL, {}),
+    # BytePS extension: this node also accepts byteps_tcp connections at this port (our
+    # nodes on the default van, van/auto_van.py); upstream nodes neither send nor relay it.
+    ("tcp_port", 102, _F.TYPE_INT32, _F.LABEL_OPTIONAL, {}),
 ]
 _CONTROL_FIELDS = [
     ("cmd", 1, _F.TYPE_INT32, _F.LABEL_REQUIRED, {}),

@@ -42,6 +42,9 @@ _EARLY_DATA_LIMIT = 10000
 
 def make_van(config: Config):
     """The van named by ``DMLC_PS_VAN_TYPE``; transports are imported only when chosen."""
+    if config.van_type is VanType.AUTO:
+        from .auto_van import AutoVan
+        return AutoVan(config)
     if config.van_type is VanType.ZMQ:
         from .zmq_van import ZMQVan
         return ZMQVan(config)
@@ -150,6 +153,11 @@ class Postoffice:
         return self.config.num_servers
 
     @property
+    def transport(self) -> str:
+        """How this node reaches its peers, as a start-up line names it (after ``start``)."""
+        return self.van.describe()
+
+    @property
     def my_id(self) -> int:
         return self.my_node.id if self.my_node else K_EMPTY
 
@@ -186,7 +194,7 @@ class Postoffice:
             if not cfg.root_port:
                 raise ConfigError("DMLC_PS_ROOT_PORT must be set for the scheduler")
             self.van.bind(scheduler, max_retry=0)
-            self.my_node = scheduler
+            scheduler = self.my_node = self.van.advertise(scheduler)
             self.membership = SchedulerMembership(scheduler, cfg.num_workers, cfg.num_servers,
                                                   deadline,
                                                   heartbeat_timeout=cfg.heartbeat_timeout)
@@ -204,7 +212,7 @@ class Postoffice:
                                       % (cfg.port, exc)) from None
             else:            # our pick may have been taken meanwhile: retry with others
                 me.port = self.van.bind(me, max_retry=40)
-            self.my_node = me
+            me = self.my_node = self.van.advertise(me)
             self.membership = NodeMembership(me, scheduler, deadline, cfg.heartbeat_interval,
                                              heartbeat_timeout=cfg.heartbeat_timeout)
         self._thread = threading.Thread(target=self._receive_loop, daemon=True,

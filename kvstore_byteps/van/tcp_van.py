@@ -189,6 +189,9 @@ class TcpVan(Van):
         self._peer_log = PeerLog(log)
         self._mac_key = auth.hmac_key(config.auth_key) if config.auth else None
 
+    def describe(self) -> str:
+        return self.config.van_type.value   # p3 / byteps_rdma for the subclasses
+
     # ------------------------------------------------------------------ binding
     def bind(self, node: Node, max_retry: int) -> int:
         port, error = node.port, None

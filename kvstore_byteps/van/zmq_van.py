@@ -62,6 +62,9 @@ class ZMQVan(Van):
             from .zmq_auth import CurveAuth
             self._curve = CurveAuth(self._zmq, self.context, config.auth_key)
 
+    def describe(self) -> str:
+        return self.config.van_type.value   # p3 / byteps_rdma for the subclasses
+
     # ------------------------------------------------------------------ binding
     def _address(self, host: str, port: int) -> str:
         if self.config.local_ipc:

@@ -50,7 +50,7 @@ LONG_HEARTBEAT = ["--env", "PS_HEARTBEAT_TIMEOUT=90"]
                               "--env", "BYTEPS_RDMA_DEVICE=soft"], marks=RDMA_CLUSTERS),
     ("pushpull", ["-s", "2", "--server", "mxnet"]),
     ("fit", ["-s", "1"]),
-], ids=["zmq", "byteps_tcp", "byteps_rdma", "mxnet-servers", "module-fit"])
+], ids=["default-van", "byteps_tcp", "byteps_rdma", "mxnet-servers", "module-fit"])
 def test_a_script_ending_with_work_in_flight_completes_it_and_exits_0_in_seconds(
         spawn, mode, options):
     code, output, took = launch(spawn, [mode], options + LONG_HEARTBEAT)
@@ -59,7 +59,7 @@ def test_a_script_ending_with_work_in_flight_completes_it_and_exits_0_in_seconds
 
 
 # -- PS_RESEND under loss ----------------------------------------------------------------------
-@pytest.mark.parametrize("van", ["zmq", "byteps_tcp", van_param("byteps_rdma")])
+@pytest.mark.parametrize("van", ["auto", "zmq", "byteps_tcp", van_param("byteps_rdma")])
 def test_lost_acks_never_make_a_resend_read_freed_arrays(spawn, van):
     """30% of ACKs lost. The script pushes 40 MB arrays made fresh every step and drops them at
     once: MXNet frees them when the operation completes, and the allocator unmaps blocks that

@@ -343,8 +343,11 @@ STORE_PROBE = "import mxnet as mx; kv = mx.kv.create('dist_byteps'); print('rank
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("server, says", [
-    ("byteps", "2 BytePS servers (the BytePS data path)"),
-    ("mxnet", "2 MXNet's own servers (MXNet's key layout, no BytePS data path)"),
+    ("byteps", "2 BytePS servers (the BytePS data path); van byteps_tcp (auto: every peer is "
+               "ours)"),
+    # the default van: byteps_tcp to our scheduler and itself, ZeroMQ to MXNet's servers
+    ("mxnet", "2 MXNet's own servers (MXNet's key layout, no BytePS data path); van auto: "
+              "byteps_tcp to nodes 1,9, zmq to nodes 8,10 (upstream MXNet)"),
 ])
 def test_rank_0_says_what_it_talks_to_and_workers_honour_ps_verbose(spawn, server, says):
     argv = [sys.executable, os.path.join(REPO, "launch.py"), "-n", "2", "--server", server,
@@ -352,8 +355,7 @@ def test_rank_0_says_what_it_talks_to_and_workers_honour_ps_verbose(spawn, serve
     proc = spawn(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out, _ = proc.communicate(timeout=100)
     assert proc.returncode == 0, out
-    assert "[worker 0] [kvstore_byteps] dist_byteps: 2 workers, %s; van zmq; partitions of " \
-           % says in out
+    assert "[worker 0] [kvstore_byteps] dist_byteps: 2 workers, %s; partitions of " % says in out
     # our servers: the size rank 0 chose for its link (loopback: fast); MXNet's: BytePS's
     sized = "bytes (sized for rank 0's link to the servers: " in out
     assert sized == (server == "byteps") and ("partitions of 4096000 bytes" in out or sized)

@@ -35,7 +35,7 @@ def _train_kill_and_restart_a_server(env, same_port=False, restarted_env=None, t
 
 
 @pytest.mark.parametrize("van,same_port", [("zmq", False), ("byteps_tcp", True),
-                                           ("byteps_tcp", False),
+                                           ("auto", False),
                                            pytest.param("byteps_rdma", True,
                                                         marks=RDMA_CLUSTERS)])
 def test_a_restarted_server_is_restored_and_the_sums_stay_exact(van, same_port):

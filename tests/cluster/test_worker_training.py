@@ -31,8 +31,15 @@ SERVERS = {
 }
 
 
-@pytest.mark.parametrize("server,contexts,van", [("byteps", 1, "zmq"), ("byteps", 2, "zmq"),
-                                                ("upstream", 1, "zmq"),
+#: what rank 0's start-up line names: with MXNet's servers the default van reaches them over
+#: ZeroMQ and the scheduler and itself over byteps_tcp
+TRANSPORT = {("byteps", "auto"): "van byteps_tcp (auto: every peer is ours)",
+             ("upstream", "auto"): "van auto: byteps_tcp to nodes 1,9, zmq to nodes 8,10 "
+                                   "(upstream MXNet)"}
+
+
+@pytest.mark.parametrize("server,contexts,van", [("byteps", 1, "auto"), ("byteps", 2, "zmq"),
+                                                ("upstream", 1, "auto"),
                                                 ("byteps", 2, "byteps_tcp"),
                                                 pytest.param("byteps", 2, "byteps_rdma",
                                                              marks=RDMA_CLUSTERS)])
@@ -50,6 +57,8 @@ def test_two_workers_two_servers_match_single_process(tmp_path, server, contexts
         results = cluster.wait_all(150)
         assert_all_ok(results, cluster)
         assert "update_on_kvstore=False" in results["worker0"][1]
+        said = results["worker0"][1] + results["worker1"][1]     # rank 0 says it
+        assert TRANSPORT.get((server, van), "van %s;" % van) in said
     expected = reference_params(steps, 2)
     for rank in range(2):
         got = np.load(tmp_path / ("rank%d.npz" % rank))

@@ -22,7 +22,7 @@ KEY = b"k" * 32
 ROLES = (Role.SCHEDULER, Role.SERVER, Role.WORKER)
 
 
-VANS = [VanType.ZMQ, VanType.BYTEPS_TCP]
+VANS = [VanType.AUTO, VanType.ZMQ, VanType.BYTEPS_TCP]
 
 
 def handshake(key_a, key_b):

@@ -136,7 +136,7 @@ def test_unsorted_keys_rejected_before_sending(tiny_cluster):
         worker.push([5, 3], np.ones(2, np.float32), [4, 4])
 
 
-@pytest.mark.parametrize("van", [VanType.ZMQ, VanType.BYTEPS_TCP])
+@pytest.mark.parametrize("van", [VanType.AUTO, VanType.ZMQ, VanType.BYTEPS_TCP])
 def test_ps_drop_msg_loses_data_messages_and_resend_recovers_them(van):
     import dataclasses
     port = free_port()
@@ -180,7 +180,7 @@ def test_a_flood_from_one_peer_is_logged_once_then_counted(caplog):
     assert peer_log.count("rogue") == 2500
 
 
-@pytest.mark.parametrize("van", [VanType.ZMQ, VanType.BYTEPS_TCP])
+@pytest.mark.parametrize("van", [VanType.AUTO, VanType.ZMQ, VanType.BYTEPS_TCP])
 def test_without_loss_nothing_is_resent(van):
     """An ACK can come back before the sender's send call returns: the message must already be
     kept then, or it is resent after the timeout for nothing (it was, 0-13 times in 300 rounds)."""

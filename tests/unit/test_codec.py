@@ -96,6 +96,18 @@ def test_rank_hint_rides_on_the_node_and_is_optional():
     assert b"\xa0\x06" not in encode_meta(plain.meta)  # field 100 absent unless asked
 
 
+def test_the_tcp_port_rides_on_the_node_and_is_optional():
+    ours = Node(Role.SERVER, 8, "10.0.0.1", 4000, tcp_port=4001)
+    msg = control_message(ControlCommand.ADD_NODE, 1, nodes=[ours, Node(Role.SERVER, port=1)])
+    decoded = decode_meta(encode_meta(msg.meta)).control.nodes
+    assert decoded[0].tcp_port == 4001 and decoded[1].tcp_port is None
+    plain = control_message(ControlCommand.ADD_NODE, 1, nodes=[Node(Role.SERVER, port=1)])
+    assert b"\xb0\x06" not in encode_meta(plain.meta)  # field 102 absent unless announced
+    bad = control_message(ControlCommand.ADD_NODE, 1, nodes=[Node(Role.SERVER, tcp_port=70000)])
+    with pytest.raises(ProtocolError, match="tcp_port 70000 is out of range"):
+        decode_meta(encode_meta(bad.meta))
+
+
 def test_extension_fields_round_trip_and_are_optional():
     extra = {"error": "bad key", "round": 5, "pull_timestamp": 77}
     meta = Meta(head=0, app_id=0, timestamp=2, extra=extra)

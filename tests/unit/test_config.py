@@ -11,7 +11,9 @@ from kvstore_byteps.errors import ConfigError
 def test_defaults_match_upstream_and_byteps():
     cfg = Config.from_env({})
     assert cfg.role is Role.WORKER          # MXNet treats a missing DMLC_ROLE as worker
-    assert cfg.van_type is VanType.ZMQ and cfg.kvstore_server is ServerKind.MXNET
+    # ZeroMQ with every peer (MXNet's wire), byteps_tcp between our nodes
+    assert cfg.van_type is VanType.AUTO and cfg.kvstore_server is ServerKind.MXNET
+    assert Config.from_env({"DMLC_PS_VAN_TYPE": "zmq"}).van_type is VanType.ZMQ
     assert cfg.partition_bytes == 4096000
     assert cfg.server_summing_threads == default_server_summing_threads(usable_cores())
     assert cfg.bigarray_bound == 1000000

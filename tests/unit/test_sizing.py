@@ -2,7 +2,7 @@
 layout rank 0 leaves with the servers. Pure: a fake link and clock."""
 import pytest
 
-from kvstore_byteps.config import Config
+from kvstore_byteps.config import Config, VanType
 from kvstore_byteps.engine import sizing
 from kvstore_byteps.errors import KVStoreBytePSError
 
@@ -97,7 +97,7 @@ class FakeCluster:
 
 def _engine(rank, cluster):
     from kvstore_byteps.engine.worker import WorkerEngine
-    engine = WorkerEngine(Config(num_servers=cluster.servers))
+    engine = WorkerEngine(Config(num_servers=cluster.servers, van_type=VanType.ZMQ))  # no socket
     engine.rank, engine._command, engine._link_test = rank, cluster.command, cluster.link_test
     engine.po = type("Postoffice", (), {"num_servers": cluster.servers,
                                         "barrier": cluster.barrier})()

@@ -1,0 +1,148 @@
+"""The default van (``DMLC_PS_VAN_TYPE`` unset, or ``auto``): ZeroMQ for everyone, byteps_tcp
+between our nodes.
+
+Every node registers over ZeroMQ exactly as MXNet's ps-lite does, so a cluster with upstream
+MXNet processes forms with no setting. Our nodes also listen for byteps_tcp and announce that
+port in their registration (``Node.tcp_port``, a BytePS extension field). Our scheduler passes
+it on in the node list; MXNet's C++ scheduler rebuilds its node list from what it knows and
+drops it. So a peer whose announcement reached this node is one of ours behind one of our
+schedulers: everything this node sends to it goes over byteps_tcp (faster, receive-in-place);
+everything else goes over ZeroMQ. Each direction of each pair uses one transport from the
+moment the node list arrives, so per-peer order holds (nothing but the registration precedes
+it).
+
+Receiving: byteps_tcp's loop runs on the van's thread (the data path), ZeroMQ's on a second
+thread; both deliver under one lock, so the postoffice sees one message at a time, as from a
+single loop. ``on_tick`` runs on the van's thread only.
+"""
+import dataclasses
+import logging
+import threading
+from typing import Callable, Optional, Set
+
+from ..config import Config
+from .base import Van
+from .message import Message, Node
+from .tcp_van import TcpVan
+from .zmq_van import ZMQVan
+
+log = logging.getLogger(__name__)
+
+_JOIN_SECONDS = 5.0
+
+
+class _Stopped(Exception):
+    """Ends one receive loop because the other one delivered the last message."""
+
+
+class AutoVan(Van):
+    """ZeroMQ with every peer, byteps_tcp with the peers that announced a byteps_tcp port."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.zmq = ZMQVan(config)
+        self.tcp = TcpVan(config)
+        self._tcp_peers: Set[int] = set()
+        self._zmq_peers: Set[int] = set()
+
+    def bind(self, node: Node, max_retry: int) -> int:
+        port = self.zmq.bind(node, max_retry)
+        self.tcp_port = self.tcp.bind(dataclasses.replace(node, port=0), max_retry)
+        return port
+
+    def advertise(self, node: Node) -> Node:
+        return dataclasses.replace(node, tcp_port=self.tcp_port)
+
+    def connect(self, node: Node, my_id: Optional[int]) -> None:
+        """ZeroMQ always (the peer may be upstream, and a node registers over it); byteps_tcp
+        too, and from then on only that, when the peer announced a port."""
+        self.zmq.connect(node, my_id)
+        if node.tcp_port:
+            self.tcp.connect(dataclasses.replace(node, port=node.tcp_port), my_id)
+            self._tcp_peers.add(node.id)
+            self._zmq_peers.discard(node.id)
+        else:
+            self._tcp_peers.discard(node.id)
+            self._zmq_peers.add(node.id)
+
+    def send(self, message: Message) -> int:
+        if message.meta.recver in self._tcp_peers:
+            return self.tcp.send(message)
+        return self.zmq.send(message)
+
+    def run(self, on_message: Callable[[Message], bool], on_tick: Callable[[], None],
+            tick_seconds: float) -> None:
+        lock, stop, failures = threading.Lock(), threading.Event(), []
+
+        def deliver(message: Message) -> bool:
+            with lock:
+                if stop.is_set():
+                    raise _Stopped()
+                if on_message(message):
+                    return True
+                stop.set()
+                return False
+
+        def zmq_tick() -> None:
+            if stop.is_set():
+                raise _Stopped()
+
+        def tcp_tick() -> None:
+            zmq_tick()
+            with lock:
+                on_tick()
+
+        def zmq_loop() -> None:
+            try:
+                self.zmq.run(deliver, zmq_tick, tick_seconds)
+            except _Stopped:
+                pass
+            except BaseException as exc:   # reaches the postoffice through the van's thread
+                failures.append(exc)
+            stop.set()
+
+        other = threading.Thread(target=zmq_loop, daemon=True, name="van-receive-zmq")
+        other.start()
+        try:
+            self.tcp.run(deliver, tcp_tick, tick_seconds)
+        except _Stopped:
+            pass
+        finally:
+            stop.set()
+            other.join(_JOIN_SECONDS + tick_seconds)
+        if failures:
+            raise failures[0]
+
+    def describe(self) -> str:
+        tcp, zmq = sorted(self._tcp_peers), sorted(self._zmq_peers)
+        if not zmq:
+            return "byteps_tcp (auto: every peer is ours)"
+        if not tcp:
+            return "zmq (auto: an upstream MXNet scheduler, or DMLC_PS_VAN_TYPE=zmq on ours)"
+        return "auto: byteps_tcp to nodes %s, zmq to nodes %s (upstream MXNet)" % (
+            ",".join(map(str, tcp)), ",".join(map(str, zmq)))
+
+    def on_ready(self) -> None:
+        self.zmq.on_ready()
+        self.tcp.on_ready()
+        log.info("van %s", self.describe())
+
+    def on_nodes(self, nodes) -> None:
+        self.tcp.on_nodes(nodes)
+
+    def register_recv_buffer(self, key: int, nbytes: int) -> None:
+        self.tcp.register_recv_buffer(key, nbytes)
+
+    def expect_frame(self, key: int, target):
+        # Only while every peer is on byteps_tcp: a frame that comes over ZeroMQ lands in its
+        # own buffer, and the van cannot tell which peer a key's answer comes from.
+        if self._zmq_peers:
+            return None
+        return self.tcp.expect_frame(key, target)
+
+    def revoke_frame(self, handle) -> None:
+        self.tcp.revoke_frame(handle)
+
+    def close(self) -> None:
+        self.tcp.close()
+        self.zmq.close()
