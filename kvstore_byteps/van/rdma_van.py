@@ -149,9 +149,16 @@ class RdmaVan(TcpVan):
                     _RETIRE_S or out.connection.channel.idle]
             self._retiring = [out for out in self._retiring if out not in done]
             for out in done:
-                self._connections.pop(out.connection.channel.qp.qp_num, None)
+                self._forget_connection(out.connection)
         for out in done:
             out.finish()
+
+    def _forget_connection(self, connection: _Connection) -> None:
+        """(Under ``_connections_lock``.) Stop routing completions to ``connection``; a queue
+        pair number may already name a newer connection (hardware reuses them)."""
+        qp_num = connection.channel.qp.qp_num
+        if self._connections.get(qp_num) is connection:
+            del self._connections[qp_num]
 
     # ------------------------------------------------------------------ sending
     def send(self, message: Message) -> int:
@@ -272,7 +279,7 @@ class RdmaVan(TcpVan):
         selector.unregister(inbound.sock)
         inbound.sock.close()
         with self._connections_lock:
-            self._connections.pop(inbound.connection.channel.qp.qp_num, None)
+            self._forget_connection(inbound.connection)
         successor = self._claims.closed(inbound)
         if successor is not None:
             self._read_held(successor)

@@ -15,6 +15,7 @@ from kvstore_byteps.launcher.plan import LaunchError
 from tests.support.procs import pid_alive, wait_until
 from tests.support.netns_support import our_namespaces, requires_netns
 from tests.support.paths import REPO
+from tests.support.demo import run_demo
 
 LAUNCH = os.path.join(REPO, "launch.py")
 DEMO = os.path.join(REPO, "examples", "train_digits.py")
@@ -71,21 +72,11 @@ def test_links_are_shaped_to_the_rate_in_both_directions():
     assert our_namespaces(os.getpid()) == []
 
 
-def _run_demo(spawn, params, *options):
-    argv = [sys.executable, LAUNCH, "-n", "2", "-s", "2", "--timeout", "150", *options,
-            "--env", "BYTEPS_START_TIMEOUT=60", "--env", "BYTEPS_REQUEST_TIMEOUT=90",
-            sys.executable, DEMO, "--epochs", "2", "--save-params", str(params)]
-    proc = spawn(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out, _ = proc.communicate(timeout=170)
-    assert proc.returncode == 0, out
-    return out
-
-
 @requires_netns
 @pytest.mark.timeout(200)
 def test_demo_on_a_four_host_gigabit_cluster_equals_loopback(spawn, tmp_path):
-    local = _run_demo(spawn, tmp_path / "local.params")
-    emulated = _run_demo(spawn, tmp_path / "netns.params", "--launcher", "netns", "--hosts", "4",
+    local = run_demo(spawn, tmp_path / "local.params")
+    emulated = run_demo(spawn, tmp_path / "netns.params", "--launcher", "netns", "--hosts", "4",
                          "--link-rate", "1gbit")
     assert "[launch] emulated network: 4 hosts on 1 Gbit/s (125.0 MB/s) links" in emulated
     assert "198.18.0.1: scheduler, server 0; 198.18.0.2: server 1; 198.18.0.3: worker 0; " \

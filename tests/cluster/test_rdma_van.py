@@ -2,34 +2,20 @@
 is refused with a clear error; without a device a node stops at start with one line."""
 import os
 import subprocess
-import sys
 
 import pytest
 
 from tests.support.cluster import SCHEDULER_OURS, Cluster, app
-from tests.support.paths import REPO
+from tests.support.demo import run_demo
 from tests.support.vans import RDMA_CLUSTERS
-
-LAUNCH = os.path.join(REPO, "launch.py")
-DEMO = os.path.join(REPO, "examples", "train_digits.py")
-
-
-def _demo(spawn, params, *env):
-    argv = [sys.executable, LAUNCH, "-n", "2", "-s", "2", "--timeout", "120",
-            *[part for item in env for part in ("--env", item)],
-            sys.executable, DEMO, "--epochs", "3", "--save-params", str(params)]
-    proc = spawn(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out, _ = proc.communicate(timeout=150)
-    assert proc.returncode == 0, out
-    return out
 
 
 @RDMA_CLUSTERS
 @pytest.mark.timeout(200)
 def test_the_demo_over_rdma_gives_the_parameters_of_zmq(spawn, tmp_path):
-    _demo(spawn, tmp_path / "zmq.params")
-    out = _demo(spawn, tmp_path / "rdma.params", "DMLC_PS_VAN_TYPE=byteps_rdma",
-                "BYTEPS_RDMA_DEVICE=soft")
+    run_demo(spawn, tmp_path / "zmq.params", "--env", "DMLC_PS_VAN_TYPE=zmq", epochs=3)
+    out = run_demo(spawn, tmp_path / "rdma.params", "--env", "DMLC_PS_VAN_TYPE=byteps_rdma",
+                   "--env", "BYTEPS_RDMA_DEVICE=soft", epochs=3)
     assert "van byteps_rdma;" in out and "parameters identical on all 2 workers" in out, out
     assert (tmp_path / "rdma.params").read_bytes() == (tmp_path / "zmq.params").read_bytes()
 
