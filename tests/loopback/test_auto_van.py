@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kvstore_byteps.config import Config, Role, VanType
-from tests.support.kv_nodes import start_trio
+from tests.support.kv_nodes import start_trio, summing_handler
 from tests.support.procs import free_port
 
 ROLES = (Role.SCHEDULER, Role.SERVER, Role.WORKER)
@@ -21,16 +21,9 @@ def config(role, port, van):
 
 def summing_trio(vans):
     """Scheduler, server, worker on ``vans``; the server sums pushes and answers pulls."""
-    port, store = free_port(), {}
-
-    def on_request(req, server):
-        key = int(req.keys[0])
-        if req.meta.push:
-            store[key] = store.get(key, 0) + np.frombuffer(req.vals, np.float32)
-            server.respond(req)
-        else:
-            server.respond(req, req.keys, store[key], [store[key].nbytes])
-    return start_trio([config(role, port, van) for role, van in zip(ROLES, vans)], on_request)
+    port = free_port()
+    return start_trio([config(role, port, van) for role, van in zip(ROLES, vans)],
+                      summing_handler())
 
 
 def push_pull_rounds(worker, rounds=20, size=1 << 18):

@@ -11,7 +11,7 @@ from kvstore_byteps.van.codec import encode_meta
 from kvstore_byteps.van.message import Meta
 from kvstore_byteps.van.postoffice import Postoffice
 from tests.support.procs import free_port, wait_until
-from tests.support.kv_nodes import held_port, start_trio
+from tests.support.kv_nodes import held_port, start_trio, summing_handler
 
 ROLES = (Role.SCHEDULER, Role.SERVER, Role.WORKER)
 
@@ -140,18 +140,9 @@ def test_unsorted_keys_rejected_before_sending(tiny_cluster):
 def test_ps_drop_msg_loses_data_messages_and_resend_recovers_them(van):
     import dataclasses
     port = free_port()
-    store = {}
-
-    def on_request(req, server):
-        key = int(req.keys[0])
-        if req.meta.push:
-            store[key] = store.get(key, 0) + np.frombuffer(req.vals, np.float32)
-            server.respond(req)
-        else:
-            server.respond(req, req.keys, store[key], [store[key].nbytes])
     nodes, worker = start_trio([dataclasses.replace(config(role, port), van_type=van, resend=True,
                                                     resend_timeout_ms=100, drop_msg_percent=20)
-                                for role in ROLES], on_request)
+                                for role in ROLES], summing_handler())
     try:
         for step in range(1, 41):
             worker.wait(worker.push([3], np.ones(4, np.float32), [16]))

@@ -3,6 +3,8 @@ import contextlib
 import socket
 import threading
 
+import numpy as np
+
 from kvstore_byteps.van.kv import KVServer, KVWorker
 from kvstore_byteps.van.postoffice import Postoffice
 
@@ -24,6 +26,21 @@ def start_all(nodes, join=15):
     for thread in threads:
         thread.join(join)
     return [results.get(id(po), "still starting") for po in nodes]
+
+
+def summing_handler():
+    """A server's request handler that sums the float32 pushes of each key and answers a pull
+    with the key's sum (one key per request)."""
+    store = {}
+
+    def on_request(req, server):
+        key = int(req.keys[0])
+        if req.meta.push:
+            store[key] = store.get(key, 0) + np.frombuffer(req.vals, np.float32)
+            server.respond(req)
+        else:
+            server.respond(req, req.keys, store[key], [store[key].nbytes])
+    return on_request
 
 
 def start_trio(configs, on_request):
