@@ -189,7 +189,11 @@ class Config:
     def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Config":
         """Build a config from ``environ`` (default ``os.environ``); raise ConfigError on bad values."""
         env = _EnvReader(os.environ if environ is None else environ)
-        van_default = VanType.BYTEPS_RDMA if env.flag(Env.ENABLE_RDMA, False) else VanType.AUTO
+        auth_key = _auth_key(env)
+        # with a key the default stays on ZeroMQ, whose CURVE encrypts every message; byteps_tcp
+        # only authenticates its connections (docs/failures-and-security.md)
+        van_default = (VanType.BYTEPS_RDMA if env.flag(Env.ENABLE_RDMA, False)
+                       else VanType.ZMQ if auth_key is not None else VanType.AUTO)
         partition_bytes = env.get(Env.PARTITION_BYTES, _positive_int, None)   # None: not set
         config = cls(
             role=env.get(Env.ROLE, Role.parse, Role.WORKER),
@@ -238,7 +242,7 @@ class Config:
             gc_freeze=env.flag(Env.GC_FREEZE, True),
             keep_freed_memory=env.flag(Env.KEEP_FREED_MEMORY, True),
             server_recovery=env.flag(Env.SERVER_RECOVERY, False),
-            auth_key=_auth_key(env),
+            auth_key=auth_key,
         )
         if config.enable_async and config.backup_workers:
             raise ConfigError("%s and %s exclude each other: backup workers are a way to train "

@@ -19,6 +19,12 @@ def test_defaults_match_upstream_and_byteps():
     assert cfg.bigarray_bound == 1000000
 
 
+def test_with_an_auth_key_the_default_van_stays_on_encrypted_zeromq():
+    key = {"BYTEPS_AUTH_KEY": "k" * 32}
+    assert Config.from_env(key).van_type is VanType.ZMQ
+    assert Config.from_env(dict(key, DMLC_PS_VAN_TYPE="auto")).van_type is VanType.AUTO
+
+
 def test_partitions_are_sized_by_the_link_unless_their_size_is_set():
     assert Config.from_env({}).size_partitions_by_link
     for text in ("4096000", "768000"):
