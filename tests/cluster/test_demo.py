@@ -18,8 +18,10 @@ ACCURACY = re.compile(r"^\[worker 0\] \[digits\] final test accuracy ([0-9.]+) a
 # After 2 epochs the demo reaches ~0.95 (deterministic seeds); 0.9 leaves room, while a broken
 # gradient sum (zeros, or garbage) stays far below it. One worker's gradients only would still
 # learn, but then the workers' parameters differ and the demo's own identity check fails.
-# Asynchronous training is noisier (stale updates, timing-dependent): 0.91-0.94 after 4 epochs.
-MIN_ACCURACY = 0.9
+# Asynchronous training is noisier (stale updates, timing-dependent): 0.89-0.95 after 4 epochs
+# (0.8914 once in CI, the train loss falling as usual), so it must reach 0.85, still far above
+# what broken sums give.
+MIN_ACCURACY = {"sync": 0.9, "async": 0.85}
 EPOCHS = {"sync": 2, "async": 4}
 
 
@@ -40,6 +42,6 @@ def test_demo_trains_digits_over_two_workers_and_two_servers(spawn, server, cont
     assert "unknown timestamp" not in out, out       # no request answered twice
     found = ACCURACY.findall(out)
     assert len(found) == 1, "expected one final accuracy line from rank 0\n" + out
-    assert float(found[0]) > MIN_ACCURACY, out
+    assert float(found[0]) > MIN_ACCURACY[mode], out
     assert "[digits] parameters identical on all 2 workers" in out, out
     assert len(re.findall(r"\[digits\] epoch \d/%d " % EPOCHS[mode], out)) == EPOCHS[mode], out
