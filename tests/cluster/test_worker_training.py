@@ -38,9 +38,8 @@ TRANSPORT = {("byteps", "auto"): "van byteps_tcp (auto: every peer is ours)",
                                    "(upstream MXNet)"}
 
 
-@pytest.mark.parametrize("server,contexts,van", [("byteps", 1, "auto"), ("byteps", 2, "zmq"),
+@pytest.mark.parametrize("server,contexts,van", [("byteps", 2, "auto"), ("byteps", 2, "zmq"),
                                                 ("upstream", 1, "auto"),
-                                                ("byteps", 2, "byteps_tcp"),
                                                 pytest.param("byteps", 2, "byteps_rdma",
                                                              marks=RDMA_CLUSTERS)])
 def test_two_workers_two_servers_match_single_process(tmp_path, server, contexts, van):
