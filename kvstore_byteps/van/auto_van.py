@@ -42,6 +42,7 @@ class AutoVan(Van):
         self.config = config
         self.zmq = ZMQVan(config)
         self.tcp = TcpVan(config)
+        self.tcp_port = 0                 # byteps_tcp's listening port, once bound
         self._tcp_peers: Set[int] = set()
         self._zmq_peers: Set[int] = set()
 
