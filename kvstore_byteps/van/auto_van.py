@@ -18,7 +18,7 @@ single loop. ``on_tick`` runs on the van's thread only.
 import dataclasses
 import logging
 import threading
-from typing import Callable, Optional, Set
+from typing import Callable, Dict, Optional
 
 from ..config import Config
 from .base import Van
@@ -43,8 +43,7 @@ class AutoVan(Van):
         self.zmq = ZMQVan(config)
         self.tcp = TcpVan(config)
         self.tcp_port = 0                 # byteps_tcp's listening port, once bound
-        self._tcp_peers: Set[int] = set()
-        self._zmq_peers: Set[int] = set()
+        self._via: Dict[int, Van] = {}    # node id -> the van that sends to it
 
     def bind(self, node: Node, max_retry: int) -> int:
         port = self.zmq.bind(node, max_retry)
@@ -60,16 +59,10 @@ class AutoVan(Van):
         self.zmq.connect(node, my_id)
         if node.tcp_port:
             self.tcp.connect(dataclasses.replace(node, port=node.tcp_port), my_id)
-            self._tcp_peers.add(node.id)
-            self._zmq_peers.discard(node.id)
-        else:
-            self._tcp_peers.discard(node.id)
-            self._zmq_peers.add(node.id)
+        self._via[node.id] = self.tcp if node.tcp_port else self.zmq
 
     def send(self, message: Message) -> int:
-        if message.meta.recver in self._tcp_peers:
-            return self.tcp.send(message)
-        return self.zmq.send(message)
+        return self._via.get(message.meta.recver, self.zmq).send(message)
 
     def run(self, on_message: Callable[[Message], bool], on_tick: Callable[[], None],
             tick_seconds: float) -> None:
@@ -84,18 +77,18 @@ class AutoVan(Van):
                 stop.set()
                 return False
 
-        def zmq_tick() -> None:
+        def end_if_stopped() -> None:      # ZeroMQ's tick: nothing else to do there
             if stop.is_set():
                 raise _Stopped()
 
         def tcp_tick() -> None:
-            zmq_tick()
+            end_if_stopped()
             with lock:
                 on_tick()
 
         def zmq_loop() -> None:
             try:
-                self.zmq.run(deliver, zmq_tick, tick_seconds)
+                self.zmq.run(deliver, end_if_stopped, tick_seconds)
             except _Stopped:
                 pass
             except BaseException as exc:   # reaches the postoffice through the van's thread
@@ -114,8 +107,11 @@ class AutoVan(Van):
         if failures:
             raise failures[0]
 
+    def _peers(self, van: Van):
+        return sorted(node_id for node_id, via in self._via.items() if via is van)
+
     def describe(self) -> str:
-        tcp, zmq = sorted(self._tcp_peers), sorted(self._zmq_peers)
+        tcp, zmq = self._peers(self.tcp), self._peers(self.zmq)
         if not zmq:
             return "byteps_tcp (auto: every peer is ours)"
         if not tcp:
@@ -137,7 +133,7 @@ class AutoVan(Van):
     def expect_frame(self, key: int, target):
         # Only while every peer is on byteps_tcp: a frame that comes over ZeroMQ lands in its
         # own buffer, and the van cannot tell which peer a key's answer comes from.
-        if self._zmq_peers:
+        if self.zmq in self._via.values():
             return None
         return self.tcp.expect_frame(key, target)
 
