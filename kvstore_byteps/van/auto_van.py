@@ -104,6 +104,9 @@ class AutoVan(Van):
         finally:
             stop.set()
             other.join(_JOIN_SECONDS + tick_seconds)
+            if other.is_alive():    # a handler still busy: close() goes on without it
+                log.warning("the ZeroMQ receive thread did not stop within %.0f s",
+                            _JOIN_SECONDS + tick_seconds)
         if failures:
             raise failures[0]
 
