@@ -234,10 +234,12 @@ def add_byteps_job_arguments(p: argparse.ArgumentParser, example: str) -> None:
     (also used by ``bench_training.py``)."""
     p.add_argument("--byteps-env", action="append", default=[], metavar="NAME=VALUE",
                    help="environment of the dist_byteps jobs only (repeatable), e.g. " + example)
-    p.add_argument("--van", choices=["auto", "zmq", "byteps_tcp"], default="auto",
+    p.add_argument("--van", choices=["auto", "zmq", "byteps_tcp", "byteps_rdma"], default="auto",
                    help="DMLC_PS_VAN_TYPE of the dist_byteps jobs (default: not set, i.e. auto: "
-                        "byteps_tcp between our nodes, zmq with MXNet's; byteps_tcp needs our "
-                        "servers: upstream MXNet only speaks zmq)")
+                        "byteps_tcp between our nodes, zmq with MXNet's; byteps_tcp and "
+                        "byteps_rdma need our servers: upstream MXNet only speaks zmq; "
+                        "byteps_rdma uses the first RDMA device unless --byteps-env "
+                        "BYTEPS_RDMA_DEVICE=<name> (soft: the in-host test provider)")
 
 
 def check_byteps_env(p: argparse.ArgumentParser, items: Sequence[str]) -> None:
@@ -315,8 +317,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
         args.plot_path, args.json_path = output_paths(args.out)
     except ValueError as exc:
         p.error(str(exc))
-    if args.van == "byteps_tcp" and args.byteps_server == "mxnet":
-        p.error("--van byteps_tcp needs our servers (upstream MXNet servers only speak zmq)")
+    if args.van in ("byteps_tcp", "byteps_rdma") and args.byteps_server == "mxnet":
+        p.error("--van %s needs our servers (upstream MXNet servers only speak zmq)" % args.van)
     if args.topologies is None:
         args.topologies = parse_topologies("4x4,4x2" if args.network == "netns"
                                            else "1x1,1x2,2x1,2x2")

@@ -69,6 +69,8 @@ class Env:
     VAN_TYPE = "DMLC_PS_VAN_TYPE"
     ENABLE_RDMA = "DMLC_ENABLE_RDMA"
     RDMA_DEVICE = "BYTEPS_RDMA_DEVICE"
+    RDMA_PORT = "BYTEPS_RDMA_PORT"
+    RDMA_GID_INDEX = "BYTEPS_RDMA_GID_INDEX"
     LOCAL = "DMLC_LOCAL"
     WATER_MARK = "DMLC_PS_WATER_MARK"
     VERBOSE = "PS_VERBOSE"
@@ -131,6 +133,11 @@ class Config:
     #: byteps_rdma's device: a device name (pyverbs), or "soft" (the in-host test provider);
     #: None: the first device
     rdma_device: Optional[str] = None
+    #: the device's port (ibverbs counts from 1)
+    rdma_port: int = 1
+    #: the port's GID index; None: chosen (RoCE v2 with an IPv4 address, see
+    #: van/verbs/pyverbs_provider.py)
+    rdma_gid_index: Optional[int] = None
     water_mark: Optional[int] = None
     verbose: int = 0
     heartbeat_interval: float = 3.0
@@ -208,6 +215,8 @@ class Config:
             van_type=env.get(Env.VAN_TYPE, _van_type, van_default),
             local_ipc=env.flag(Env.LOCAL, False),
             rdma_device=env.get(Env.RDMA_DEVICE, _nonempty, None),
+            rdma_port=env.get(Env.RDMA_PORT, _positive_int, 1),
+            rdma_gid_index=env.get(Env.RDMA_GID_INDEX, _nonnegative_int, None),
             water_mark=env.get(Env.WATER_MARK, _positive_int, None),
             verbose=env.get(Env.VERBOSE, _nonnegative_int, 0),
             # On by default for our nodes (ps-lite's default is off): a dead node must be

@@ -209,8 +209,7 @@ class Channel:
         """Handle one completion of this channel's QP; delivered messages go to
         :attr:`delivered` in order. A failed one fails the channel (PeerError)."""
         if wc.status is not WCStatus.SUCCESS:
-            self._fail("%s on %s (work request %#x)" % (wc.status.value, wc.opcode.value,
-                                                        wc.wr_id))
+            self._fail("%s on work request %#x" % (wc.status.value, wc.wr_id))
             return
         tag, index = wc.wr_id >> 32, wc.wr_id & 0xFFFFFFFF
         if wc.opcode is WCOpcode.RECV:

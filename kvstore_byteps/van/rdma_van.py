@@ -12,9 +12,9 @@ buffers of the byteps_tcp pool, credits, in-order delivery).
 One receive thread polls the completion queue shared by all channels, delivers the messages
 of accepted connections, watches the TCP sockets and pumps what waits for credits.
 
-Devices: ``BYTEPS_RDMA_DEVICE=soft`` (verbs/soft.py, in-host, for tests); a real device
-through pyverbs is not built yet, and asking for one fails at start with one line that says
-so.
+Devices: ``BYTEPS_RDMA_DEVICE=soft`` (verbs/soft.py, in-host, for tests), or a real one
+through pyverbs (verbs/pyverbs_provider.py; the first device unless named). Without pyverbs
+or without a device the van fails at start with one line naming what is missing.
 """
 import logging
 import selectors
@@ -25,7 +25,7 @@ import time
 from typing import Callable, Dict, List
 
 from ..config import Config
-from ..errors import ConfigError, ProtocolError
+from ..errors import ProtocolError
 from .codec import decode_meta, encode_meta
 from .message import Message
 from .rdma_channel import Channel
@@ -44,16 +44,16 @@ _RETIRE_S = 10.0
 _CQ_DEPTH = 1 << 16
 
 
-def open_device(name):
-    """``(fabric, device)`` for BYTEPS_RDMA_DEVICE; ConfigError in one line otherwise."""
-    if name == "soft":
+def open_device(config: Config):
+    """``(fabric, device)`` for BYTEPS_RDMA_DEVICE: ``soft``, or a real device through pyverbs
+    (unset: the first one); ConfigError in one line if there is none."""
+    if config.rdma_device == "soft":
         from .verbs.soft_fabric import UnixFabric
         fabric = UnixFabric()
         return fabric, fabric.device()
-    raise ConfigError("DMLC_PS_VAN_TYPE=byteps_rdma: only BYTEPS_RDMA_DEVICE=soft (the in-host "
-                      "test provider) is available in this version; the pyverbs provider for "
-                      "RDMA devices%s is not built yet"
-                      % ("" if name is None else " (asked for: %s)" % name))
+    from .verbs.pyverbs_provider import PyverbsDevice
+    device = PyverbsDevice(config.rdma_device, config.rdma_port, config.rdma_gid_index)
+    return device, device
 
 
 class _Connection:
@@ -100,7 +100,7 @@ class RdmaVan(TcpVan):
 
     def __init__(self, config: Config):
         super().__init__(config)
-        self._fabric, self._device = open_device(config.rdma_device)
+        self._fabric, self._device = open_device(config)
         self._pd = self._device.alloc_pd()
         self._cq = self._device.create_cq(_CQ_DEPTH)
         self._connections: Dict[int, _Connection] = {}      # by queue pair number

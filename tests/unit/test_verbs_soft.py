@@ -190,14 +190,3 @@ def test_unpolled_completions_beyond_the_depth_are_an_overrun():
         a.qp.post_send(SendWR(i, Opcode.RDMA_WRITE, [a.sge(0, 8)], **write))
     with pytest.raises(VerbsError, match="CQ overrun"):
         a.cq.poll()
-
-
-def test_asking_for_a_device_other_than_soft_is_one_clear_line():
-    from kvstore_byteps.errors import ConfigError
-    from kvstore_byteps.van.rdma_van import open_device
-    for name in (None, "mlx5_0"):
-        with pytest.raises(ConfigError) as caught:
-            open_device(name)
-        text = str(caught.value)
-        assert "\n" not in text and "BYTEPS_RDMA_DEVICE=soft" in text and "pyverbs" in text
-    assert "(asked for: mlx5_0)" in text

@@ -75,6 +75,7 @@ class WCStatus(enum.Enum):
     RNR_RETRY_EXC_ERR = "RNR_RETRY_EXC_ERR"
     RETRY_EXC_ERR = "RETRY_EXC_ERR"
     WR_FLUSH_ERR = "WR_FLUSH_ERR"
+    OTHER_ERR = "OTHER_ERR"            # any other IBV_WC_* error a device reports
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +110,7 @@ class Completion:
 
     wr_id: int
     status: WCStatus
-    opcode: WCOpcode
+    opcode: Optional[WCOpcode]         # None on a failed completion (undefined in ibverbs)
     qp_num: int
     byte_len: int = 0
     imm_data: Optional[int] = None
