@@ -32,6 +32,7 @@ from .rdma_channel import Channel
 from .rdma_wire import ChannelInfo
 from .tcp_outbound import Outbound
 from .tcp_van import TcpVan, _Inbound, _recv_exactly
+from .verbs.api import WCOpcode, WCStatus
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,8 @@ _CREDIT_WAIT_S = 0.001
 #: a retired connection is closed at the latest this long after its last send
 _RETIRE_S = 10.0
 _CQ_DEPTH = 1 << 16
+#: completions that mean a message (part) arrived
+_ARRIVALS = (WCOpcode.RECV, WCOpcode.RECV_RDMA_WITH_IMM)
 
 
 def open_device(config: Config):
@@ -112,7 +115,9 @@ class RdmaVan(TcpVan):
         """Exchange channel infos over the handshake's socket; the connected channel. The
         accepting side connects its queue pair before it sends its info, and the connecting
         side sends nothing before it got that info: no packet finds a queue pair not yet
-        ready to receive (which fails it at once: no retries)."""
+        ready to receive (which fails it at once: no retries). The connection is known to
+        the receive loop before the peer can send: the peer's first message may complete
+        before this thread runs again, and a completion of an unknown queue pair is lost."""
         channel = Channel(self._device, self._pd, self._cq, landing=self.pool.take)
         info = channel.info().encode()
         if not accepting:
@@ -121,11 +126,16 @@ class RdmaVan(TcpVan):
         if length > _MAX_INFO_BYTES:
             raise ProtocolError("%s sent an RDMA channel info of %d bytes" % (what, length))
         channel.connect(ChannelInfo.decode(_recv_exactly(sock, length, what)))
-        if accepting:
-            sock.sendall(_INFO_LENGTH.pack(len(info)) + info)
         connection = _Connection(channel)
         with self._connections_lock:
             self._connections[channel.qp.qp_num] = connection
+        if accepting:
+            try:
+                sock.sendall(_INFO_LENGTH.pack(len(info)) + info)
+            except BaseException:
+                with self._connections_lock:
+                    self._forget_connection(connection)
+                raise
         return connection
 
     def _inbound(self, sock, peer_id, address, what):
@@ -230,9 +240,17 @@ class RdmaVan(TcpVan):
             connections = dict(self._connections)
         for completion in completions:
             connection = connections.get(completion.qp_num)
-            if connection is not None:
-                with connection.lock:
-                    connection.channel.on_completion(completion)
+            if connection is None:
+                # flushed work of a connection already closed is expected; a message is not
+                if completion.status is WCStatus.SUCCESS and completion.opcode in _ARRIVALS:
+                    log.error("a message arrived on queue pair %d, which no connection owns: "
+                              "it is lost", completion.qp_num)
+                continue
+            with connection.lock:
+                failed = connection.channel.failure
+                connection.channel.on_completion(completion)
+            if failed is None and connection.channel.failure is not None:
+                log.warning("%s", connection.channel.failure)
         for connection in connections.values():
             with connection.lock:
                 if connection.channel.failure is None:
