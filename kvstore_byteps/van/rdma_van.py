@@ -188,7 +188,8 @@ class RdmaVan(TcpVan):
             tick_seconds: float) -> None:
         selector = self._selector = selectors.DefaultSelector()
         selector.register(self._wake_r, selectors.EVENT_READ, None)
-        selector.register(self._cq, selectors.EVENT_READ, self._cq)
+        if self._cq.fileno() is not None:
+            selector.register(self._cq, selectors.EVENT_READ, self._cq)
         ticked = time.monotonic()
         try:
             while True:
@@ -226,7 +227,10 @@ class RdmaVan(TcpVan):
 
     def _wait(self, tick_seconds: float) -> float:
         """How long the loop may sleep: until an event, or briefly while a channel waits for
-        credits (they arrive as the peer's writes, which raise no completion here)."""
+        credits (they arrive as the peer's writes, which raise no completion here), or
+        always briefly where the completion queue has no descriptor to wait on (old pyverbs)."""
+        if self._cq.fileno() is None:
+            return min(tick_seconds, _CREDIT_WAIT_S)
         with self._connections_lock:
             connections = list(self._connections.values())
         if self._retiring or any(connection.channel.waiting for connection in connections):

@@ -42,7 +42,7 @@ def make(devices=("mlx5_0",), port_state="IBV_PORT_ACTIVE", link_layer="IBV_LINK
          gids=(("fe80:0000:0000:0000:0a00:27ff:fe00:0001", "IBV_GID_TYPE_SYSFS_IB_ROCE_V1"),
                ("fe80:0000:0000:0000:0a00:27ff:fe00:0001", "IBV_GID_TYPE_SYSFS_ROCE_V2"),
                ("0000:0000:0000:0000:0000:ffff:c612:0001", "IBV_GID_TYPE_SYSFS_ROCE_V2")),
-         lid=0, mtu="IBV_MTU_1024", max_cqe=32767):
+         lid=0, mtu="IBV_MTU_1024", max_cqe=32767, channel_fd=True):
     """A fake pyverbs namespace; ``pv.calls`` records what the provider called."""
     e = _enums()
     calls = []
@@ -120,11 +120,13 @@ def make(devices=("mlx5_0",), port_state="IBV_PORT_ACTIVE", link_layer="IBV_LINK
             super().__init__(*args, **kwargs)
             self.pending = 0
             self._ends = os.pipe()          # a descriptor for the selector, never written
-            self.fd = self._ends[0]
+            if channel_fd:                  # pyverbs of rdma-core < 46 does not give it
+                self.fd = self._ends[0]
 
         def _close(self):
             for end in self._ends:
                 os.close(end)
+            self._ends = ()
 
         def _get_cq_event(self, cq):
             if not self.pending:
@@ -183,7 +185,11 @@ def make(devices=("mlx5_0",), port_state="IBV_PORT_ACTIVE", link_layer="IBV_LINK
         pass
 
     class AHAttr(Recorded):
-        pass
+        def __init__(self, *args, **kwargs):       # pyverbs exposes the route's fields
+            super().__init__(*args, **kwargs)
+            route = kwargs.get("gr")
+            if route is not None:
+                self.dgid, self.sgid_index = route.dgid, route.sgid_index
 
     class GlobalRoute(Recorded):
         pass

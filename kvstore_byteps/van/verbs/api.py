@@ -20,6 +20,10 @@ The semantics the van may rely on, and which the soft provider enforces (hardwar
   and the QP goes to ERROR; a receive too small for a SEND fails both sides;
 * completions of one QP arrive in posting order; a QP in ERROR completes everything
   outstanding with WR_FLUSH_ERR.
+
+A completion queue's ``fileno()`` is a descriptor that becomes readable after ``req_notify``
+once a completion comes (``ack_events`` consumes it), or None where the provider has none to
+give (pyverbs of rdma-core < 46): the van then polls.
 """
 import dataclasses
 import enum

@@ -20,6 +20,7 @@ pyverbs is imported when a device is opened, never at package import; everything
 asked for goes through :func:`load`'s namespace, so the translation code below is tested
 against pyverbs' real classes where pyverbs is installed (tests/unit/test_verbs_pyverbs.py).
 """
+import logging
 import os
 import socket
 import types
@@ -32,13 +33,15 @@ from .api import (Access, Completion, Endpoint, Opcode, QPCaps, QPState, RecvWR,
                   VerbsError, WCOpcode, WCStatus)
 
 #: what to install when pyverbs is missing
-INSTALL_HINT = ("pip install 'kvstore-byteps[rdma]' (PyPI's pyverbs builds rdma-core: it needs "
-                "cmake, gcc and Debian's libnl-3-dev libnl-route-3-dev), or Debian's "
-                "python3-pyverbs for the system Python")
+INSTALL_HINT = ("pyverbs must match the system's rdma-core libraries: install the distribution's "
+                "python3-pyverbs (Debian, Ubuntu, RHEL; in a virtualenv made with "
+                "--system-site-packages), or pip install 'kvstore-byteps[rdma]' where rdma-core "
+                "is as new as PyPI's pyverbs (57 or later)")
 #: how to get a device where there is none
 DEVICE_HINT = ("load the NIC's RDMA driver (mlx5_ib, irdma, bnxt_re, efa ...), or try "
                "Soft-RoCE on a kernel built with it: `rdma link add rxe0 type rxe netdev eth0`; "
                "BYTEPS_RDMA_DEVICE=soft runs the in-host test provider instead")
+log = logging.getLogger(__name__)
 _SYSFS = "/sys/class/infiniband"
 _RETRY_COUNT, _TIMEOUT, _MIN_RNR_TIMER = 7, 14, 12
 
@@ -96,6 +99,28 @@ def decode_address(address: str):
 def psn(qp_num: int) -> int:
     """The first packet sequence number of a QP's sends (both sides derive it)."""
     return qp_num & 0xFFFFFF
+
+
+def init_attr(pv, port: "Port", access: Access):
+    """The QPAttr for RESET -> INIT."""
+    attr = pv.QPAttr(qp_state=pv.e.IBV_QPS_INIT, cur_qp_state=pv.e.IBV_QPS_RESET,
+                     port_num=port.number)
+    attr.pkey_index = 0
+    attr.qp_access_flags = access_flags(pv, access)
+    return attr
+
+
+def error_attr(pv):
+    """The QPAttr that moves a QP to ERROR (with the mask ``IBV_QP_STATE``)."""
+    return pv.QPAttr(qp_state=pv.e.IBV_QPS_ERR)
+
+
+def qp_init_attr(pv, send_cq, recv_cq, caps: QPCaps):
+    """The QPInitAttr of an RC QP; sends are signaled only where the work request asks."""
+    cap = pv.QPCap(max_send_wr=caps.max_send_wr, max_recv_wr=caps.max_recv_wr,
+                   max_send_sge=caps.max_sge, max_recv_sge=caps.max_sge)
+    return pv.QPInitAttr(qp_type=pv.e.IBV_QPT_RC, scq=send_cq, rcq=recv_cq, cap=cap,
+                         sq_sig_all=0)
 
 
 def rtr_attr(pv, port: "Port", remote: Endpoint):
@@ -201,6 +226,12 @@ def choose_gid(pv, context, port_number: int, table_length: int,
     return v2[0][0] if v2 else 0
 
 
+def _sysfs_state() -> str:
+    if not os.path.isdir(_SYSFS):
+        return "missing"
+    return "empty" if not os.listdir(_SYSFS) else "listing " + ", ".join(os.listdir(_SYSFS))
+
+
 def device_names(pv) -> List[str]:
     names = []
     for device in pv.get_device_list():
@@ -218,13 +249,13 @@ class PyverbsDevice:
         self.pv = pv = pv or load()
         try:
             names = device_names(pv)
-        except pv.Error as exc:
-            raise ConfigError("byteps_rdma: listing RDMA devices failed (%s); %s"
-                              % (exc, DEVICE_HINT)) from None
+        except pv.Error as exc:       # ibverbs says ENOSYS where the kernel has no RDMA
+            raise ConfigError("byteps_rdma: no RDMA device (listing devices failed: %s; %s is "
+                              "%s); %s" % (str(exc).strip(), _SYSFS, _sysfs_state(),
+                                           DEVICE_HINT)) from None
         if not names:
             raise ConfigError("byteps_rdma: no RDMA device (%s is %s); %s"
-                              % (_SYSFS, "empty" if os.path.isdir(_SYSFS) else "missing",
-                                 DEVICE_HINT))
+                              % (_SYSFS, _sysfs_state(), DEVICE_HINT))
         if name is None:
             name = names[0]
         elif name not in names:
@@ -261,12 +292,8 @@ class PyverbsDevice:
 
     def create_qp(self, pd: "_PD", send_cq: "_CQ", recv_cq: "_CQ",
                   caps: QPCaps = QPCaps()) -> "_QP":
-        pv = self.pv
-        cap = pv.QPCap(max_send_wr=caps.max_send_wr, max_recv_wr=caps.max_recv_wr,
-                       max_send_sge=caps.max_sge, max_recv_sge=caps.max_sge)
-        init = pv.QPInitAttr(qp_type=pv.e.IBV_QPT_RC, scq=send_cq.cq, rcq=recv_cq.cq, cap=cap,
-                             sq_sig_all=0)       # unsignaled writes stay unsignaled
-        return _QP(self, _call(pv, pv.QP, pd.pd, init))
+        init = qp_init_attr(self.pv, send_cq.cq, recv_cq.cq, caps)
+        return _QP(self, _call(self.pv, self.pv.QP, pd.pd, init))
 
     def close(self) -> None:
         try:
@@ -308,23 +335,35 @@ class _PD:
 
 
 class _CQ:
-    """A completion queue with its completion channel (non-blocking, for the selector)."""
+    """A completion queue with its completion channel (non-blocking, for the selector).
+
+    pyverbs before rdma-core 46 (Debian 12 has 44) does not give the channel's descriptor:
+    then the CQ has no channel, :meth:`fileno` is None, and the van polls it every
+    millisecond instead of waiting (said once at start)."""
 
     def __init__(self, pv, context, depth: int):
         self._pv = pv
         self.channel = _call(pv, pv.CompChannel, context)
-        os.set_blocking(self.channel.fd, False)
+        if not hasattr(self.channel, "fd"):
+            log.warning("byteps_rdma: this pyverbs gives no completion channel descriptor "
+                        "(rdma-core < 46): the receive loop polls the completion queue every "
+                        "millisecond instead of waiting for events (a newer pyverbs waits)")
+            self.channel.close()
+            self.channel = None
+        else:
+            os.set_blocking(self.channel.fd, False)
         self.cq = _call(pv, pv.CQ, context, depth, None, self.channel, 0)
 
-    def fileno(self) -> int:
-        return self.channel.fd
+    def fileno(self) -> Optional[int]:
+        return None if self.channel is None else self.channel.fd
 
     def req_notify(self) -> None:
-        _call(self._pv, self.cq.req_notify)
+        if self.channel is not None:
+            _call(self._pv, self.cq.req_notify)
 
     def ack_events(self) -> None:
         events = 0
-        while True:                    # non-blocking: fails with EAGAIN once drained
+        while self.channel is not None:     # non-blocking: fails with EAGAIN once drained
             try:
                 self.channel.get_cq_event(self.cq)
             except self._pv.Error:
@@ -340,7 +379,8 @@ class _CQ:
     def close(self) -> None:
         for thing in (self.cq, self.channel):
             try:
-                thing.close()
+                if thing is not None:
+                    thing.close()
             except self._pv.Error:
                 pass
 
@@ -367,12 +407,7 @@ class _QP:
         return QPState.ERROR
 
     def to_init(self, access: Access) -> None:
-        pv = self._pv
-        attr = pv.QPAttr(qp_state=pv.e.IBV_QPS_INIT, cur_qp_state=pv.e.IBV_QPS_RESET,
-                         port_num=self.device.port.number)
-        attr.pkey_index = 0
-        attr.qp_access_flags = access_flags(pv, access)
-        _call(pv, self.qp.to_init, attr)
+        _call(self._pv, self.qp.to_init, init_attr(self._pv, self.device.port, access))
 
     def to_rtr(self, remote: Endpoint) -> None:
         _call(self._pv, self.qp.to_rtr, rtr_attr(self._pv, self.device.port, remote))
@@ -381,8 +416,7 @@ class _QP:
         _call(self._pv, self.qp.to_rts, rts_attr(self._pv, self.device.port, self.qp_num))
 
     def to_error(self) -> None:
-        pv = self._pv
-        _call(pv, self.qp.modify, pv.QPAttr(qp_state=pv.e.IBV_QPS_ERR), pv.e.IBV_QP_STATE)
+        _call(self._pv, self.qp.modify, error_attr(self._pv), self._pv.e.IBV_QP_STATE)
 
     def post_recv(self, wr: RecvWR) -> None:
         _call(self._pv, self.qp.post_recv, recv_wr(self._pv, wr))
