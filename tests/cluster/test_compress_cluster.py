@@ -1,7 +1,7 @@
 """Compressed dist_byteps rounds in real clusters give the simulated sums and shrink the pushes."""
 import pytest
 
-from tests.support.vans import RDMA_CLUSTERS, van_env
+from tests.support.vans import van_env
 
 
 CASES = {
@@ -20,8 +20,7 @@ RATIO = {"onebit-ef-scaling": 1 / 32, "topk-momentum": 0.02, "randomk": 0.05,
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("case,van,contexts", [(c, "zmq", 1) for c in CASES]
                          + [("onebit-ef-scaling", "byteps_tcp", 2),
-                            pytest.param("onebit-ef-scaling", "byteps_rdma", 2,
-                                         marks=RDMA_CLUSTERS)])
+                            ("onebit-ef-scaling", "byteps_rdma", 2)])
 def test_compressed_rounds_give_the_simulated_sums_and_the_pushes_shrink(case, van, contexts):
     import json
     from tests.cluster.test_worker_behaviour import run_checks

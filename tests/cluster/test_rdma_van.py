@@ -9,10 +9,8 @@ import pytest
 
 from tests.support.cluster import SCHEDULER_OURS, Cluster, app
 from tests.support.demo import run_demo
-from tests.support.vans import RDMA_CLUSTERS
 
 
-@RDMA_CLUSTERS
 @pytest.mark.timeout(200)
 def test_the_demo_over_rdma_gives_the_parameters_of_zmq(spawn, tmp_path):
     run_demo(spawn, tmp_path / "zmq.params", "--env", "DMLC_PS_VAN_TYPE=zmq", epochs=3)

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.support.vans import RDMA_CLUSTERS, van_env
+from tests.support.vans import van_env
 from tests.support.cluster import SCHEDULER_OURS, Cluster, app
 
 SERVER_KNOB = [sys.executable, "-c", "import mxnet"]
@@ -36,8 +36,7 @@ def _train_kill_and_restart_a_server(env, same_port=False, restarted_env=None, t
 
 @pytest.mark.parametrize("van,same_port", [("zmq", False), ("byteps_tcp", True),
                                            ("auto", False),
-                                           pytest.param("byteps_rdma", True,
-                                                        marks=RDMA_CLUSTERS)])
+                                           ("byteps_rdma", True)])
 def test_a_restarted_server_is_restored_and_the_sums_stay_exact(van, same_port):
     results, dump = _train_kill_and_restart_a_server(
         dict(ENV, **van_env(van)), same_port)

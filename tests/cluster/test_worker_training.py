@@ -4,7 +4,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.support.vans import RDMA_CLUSTERS, van_env
+from tests.support.vans import van_env
 from tests.support.cluster import SCHEDULER_OURS, UPSTREAM, Cluster, app, assert_all_ok
 from tests.support.paths import APPS
 
@@ -40,8 +40,7 @@ TRANSPORT = {("byteps", "auto"): "van byteps_tcp (auto: every peer is ours)",
 
 @pytest.mark.parametrize("server,contexts,van", [("byteps", 2, "auto"), ("byteps", 2, "zmq"),
                                                 ("upstream", 1, "auto"),
-                                                pytest.param("byteps", 2, "byteps_rdma",
-                                                             marks=RDMA_CLUSTERS)])
+                                                ("byteps", 2, "byteps_rdma")])
 def test_two_workers_two_servers_match_single_process(tmp_path, server, contexts, van):
     steps = 5
     env = {"MXNET_KVSTORE_SERVER": "byteps" if server == "byteps" else "mxnet",
