@@ -6,19 +6,20 @@ import time
 import pytest
 
 from tests.support.cluster import SCHEDULER_OURS, Cluster, app
+from tests.support.vans import van_env
 
 
 SERVER_KNOB = [sys.executable, "-c", "import mxnet"]
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("van", ["zmq", "byteps_tcp"])
+@pytest.mark.parametrize("van", ["zmq", "byteps_tcp", "byteps_rdma"])
 def test_with_auth_on_strangers_cannot_join_or_send_and_training_stays_exact(van, tmp_path):
     """2 dist_byteps workers train with a key while a fuzzer without it fires frames at the
     scheduler and the server, a worker without the key and one with another key try to join:
     the rogues get nothing in, the job's sums stay exact, the refusals are logged."""
-    env = {"MXNET_KVSTORE_SERVER": "byteps", "DMLC_PS_VAN_TYPE": van,
-           "BYTEPS_AUTH_KEY": "cluster-key-" + "9" * 20}
+    env = dict(van_env(van), MXNET_KVSTORE_SERVER="byteps",
+               BYTEPS_AUTH_KEY="cluster-key-" + "9" * 20)
     with Cluster(num_workers=2, num_servers=1, env=env) as cluster:
         server_port, = cluster.ports(1)
         scheduler_port = cluster.base_env["DMLC_PS_ROOT_PORT"]
