@@ -30,7 +30,7 @@ import numpy as np
 from ..errors import PeerError, ProtocolError
 from . import rdma_wire as wire
 from .verbs.api import (SGE, Access, Completion, Endpoint, Opcode, QPCaps, RecvWR, SendWR,
-                        WCOpcode, WCStatus)
+                        VerbsError, WCOpcode, WCStatus)
 
 #: tags of work request ids (the high 32 bits; the low ones: a slot or a message id)
 _RECV, _SLOT, _WRITE, _CREDIT = 1, 2, 3, 4
@@ -120,6 +120,7 @@ class Channel:
         self._outgoing[message_id] = (views, written)
         self._queue.append((wire.START if any(written) else wire.INLINE, message_id))
         self.pump()
+        self._check()             # the queue pair failed while posting: the peer is gone
 
     def _plan(self, views: List[np.ndarray]) -> List[bool]:
         """Which pieces are written (large, or beyond the slot) rather than sent inline."""
@@ -133,16 +134,24 @@ class Channel:
 
     def pump(self) -> None:
         """Post what waits, in order, while credits and work-request slots allow; and tell
-        the peer about re-posted receives."""
-        self._write_credits()
-        while self._queue:
-            kind, message_id = self._queue[0]
-            needed = sum(self._outgoing[message_id][1]) if kind == _WRITES_DUE else 1
-            if (self._posted + needed > self.max_send_wr - 1      # one kept for credits
-                    or self._credits() < 1 or (kind != _WRITES_DUE and not self._free_slots)):
-                return
-            self._queue.popleft()
-            (self._post_writes if kind == _WRITES_DUE else self._post_slot)(kind, message_id)
+        the peer about re-posted receives. A queue pair that fails meanwhile (it moves to
+        ERROR when its peer is gone, possibly between two posts) fails the channel."""
+        if self.failure is not None:
+            return
+        try:
+            self._write_credits()
+            while self._queue:
+                kind, message_id = self._queue[0]
+                needed = sum(self._outgoing[message_id][1]) if kind == _WRITES_DUE else 1
+                if (self._posted + needed > self.max_send_wr - 1      # one kept for credits
+                        or self._credits() < 1
+                        or (kind != _WRITES_DUE and not self._free_slots)):
+                    return
+                self._queue.popleft()
+                (self._post_writes if kind == _WRITES_DUE else self._post_slot)(kind,
+                                                                                message_id)
+        except VerbsError as exc:
+            self._fail("a verbs call failed: %s" % exc)
 
     @property
     def idle(self) -> bool:
@@ -212,21 +221,29 @@ class Channel:
             self._fail("%s on work request %#x" % (wc.status.value, wc.wr_id))
             return
         tag, index = wc.wr_id >> 32, wc.wr_id & 0xFFFFFFFF
-        if wc.opcode is WCOpcode.RECV:
-            self._on_receive(index, wc.byte_len)
-        elif wc.opcode is WCOpcode.RECV_RDMA_WITH_IMM:
-            self._repost(index)
-            self._landed(wc.imm_data)
-        else:
-            self._posted -= 1
-            if tag == _SLOT:
-                self._free_slots.append(index)
-            elif tag == _WRITE:
-                pieces, regions = self._writes.pop(index)
-                self._posted -= len(pieces) - 1            # its unsignaled writes too
-                for region in regions:
-                    region.dereg()
+        try:
+            if wc.opcode is WCOpcode.RECV:
+                self._on_receive(index, wc.byte_len)
+            elif wc.opcode is WCOpcode.RECV_RDMA_WITH_IMM:
+                self._repost(index)
+                self._landed(wc.imm_data)
+            else:
+                self._send_completed(tag, index)
+        except VerbsError as exc:       # e.g. re-posting a receive on a failed queue pair
+            self._fail("a verbs call failed: %s" % exc)
+            return
         self.pump()
+
+    def _send_completed(self, tag: int, index: int) -> None:
+        """A signaled send completed: its slot, or its writes' registrations, are free."""
+        self._posted -= 1
+        if tag == _SLOT:
+            self._free_slots.append(index)
+        elif tag == _WRITE:
+            pieces, regions = self._writes.pop(index)
+            self._posted -= len(pieces) - 1            # its unsignaled writes too
+            for region in regions:
+                region.dereg()
 
     def _on_receive(self, index: int, nbytes: int) -> None:
         try:
@@ -294,7 +311,10 @@ class Channel:
             self.failure = PeerError("RDMA connection to %s (QP %d): %s"
                                      % (self.peer.address if self.peer else "?",
                                         self.qp.qp_num, what))
-        self.qp.to_error()
+        try:
+            self.qp.to_error()
+        except VerbsError:
+            pass                  # already failed beyond moving: nothing more to stop
         self._queue.clear()
 
     def _check(self) -> None:

@@ -64,6 +64,14 @@ class _Connection:
 
     def __init__(self, channel: Channel):
         self.channel, self.lock = channel, threading.Lock()
+        self._reported = False
+
+    def report_failure(self) -> None:
+        """Log the channel's failure, once (a failed channel is otherwise silent until its
+        peer's socket closes)."""
+        if self.channel.failure is not None and not self._reported:
+            self._reported = True
+            log.warning("%s", self.channel.failure)
 
 
 class _RdmaOutbound(Outbound):
@@ -176,9 +184,12 @@ class RdmaVan(TcpVan):
         if out is None or self._closed.is_set():
             raise ProtocolError("no connection to node %s" % message.meta.recver)
         pieces = [encode_meta(message.meta)] + [memoryview(d).cast("B") for d in message.data]
-        with out.connection.lock:
-            out.connection.channel.send(pieces)
-            waiting = out.connection.channel.waiting
+        try:
+            with out.connection.lock:
+                out.connection.channel.send(pieces)
+                waiting = out.connection.channel.waiting
+        finally:
+            out.connection.report_failure()
         if waiting:               # the receive loop posts it once credits come: wake it
             self._wake()
         return sum(memoryview(p).nbytes for p in pieces)
@@ -251,14 +262,12 @@ class RdmaVan(TcpVan):
                               "it is lost", completion.qp_num)
                 continue
             with connection.lock:
-                failed = connection.channel.failure
                 connection.channel.on_completion(completion)
-            if failed is None and connection.channel.failure is not None:
-                log.warning("%s", connection.channel.failure)
+            connection.report_failure()
         for connection in connections.values():
             with connection.lock:
-                if connection.channel.failure is None:
-                    connection.channel.pump()
+                connection.channel.pump()
+            connection.report_failure()
         return bool(completions)
 
     def _deliver(self, selector, on_message) -> bool:

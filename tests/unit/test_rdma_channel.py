@@ -169,3 +169,20 @@ def test_too_many_frames_are_refused_before_anything_is_queued():
     with pytest.raises(ProtocolError, match="at most 15"):
         link.ends[0][0].send([b"meta"] + [b"x"] * 16)
     assert not link.ends[0][0]._queue
+
+
+def test_a_queue_pair_failing_between_two_posts_fails_the_channel_with_a_peer_error():
+    """The peer is gone: the first SEND's answer moves this QP to ERROR at once (as the soft
+    fabric does when the peer's socket is closed), before the next post. Sending then raises
+    the channel's PeerError (which the KV layer parks for a restarted server), never the
+    verbs layer's 'sends need RTS', and the failure stays the channel's from then on."""
+    link = Link()
+    a, b = link.ends[0][0], link.ends[1][0]
+    b.qp.to_error()
+    a.send(kv_message(1, 10, 1))               # its answer (RETRY_EXC_ERR) fails a's QP
+    with pytest.raises(PeerError, match="sends need RTS"):
+        a.send(kv_message(2, 10, 2))
+    with pytest.raises(PeerError):
+        a.send(kv_message(3, 10, 3))
+    link.settle()                              # the flushed completions change nothing
+    assert isinstance(a.failure, PeerError)

@@ -183,6 +183,31 @@ def test_a_packet_for_a_qp_not_connected_to_the_sender_is_not_answered():
     assert a.cq.poll()[0].status is WCStatus.RETRY_EXC_ERR and b.cq.poll() == []
 
 
+class _Blackhole(InProcessFabric):
+    """Carries nothing to the peer: every send stays unanswered (a peer process that died)."""
+
+    def send(self, address, packet):
+        pass
+
+
+def test_when_the_peer_device_is_gone_unanswered_sends_fail_and_the_rest_flush():
+    fabric = _Blackhole()
+    a, b = Side(fabric), Side(fabric)
+    a.qp.to_init(Access.REMOTE_WRITE)
+    a.qp.to_rtr(b.qp.endpoint)
+    a.qp.to_rts()
+    a.qp.post_send(SendWR(1, Opcode.SEND, [a.sge()]))
+    a.qp.post_send(SendWR(2, Opcode.SEND, [a.sge()]))
+    assert a.cq.poll() == []                                # unanswered: nothing completes
+    a.device.peer_gone("somewhere-else")                    # another peer: nothing changes
+    assert a.cq.poll() == [] and a.qp.state is QPState.RTS
+    a.device.peer_gone(b.device.address)
+    first, second = a.cq.poll()
+    assert (first.wr_id, first.status) == (1, WCStatus.RETRY_EXC_ERR)
+    assert (second.wr_id, second.status) == (2, WCStatus.WR_FLUSH_ERR)
+    assert a.qp.state is QPState.ERROR
+
+
 def test_unpolled_completions_beyond_the_depth_are_an_overrun():
     a, b = pair(cq_depth=2)
     write = dict(remote_addr=b.mr.addr, rkey=b.mr.rkey)

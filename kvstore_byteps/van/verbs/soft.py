@@ -368,6 +368,16 @@ class SoftDevice:
                                    len(packet.payload), packet.imm_data))
         return WCStatus.SUCCESS
 
+    def peer_gone(self, address: str) -> None:
+        """The fabric lost the device at ``address``: sends to it not answered yet never will
+        be. Each QP that waits for such an answer fails with RETRY_EXC_ERR (what a NIC's
+        transport retries end in), which flushes the rest."""
+        with self.lock:
+            for qp in list(self.qps.values()):
+                if (qp.remote is not None and qp.remote.address == address
+                        and qp.state is not QPState.ERROR and qp._answered < len(qp._sends)):
+                    qp._answered_locked(qp._sends[qp._answered][0], WCStatus.RETRY_EXC_ERR)
+
     def on_answer(self, packet: Packet) -> None:
         """The target's verdict on one of this device's sends."""
         with self.lock:

@@ -120,7 +120,8 @@ class UnixFabric:
         except OSError:
             sock.close()
             return _Unreachable(address)
-        self._start(lambda: self._serve(sock, answers=True), "answers from %s" % address)
+        self._start(lambda: self._serve(sock, answers=True, address=address),
+                    "answers from %s" % address)
         return sock
 
     def _accept_loop(self) -> None:
@@ -131,8 +132,10 @@ class UnixFabric:
                 return
             self._start(lambda: self._serve(sock, answers=False), "requests")
 
-    def _serve(self, sock: socket.socket, answers: bool) -> None:
-        """Read requests (place them, answer) or answers (complete sends) until closed."""
+    def _serve(self, sock: socket.socket, answers: bool, address: str = "") -> None:
+        """Read requests (place them, answer) or answers (complete sends) until closed. A
+        closed connection to a peer is forgotten: the next send to it connects anew (and finds
+        no device if the peer is gone: a clear 'no soft RDMA device listens there')."""
         try:
             while True:
                 packet = read_packet(sock)
@@ -148,7 +151,13 @@ class UnixFabric:
             if not self._closed:
                 log.warning("soft fabric connection closed: %s", exc)
         finally:
+            if answers:
+                with self._lock:
+                    if self._peers.get(address) is sock:
+                        del self._peers[address]
             sock.close()
+            if answers and not self._closed:
+                self._device.peer_gone(address)
 
     def _start(self, target, what: str) -> None:
         threading.Thread(target=target, daemon=True, name="soft-rdma " + what).start()
