@@ -30,8 +30,7 @@ def run_checks(mode, *args, env=None, timeout=90, expect_ok=True, servers=1):
                 for name in workers}
 
 
-@pytest.mark.parametrize("van,pull_with_push", [("zmq", "1"), ("byteps_tcp", "1"),
-                                                ("zmq", "0")])
+@pytest.mark.parametrize("van,pull_with_push", [("auto", "1"), ("zmq", "0")])
 def test_pushpull_returns_before_communication_and_result_is_correct(van, pull_with_push):
     env = van_env(van)
     if pull_with_push == "0":             # on by default
