@@ -41,8 +41,17 @@ def _rows_of(data: Dict) -> Iterator[Dict]:
                    "upstream_ms": run["upstream"].get("median_s", 0) * 1000 or None,
                    "byteps_ms": (run["byteps"].get("median_s") or 0) * 1000 or None,
                    "byteps_status": run["byteps"]["status"],
+                   "byteps_bound_pct": _bound_pct(run),
                    "date": run_set["date"], "commit": run_set["commit"],
                    "load": "%.2f -> %.2f" % tuple(run_set["load_before_after"])}
+
+
+def _bound_pct(run: Dict):
+    """dist_byteps's step as a share of the link bound, where the run measured the link."""
+    ours = run["byteps"].get("median_s")
+    if not run.get("link_bound_s") or not ours:
+        return None
+    return round(100 * run["link_bound_s"] / ours)
 
 
 def _line(row: Dict) -> str:
