@@ -14,7 +14,7 @@ import pytest
 from kvstore_byteps.config import Config, Role, VanType
 from kvstore_byteps.van import rdma_van, tcp_frame
 from kvstore_byteps.van.message import K_EMPTY
-from tests.support.kv_nodes import start_trio, summing_handler
+from tests.support.kv_nodes import start_trio, stop_all, summing_handler
 from tests.support.procs import free_port, wait_until
 
 ROLES = (Role.SCHEDULER, Role.SERVER, Role.WORKER)
@@ -32,8 +32,7 @@ def rdma_trio():
     port = free_port()
     nodes, worker = start_trio([config(role, port) for role in ROLES], summing_handler())
     yield nodes, worker
-    for po in reversed(nodes):
-        po.stop()
+    stop_all(nodes)
 
 
 @pytest.mark.timeout(90)
@@ -102,5 +101,4 @@ def test_a_first_message_completing_before_the_handshake_returns_is_delivered(mo
         got = worker.wait(worker.pull([5]))
         assert np.array_equal(np.frombuffer(got.vals, np.float32), values)
     finally:
-        for po in reversed(nodes):
-            po.stop()
+        stop_all(nodes)

@@ -17,7 +17,7 @@ from kvstore_byteps.van.message import K_EMPTY, DataType, Meta
 from kvstore_byteps.van.postoffice import Postoffice
 from kvstore_byteps.van.tcp_van import TcpVan, _Inbound
 from tests.support.procs import free_port, wait_until
-from tests.support.kv_nodes import start_all, start_trio
+from tests.support.kv_nodes import start_all, start_trio, stop_all
 
 
 ROLES = (Role.SCHEDULER, Role.SERVER, Role.WORKER)
@@ -43,8 +43,7 @@ def tcp_cluster():
             server.respond(req, req.keys, *store[keys])
     nodes, worker = start_trio([config(role, port) for role in ROLES], on_request)
     yield nodes, worker
-    for po in reversed(nodes):
-        po.stop()
+    stop_all(nodes)
 
 
 @pytest.mark.timeout(60)

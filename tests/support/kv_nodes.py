@@ -54,6 +54,12 @@ def start_trio(configs, on_request):
     return nodes, worker
 
 
+def stop_all(nodes) -> None:
+    """Stop postoffices, the last started first (the worker before the server and scheduler)."""
+    for po in reversed(nodes):
+        po.stop()
+
+
 @contextlib.contextmanager
 def held_port():
     """A port on 127.0.0.1 that something else is listening on, for the block's duration."""
