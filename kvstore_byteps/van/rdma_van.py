@@ -114,6 +114,8 @@ class RdmaVan(TcpVan):
         self._fabric, self._device = open_device(config)
         self._pd = self._device.alloc_pd()
         self._cq = self._device.create_cq(_CQ_DEPTH)
+        #: whether the completion queue has a descriptor to wait on (old pyverbs: polled)
+        self._cq_waitable = self._cq.fileno() is not None
         self._connections: Dict[int, _Connection] = {}      # by queue pair number
         self._connections_lock = threading.Lock()
         self._retiring: List[_RdmaOutbound] = []          # closed, still sending
@@ -199,7 +201,7 @@ class RdmaVan(TcpVan):
             tick_seconds: float) -> None:
         selector = self._selector = selectors.DefaultSelector()
         selector.register(self._wake_r, selectors.EVENT_READ, None)
-        if self._cq.fileno() is not None:
+        if self._cq_waitable:
             selector.register(self._cq, selectors.EVENT_READ, self._cq)
         ticked = time.monotonic()
         try:
@@ -240,7 +242,7 @@ class RdmaVan(TcpVan):
         """How long the loop may sleep: until an event, or briefly while a channel waits for
         credits (they arrive as the peer's writes, which raise no completion here), or
         always briefly where the completion queue has no descriptor to wait on (old pyverbs)."""
-        if self._cq.fileno() is None:
+        if not self._cq_waitable:
             return min(tick_seconds, _CREDIT_WAIT_S)
         with self._connections_lock:
             connections = list(self._connections.values())

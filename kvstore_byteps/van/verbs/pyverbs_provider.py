@@ -150,14 +150,35 @@ def rts_attr(pv, port: "Port", qp_num: int):
     return attr
 
 
+def _tables(pv) -> types.SimpleNamespace:
+    """The enum translations, made once per pyverbs namespace (they are looked up on every
+    work request and completion)."""
+    tables = getattr(pv, "tables", None)
+    if tables is None:
+        e = pv.e
+        tables = pv.tables = types.SimpleNamespace(
+            opcodes={Opcode.SEND: e.IBV_WR_SEND, Opcode.SEND_WITH_IMM: e.IBV_WR_SEND_WITH_IMM,
+                     Opcode.RDMA_WRITE: e.IBV_WR_RDMA_WRITE,
+                     Opcode.RDMA_WRITE_WITH_IMM: e.IBV_WR_RDMA_WRITE_WITH_IMM},
+            statuses={e.IBV_WC_SUCCESS: WCStatus.SUCCESS,
+                      e.IBV_WC_LOC_LEN_ERR: WCStatus.LOC_LEN_ERR,
+                      e.IBV_WC_LOC_PROT_ERR: WCStatus.LOC_PROT_ERR,
+                      e.IBV_WC_REM_ACCESS_ERR: WCStatus.REM_ACCESS_ERR,
+                      e.IBV_WC_REM_INV_REQ_ERR: WCStatus.REM_INV_REQ_ERR,
+                      e.IBV_WC_RNR_RETRY_EXC_ERR: WCStatus.RNR_RETRY_EXC_ERR,
+                      e.IBV_WC_RETRY_EXC_ERR: WCStatus.RETRY_EXC_ERR,
+                      e.IBV_WC_WR_FLUSH_ERR: WCStatus.WR_FLUSH_ERR},
+            completions={e.IBV_WC_SEND: WCOpcode.SEND, e.IBV_WC_RDMA_WRITE: WCOpcode.RDMA_WRITE,
+                         e.IBV_WC_RECV: WCOpcode.RECV,
+                         e.IBV_WC_RECV_RDMA_WITH_IMM: WCOpcode.RECV_RDMA_WITH_IMM})
+    return tables
+
+
 def send_wr(pv, wr: SendWR):
     """api.SendWR -> pyverbs SendWR (immediate data in network order, as the wire has it)."""
-    opcodes = {Opcode.SEND: pv.e.IBV_WR_SEND, Opcode.SEND_WITH_IMM: pv.e.IBV_WR_SEND_WITH_IMM,
-               Opcode.RDMA_WRITE: pv.e.IBV_WR_RDMA_WRITE,
-               Opcode.RDMA_WRITE_WITH_IMM: pv.e.IBV_WR_RDMA_WRITE_WITH_IMM}
     sges = [pv.SGE(s.addr, s.length, s.lkey) for s in wr.sg_list]
-    out = pv.SendWR(wr_id=wr.wr_id, opcode=opcodes[wr.opcode], num_sge=len(sges), sg=sges,
-                    imm_data=0 if wr.imm_data is None else socket.htonl(wr.imm_data),
+    out = pv.SendWR(wr_id=wr.wr_id, opcode=_tables(pv).opcodes[wr.opcode], num_sge=len(sges),
+                    sg=sges, imm_data=0 if wr.imm_data is None else socket.htonl(wr.imm_data),
                     send_flags=pv.e.IBV_SEND_SIGNALED if wr.signaled else 0)
     if wr.opcode in (Opcode.RDMA_WRITE, Opcode.RDMA_WRITE_WITH_IMM):
         out.set_wr_rdma(wr.rkey, wr.remote_addr)
@@ -172,22 +193,12 @@ def recv_wr(pv, wr: RecvWR):
 def completion(pv, wc) -> Completion:
     """A pyverbs WC -> api.Completion. A failed completion's opcode is undefined in ibverbs:
     it is None here."""
-    statuses = {pv.e.IBV_WC_SUCCESS: WCStatus.SUCCESS,
-                pv.e.IBV_WC_LOC_LEN_ERR: WCStatus.LOC_LEN_ERR,
-                pv.e.IBV_WC_LOC_PROT_ERR: WCStatus.LOC_PROT_ERR,
-                pv.e.IBV_WC_REM_ACCESS_ERR: WCStatus.REM_ACCESS_ERR,
-                pv.e.IBV_WC_REM_INV_REQ_ERR: WCStatus.REM_INV_REQ_ERR,
-                pv.e.IBV_WC_RNR_RETRY_EXC_ERR: WCStatus.RNR_RETRY_EXC_ERR,
-                pv.e.IBV_WC_RETRY_EXC_ERR: WCStatus.RETRY_EXC_ERR,
-                pv.e.IBV_WC_WR_FLUSH_ERR: WCStatus.WR_FLUSH_ERR}
-    opcodes = {pv.e.IBV_WC_SEND: WCOpcode.SEND, pv.e.IBV_WC_RDMA_WRITE: WCOpcode.RDMA_WRITE,
-               pv.e.IBV_WC_RECV: WCOpcode.RECV,
-               pv.e.IBV_WC_RECV_RDMA_WITH_IMM: WCOpcode.RECV_RDMA_WITH_IMM}
-    status = statuses.get(wc.status, WCStatus.OTHER_ERR)
+    tables = _tables(pv)
+    status = tables.statuses.get(wc.status, WCStatus.OTHER_ERR)
     ok = status is WCStatus.SUCCESS
     imm = socket.ntohl(wc.imm_data) if ok and wc.wc_flags & pv.e.IBV_WC_WITH_IMM else None
-    return Completion(wc.wr_id, status, opcodes.get(wc.opcode) if ok else None, wc.qp_num,
-                      wc.byte_len if ok else 0, imm)
+    return Completion(wc.wr_id, status, tables.completions.get(wc.opcode) if ok else None,
+                      wc.qp_num, wc.byte_len if ok else 0, imm)
 
 
 # ---------------------------------------------------------------------- the device
@@ -229,7 +240,8 @@ def choose_gid(pv, context, port_number: int, table_length: int,
 def _sysfs_state() -> str:
     if not os.path.isdir(_SYSFS):
         return "missing"
-    return "empty" if not os.listdir(_SYSFS) else "listing " + ", ".join(os.listdir(_SYSFS))
+    listed = os.listdir(_SYSFS)
+    return "listing " + ", ".join(listed) if listed else "empty"
 
 
 def device_names(pv) -> List[str]:

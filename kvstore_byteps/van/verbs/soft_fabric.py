@@ -120,8 +120,7 @@ class UnixFabric:
         except OSError:
             sock.close()
             return _Unreachable(address)
-        self._start(lambda: self._serve(sock, answers=True, address=address),
-                    "answers from %s" % address)
+        self._start(lambda: self._serve(sock, peer=address), "answers from %s" % address)
         return sock
 
     def _accept_loop(self) -> None:
@@ -130,18 +129,19 @@ class UnixFabric:
                 sock, _ = self._listener.accept()
             except OSError:
                 return
-            self._start(lambda: self._serve(sock, answers=False), "requests")
+            self._start(lambda: self._serve(sock), "requests")
 
-    def _serve(self, sock: socket.socket, answers: bool, address: str = "") -> None:
-        """Read requests (place them, answer) or answers (complete sends) until closed. A
-        closed connection to a peer is forgotten: the next send to it connects anew (and finds
-        no device if the peer is gone: a clear 'no soft RDMA device listens there')."""
+    def _serve(self, sock: socket.socket, peer: Optional[str] = None) -> None:
+        """Read requests (place them, answer) or, on the connection to ``peer``, its answers
+        (complete sends) until closed. A closed connection to a peer is forgotten: the next
+        send to it connects anew (and finds no device if the peer is gone: a clear 'no soft
+        RDMA device listens there')."""
         try:
             while True:
                 packet = read_packet(sock)
                 if packet is None:
                     return
-                if answers:
+                if peer is not None:
                     self._device.on_answer(packet)
                 else:
                     verdict = self._device.receive(packet)
@@ -151,13 +151,13 @@ class UnixFabric:
             if not self._closed:
                 log.warning("soft fabric connection closed: %s", exc)
         finally:
-            if answers:
+            if peer is not None:
                 with self._lock:
-                    if self._peers.get(address) is sock:
-                        del self._peers[address]
+                    if self._peers.get(peer) is sock:
+                        del self._peers[peer]
             sock.close()
-            if answers and not self._closed:
-                self._device.peer_gone(address)
+            if peer is not None and not self._closed:
+                self._device.peer_gone(peer)
 
     def _start(self, target, what: str) -> None:
         threading.Thread(target=target, daemon=True, name="soft-rdma " + what).start()
