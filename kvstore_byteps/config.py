@@ -71,6 +71,7 @@ class Env:
     RDMA_DEVICE = "BYTEPS_RDMA_DEVICE"
     RDMA_PORT = "BYTEPS_RDMA_PORT"
     RDMA_GID_INDEX = "BYTEPS_RDMA_GID_INDEX"
+    RDMA_REGISTRATION_CACHE = "BYTEPS_RDMA_REGISTRATION_CACHE"
     LOCAL = "DMLC_LOCAL"
     WATER_MARK = "DMLC_PS_WATER_MARK"
     VERBOSE = "PS_VERBOSE"
@@ -138,6 +139,9 @@ class Config:
     #: the port's GID index; None: chosen (RoCE v2 with an IPv4 address, see
     #: van/verbs/pyverbs_provider.py)
     rdma_gid_index: Optional[int] = None
+    #: register each numpy-owned buffer once and reuse it (van/rdma_regions.py); False: every
+    #: message's memory is registered for that message alone
+    rdma_registration_cache: bool = True
     water_mark: Optional[int] = None
     verbose: int = 0
     heartbeat_interval: float = 3.0
@@ -217,6 +221,7 @@ class Config:
             rdma_device=env.get(Env.RDMA_DEVICE, _nonempty, None),
             rdma_port=env.get(Env.RDMA_PORT, _positive_int, 1),
             rdma_gid_index=env.get(Env.RDMA_GID_INDEX, _nonnegative_int, None),
+            rdma_registration_cache=env.flag(Env.RDMA_REGISTRATION_CACHE, True),
             water_mark=env.get(Env.WATER_MARK, _positive_int, None),
             verbose=env.get(Env.VERBOSE, _nonnegative_int, 0),
             # On by default for our nodes (ps-lite's default is off): a dead node must be

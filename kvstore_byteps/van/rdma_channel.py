@@ -16,10 +16,11 @@ without a posted receive: no RNR. At most ``max_send_wr`` work requests are outs
 what cannot be posted waits, in order, for :meth:`Channel.pump`.
 
 Memory: the channel's own buffers (receive and send slots, credit counters) are registered
-once. A written piece is registered for its write and deregistered when the write completed;
-a landing buffer for its rendezvous, deregistered once the write landed (so no later write can
-reach it), then delivered (the consumer's reference keeps it). A registration per large
-message costs time on hardware; a cache of reused buffers' registrations is the next step.
+once. A written piece, and a landing buffer, are registered through the van's
+:class:`~.rdma_regions.RegistrationCache`: once per buffer that numpy owns (kept while the
+buffer lives), otherwise for that message alone (a piece until its write completed, a landing
+until the write landed, so no later write can reach it). A landing is then delivered (the
+consumer's reference keeps it).
 """
 import itertools
 from collections import deque
@@ -29,6 +30,7 @@ import numpy as np
 
 from ..errors import PeerError, ProtocolError
 from . import rdma_wire as wire
+from .rdma_regions import RegistrationCache
 from .verbs.api import (SGE, Access, Completion, Endpoint, Opcode, QPCaps, RecvWR, SendWR,
                         VerbsError, WCOpcode, WCStatus)
 
@@ -55,13 +57,18 @@ class Channel:
 
     def __init__(self, device, pd, cq, *, slots: int = 32, slot_bytes: int = 16384,
                  max_send_wr: int = 64, written_from: int = 65536,
-                 landing: Optional[Callable[[int, int], np.ndarray]] = None):
+                 landing: Optional[Callable[[int, int], np.ndarray]] = None,
+                 registrations: Optional[RegistrationCache] = None):
+        """``landing(key, nbytes)``: the buffer a written frame lands in; ``registrations``:
+        the van's cache (None: every piece and landing registered per message)."""
         self.slots, self.slot_bytes, self.written_from = slots, slot_bytes, written_from
         self.max_send_wr = max_send_wr
         self.landing = landing or (lambda key, nbytes: np.empty(nbytes, np.uint8))
         self.qp = device.create_qp(pd, cq, cq, QPCaps(max_send_wr=max_send_wr,
                                                       max_recv_wr=slots, max_sge=1))
         self.pd = pd
+        self.registrations = registrations if registrations is not None \
+            else RegistrationCache(pd, enabled=False)
         self._receive = np.zeros((slots, slot_bytes), np.uint8)
         self._send = np.zeros((max_send_wr, slot_bytes), np.uint8)
         self._free_slots: Deque[int] = deque(range(max_send_wr))
@@ -186,7 +193,7 @@ class Channel:
         views, written = self._outgoing.pop(message_id)
         pieces = [v for v, flag in zip(views, written) if flag]
         targets = self._writes[message_id]
-        regions = [self.pd.reg_mr(view, Access(0)) for view in pieces]
+        regions = [self.registrations.acquire(view, Access(0)) for view in pieces]
         for number, (view, region, (addr, rkey)) in enumerate(zip(pieces, regions, targets)):
             last = number == len(pieces) - 1
             self._post(SendWR(_wr_id(_WRITE, message_id), Opcode.RDMA_WRITE_WITH_IMM if last
@@ -243,7 +250,7 @@ class Channel:
             pieces, regions = self._writes.pop(index)
             self._posted -= len(pieces) - 1            # its unsignaled writes too
             for region in regions:
-                region.dereg()
+                self.registrations.release(region)
 
     def _on_receive(self, index: int, nbytes: int) -> None:
         try:
@@ -283,7 +290,8 @@ class Channel:
                     key = int.from_bytes(piece[:8], "little")
             else:
                 piece = self.landing(key, length)
-                regions.append(self.pd.reg_mr(piece, Access.LOCAL_WRITE | Access.REMOTE_WRITE))
+                regions.append(self.registrations.acquire(
+                    piece, Access.LOCAL_WRITE | Access.REMOTE_WRITE))
                 targets.append((piece.ctypes.data, regions[-1].rkey))
             pieces.append(piece)
         self._incoming[message.message_id] = (pieces, regions)
@@ -296,8 +304,8 @@ class Channel:
             self._fail("a write for message %d, which was not announced" % message_id)
             return
         pieces, regions = incoming
-        for region in regions:        # nothing may write there any more
-            region.dereg()
+        for region in regions:        # uncached: nothing may write there any more
+            self.registrations.release(region)
         self._arrived(message_id, pieces)
 
     def _arrived(self, message_id: int, pieces: List) -> None:

@@ -29,6 +29,7 @@ from ..errors import ProtocolError
 from .codec import decode_meta, encode_meta
 from .message import Message
 from .rdma_channel import Channel
+from .rdma_regions import RegistrationCache
 from .rdma_wire import ChannelInfo
 from .tcp_outbound import Outbound
 from .tcp_van import TcpVan, _Inbound, _recv_exactly
@@ -114,6 +115,8 @@ class RdmaVan(TcpVan):
         self._fabric, self._device = open_device(config)
         self._pd = self._device.alloc_pd()
         self._cq = self._device.create_cq(_CQ_DEPTH)
+        #: one per protection domain: every channel's pieces and landings
+        self.registrations = RegistrationCache(self._pd, config.rdma_registration_cache)
         #: whether the completion queue has a descriptor to wait on (old pyverbs: polled)
         self._cq_waitable = self._cq.fileno() is not None
         self._connections: Dict[int, _Connection] = {}      # by queue pair number
@@ -128,7 +131,8 @@ class RdmaVan(TcpVan):
         ready to receive (which fails it at once: no retries). The connection is known to
         the receive loop before the peer can send: the peer's first message may complete
         before this thread runs again, and a completion of an unknown queue pair is lost."""
-        channel = Channel(self._device, self._pd, self._cq, landing=self.pool.take)
+        channel = Channel(self._device, self._pd, self._cq, landing=self.pool.take,
+                          registrations=self.registrations)
         info = channel.info().encode()
         if not accepting:
             sock.sendall(_INFO_LENGTH.pack(len(info)) + info)
@@ -320,5 +324,9 @@ class RdmaVan(TcpVan):
     def close(self) -> None:
         super().close()
         self._finish_retired(everything=True)
+        log.debug("memory registrations: %d made, %d served from the cache, %d cached",
+                  self.registrations.registered, self.registrations.reused,
+                  len(self.registrations))
+        self.registrations.close()
         self._cq.close()
         self._fabric.close()

@@ -6,20 +6,31 @@ import pytest
 from kvstore_byteps.errors import PeerError, ProtocolError
 from kvstore_byteps.van import rdma_wire as wire
 from kvstore_byteps.van.rdma_channel import Channel
+from kvstore_byteps.van.rdma_regions import RegistrationCache
+from kvstore_byteps.van.recv_buffers import RecvBufferPool
 from kvstore_byteps.van.verbs.soft import InProcessFabric
 
 
 class Link:
     """Two channels joined through two soft devices; :meth:`settle` runs both ends' polling."""
 
-    def __init__(self, **options):
+    def __init__(self, cached=False, **options):
+        """``cached``: each end registers through a cache and lands in a receive pool, as
+        the van does."""
         fabric = InProcessFabric()
         self.ends = []
         self.landings = []
+        self.caches, self.pools = [], []
         for _ in range(2):
             device = fabric.device()
             pd, cq = device.alloc_pd(), device.create_cq(4096)
-            channel = Channel(device, pd, cq, landing=self._landing, **options)
+            if cached:
+                self.caches.append(RegistrationCache(pd))
+                self.pools.append(RecvBufferPool(min_bytes=1024))
+                options.update(registrations=self.caches[-1], landing=self.pools[-1].take)
+            else:
+                options.update(landing=self._landing)
+            channel = Channel(device, pd, cq, **options)
             self.ends.append((channel, cq))
         a, b = (channel for channel, _ in self.ends)
         a_info, b_info = a.info(), b.info()
@@ -129,6 +140,27 @@ def test_landing_regions_are_gone_once_the_data_landed():
     assert len(device.by_rkey) == before            # deregistered: no later write lands
     assert len(link.ends[0][0].qp.device.by_lkey) == len(
         link.ends[0][0]._regions)                   # the sender's piece region too
+
+
+def test_cached_registrations_serve_every_round_and_read_the_current_contents():
+    link = Link(cached=True, written_from=1024)
+    a, b = link.ends[0][0], link.ends[1][0]
+    gradient = np.zeros(3 * 50000, np.uint8)          # one buffer, three partitions
+    for step in range(4):
+        gradient[:] = step + 1
+        sent = [[b"meta", np.array([key], np.uint64), gradient[key * 50000:(key + 1) * 50000],
+                 np.array([50000], np.int32)] for key in range(3)]
+        for message in sent:
+            a.send(message)
+        link.settle()
+        got = link.messages(1)                        # copied out: the landings are free
+        assert got == [as_bytes(m) for m in sent]
+        if step == 0:
+            first = [cache.registered for cache in link.caches]
+    # after the first round nothing is registered: the sender's buffer once, each landing once
+    assert [cache.registered for cache in link.caches] == first == [1, 3]
+    assert link.pools[1].allocated == 3 and link.pools[1].reused == 9
+    assert a.failure is None and b.failure is None
 
 
 def test_a_peer_gone_fails_the_channel_with_a_peer_error():
