@@ -1,4 +1,7 @@
 """The soft provider's fabric (van/verbs/soft_fabric.py): devices joined by Unix sockets."""
+import os
+import socket
+import threading
 import time
 
 import numpy as np
@@ -83,6 +86,47 @@ def test_a_peer_nobody_listens_at_fails_the_send():
         assert poll_until(cq, 1)[0].status is WCStatus.RETRY_EXC_ERR
     finally:
         fabric.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_peer_that_stops_reading_is_given_up_without_holding_up_the_others(two_devices):
+    """A peer whose device takes nothing (hung, stopped) must not block its senders forever,
+    nor the sends to anybody else meanwhile."""
+    (qa, cqa, ma, mra), (qb, cqb, mb, mrb) = two_devices
+    stalled = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)     # accepts, never reads
+    name = "kvstore-byteps-soft-stalled-%d-%s" % (os.getpid(), os.urandom(4).hex())
+    stalled.bind("\0" + name)
+    stalled.listen(1)
+    fabric = qa.device.fabric
+    fabric.send_timeout = 3.0
+    cq = qa.device.create_cq(256)
+    stuck = qa.device.create_qp(mra.pd, cq, cq, QPCaps(max_send_wr=64))
+    stuck.to_init(Access(0))
+    stuck.to_rtr(type(stuck.endpoint)("@" + name, 5))
+    stuck.to_rts()
+    errors = []
+
+    def flood():          # 64 x 1 MiB: far beyond what the socket buffers take
+        try:
+            for i in range(64):
+                stuck.post_send(SendWR(i, Opcode.SEND, [SGE(mra.addr, mra.length, mra.lkey)]))
+        except VerbsError as exc:           # posting on the queue pair failed meanwhile
+            errors.append(exc)
+    flooder = threading.Thread(target=flood, daemon=True)
+    started = time.monotonic()
+    flooder.start()
+    time.sleep(0.3)                         # the flood is stuck in the stalled socket now
+    qb.post_recv(RecvWR(7, [SGE(mrb.addr, 64, mrb.lkey)]))
+    qa.post_send(SendWR(8, Opcode.SEND, [SGE(mra.addr, 64, mra.lkey)]))
+    assert poll_until(cqb, 1)[0].wr_id == 7             # the healthy peer is not held up
+    assert time.monotonic() - started < 2.0          # well before the flood is given up
+    flooder.join(10)
+    assert not flooder.is_alive()
+    failed = poll_until(cq, 1)
+    assert failed[0].status is WCStatus.RETRY_EXC_ERR   # given up, as a NIC's retries end
+    assert "ERROR" in str(errors[0])                    # later posts: the queue pair failed
+    assert 2.5 < time.monotonic() - started < 15
+    stalled.close()
 
 
 def test_packets_round_trip_and_malformed_headers_are_refused():

@@ -9,6 +9,7 @@ malformed packet closes its connection (logged), never reaches a device.
 """
 import logging
 import os
+import select
 import socket
 import struct
 import threading
@@ -25,6 +26,8 @@ _STATUSES = list(WCStatus)
 _NO_ANSWER = 255
 #: the largest payload a packet may carry (a van's partitions are far smaller)
 MAX_PAYLOAD = 1 << 30
+#: how long a peer may take none of a packet before it is given up
+SEND_TIMEOUT_S = 30.0
 
 
 def encode(packet: Packet) -> bytes:
@@ -61,6 +64,20 @@ def _read_exactly(sock: socket.socket, size: int) -> Optional[bytes]:
     return b"".join(chunks)
 
 
+def send_within(sock: socket.socket, data: bytes, timeout: float) -> None:
+    """``sock.sendall(data)``, but OSError if the peer takes nothing for ``timeout``
+    seconds. The socket stays blocking for the thread reading it (each send does not wait)."""
+    view = memoryview(data)
+    while view:
+        try:
+            sent = sock.send(view, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            if not select.select([], [sock], [], timeout)[1]:
+                raise OSError("the peer took nothing for %.0f s" % timeout) from None
+            continue
+        view = view[sent:]
+
+
 def read_packet(sock: socket.socket) -> Optional[Packet]:
     """The next packet on ``sock``; None once the peer closed it."""
     header = _read_exactly(sock, _HEADER.size)
@@ -86,9 +103,10 @@ class UnixFabric:
         self._listener.bind("\0" + self.address[1:])
         self._listener.listen(64)
         self._device: Optional[SoftDevice] = None
-        self._peers: Dict[str, socket.socket] = {}
+        self._peers: Dict[str, _Link] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self.send_timeout = SEND_TIMEOUT_S
         self._start(self._accept_loop, "accept")
 
     def device(self) -> SoftDevice:
@@ -98,20 +116,27 @@ class UnixFabric:
         self._device = device
 
     def send(self, address: str, packet: Packet) -> None:
-        """Queue ``packet`` for the device at ``address`` (its answer comes back later)."""
+        """Queue ``packet`` for the device at ``address`` (its answer comes back later). A
+        peer that cannot be reached, or takes none of a packet for :data:`SEND_TIMEOUT_S`,
+        is given up as gone (its connection closed, the sends waiting for it fail with
+        RETRY_EXC_ERR, as a NIC's retries end); a slow peer holds up only the sends to it."""
         data = encode(packet)
         with self._lock:
-            sock = self._peers.get(address)
-            if sock is None:
-                sock = self._peers[address] = self._connect(address)
+            link = self._peers.get(address)
+            if link is None:
+                link = self._peers[address] = _Link(self._connect(address))
+        with link.lock:
             try:
-                sock.sendall(data)
+                send_within(link.sock, data, self.send_timeout)
                 return
             except OSError as exc:
                 error = exc
+        with self._lock:               # part of a packet may have gone: the stream is done
+            if self._peers.get(address) is link:
+                del self._peers[address]
+        link.sock.close()
         log.warning("soft fabric: sending to %s failed: %s", address, error)
-        self._device.on_answer(Packet(**{**packet.__dict__, "payload": b"",
-                                         "answer": WCStatus.RETRY_EXC_ERR}))
+        self._device.peer_gone(address)
 
     def _connect(self, address: str) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -145,15 +170,16 @@ class UnixFabric:
                     self._device.on_answer(packet)
                 else:
                     verdict = self._device.receive(packet)
-                    sock.sendall(encode(Packet(**{**packet.__dict__, "payload": b"",
-                                                  "answer": verdict})))
+                    send_within(sock, encode(Packet(**{**packet.__dict__, "payload": b"",
+                                                       "answer": verdict})), self.send_timeout)
         except (OSError, VerbsError) as exc:
             if not self._closed:
                 log.warning("soft fabric connection closed: %s", exc)
         finally:
             if peer is not None:
                 with self._lock:
-                    if self._peers.get(peer) is sock:
+                    link = self._peers.get(peer)
+                    if link is not None and link.sock is sock:
                         del self._peers[peer]
             sock.close()
             if peer is not None and not self._closed:
@@ -166,9 +192,16 @@ class UnixFabric:
         self._closed = True
         self._listener.close()
         with self._lock:
-            for sock in self._peers.values():
-                sock.close()
+            for link in self._peers.values():
+                link.sock.close()
             self._peers.clear()
+
+
+class _Link:
+    """The connection to one peer and the lock its senders take (whole packets in turn)."""
+
+    def __init__(self, sock):
+        self.sock, self.lock = sock, threading.Lock()
 
 
 class _Unreachable:
@@ -178,7 +211,7 @@ class _Unreachable:
     def __init__(self, address: str):
         self.address = address
 
-    def sendall(self, data: bytes) -> None:
+    def send(self, data, flags: int = 0) -> int:
         raise OSError("no soft RDMA device listens at %s" % self.address)
 
     def close(self) -> None:
