@@ -84,7 +84,7 @@ class _Entry:
 class RegistrationCache:
     """Registrations of one protection domain's memory, reused across messages (see the
     module docstring). Thread-safe: channels call it under their own locks, and a root may
-    die on any thread."""
+    die on any thread (see :meth:`_gone`)."""
 
     def __init__(self, pd, enabled: bool = True):
         self._pd = pd
@@ -151,14 +151,16 @@ class RegistrationCache:
         return region
 
     def _gone(self, key: int, ref: weakref.ref) -> None:
-        """A root is being freed: its registrations go before its memory does."""
-        with self._lock:
-            entry = self._entries.get(key)
-            if self._closed or entry is None or entry.ref is not ref:
-                return
-            del self._entries[key]
-            for region in entry.regions.values():
-                self._cached.discard(id(region))
+        """A root is being freed: its registrations go before its memory does. Takes no
+        lock: it runs on whichever thread freed the root, which may hold any lock (a
+        channel's, a provider's); the dict and set operations are atomic, and nobody else
+        touches a dead root's entry (``acquire`` finds only live roots)."""
+        entry = self._entries.get(key)
+        if self._closed or entry is None or entry.ref is not ref:
+            return
+        self._entries.pop(key, None)
+        for region in entry.regions.values():
+            self._cached.discard(id(region))
         self._deregister(entry)
 
     @staticmethod

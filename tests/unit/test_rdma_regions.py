@@ -4,6 +4,7 @@ memory numpy does not own; the receive pool's reuse unchanged."""
 import ctypes
 import gc
 import threading
+import time
 
 import mxnet as mx
 import numpy as np
@@ -113,6 +114,34 @@ def test_a_buffer_freed_on_another_thread_is_deregistered(cache):
     worker.start()
     worker.join()
     assert not region.registered and len(cache) == 0
+
+
+def test_a_buffer_freed_under_the_providers_lock_does_not_deadlock_a_registration(cache,
+                                                                                     device):
+    """The thread freeing a root may hold any lock, e.g. the soft device's, while another
+    thread registers (holding the cache's lock, waiting for the device's)."""
+    holder = [np.zeros(65536, np.uint8)]
+    region = cache.acquire(as_piece(holder[0]), Access(0))
+    other = np.zeros(65536, np.uint8)
+    locked, done = threading.Event(), []
+
+    def free_under_the_device_lock():
+        with device.lock:
+            locked.set()
+            time.sleep(0.3)                    # the registration waits for this lock now
+            holder.clear()                     # the root dies here: its callback runs
+
+    def register():
+        locked.wait()
+        done.append(cache.acquire(as_piece(other), Access(0)))
+    threads = [threading.Thread(target=f, daemon=True)
+               for f in (free_under_the_device_lock, register)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert done and not any(thread.is_alive() for thread in threads)
+    assert not region.registered and done[0].registered
 
 
 def test_the_receive_pool_reuses_its_buffers_and_their_registrations(cache):
