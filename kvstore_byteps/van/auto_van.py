@@ -18,9 +18,9 @@ single loop. ``on_tick`` runs on the van's thread only.
 import dataclasses
 import logging
 import threading
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Set
 
-from ..config import Config
+from ..config import Config, Role
 from .base import Van
 from .message import Message, Node
 from .tcp_van import TcpVan
@@ -44,6 +44,9 @@ class AutoVan(Van):
         self.tcp = TcpVan(config)
         self.tcp_port = 0                 # byteps_tcp's listening port, once bound
         self._via: Dict[int, Van] = {}    # node id -> the van that sends to it
+        #: workers and servers other than this node reached over byteps_tcp: who may send
+        #: this node data frames there
+        self._data_peers_on_tcp: Set[int] = set()
 
     def bind(self, node: Node, max_retry: int) -> int:
         port = self.zmq.bind(node, max_retry)
@@ -60,6 +63,10 @@ class AutoVan(Van):
         if node.tcp_port:
             self.tcp.connect(dataclasses.replace(node, port=node.tcp_port), my_id)
         self._via[node.id] = self.tcp if node.tcp_port else self.zmq
+        if node.tcp_port and node.role is not Role.SCHEDULER and node.id != my_id:
+            self._data_peers_on_tcp.add(node.id)
+        else:
+            self._data_peers_on_tcp.discard(node.id)
 
     def send(self, message: Message) -> int:
         return self._via.get(message.meta.recver, self.zmq).send(message)
@@ -131,7 +138,11 @@ class AutoVan(Van):
         self.tcp.on_nodes(nodes)
 
     def register_recv_buffer(self, key: int, nbytes: int) -> None:
-        self.tcp.register_recv_buffer(key, nbytes)
+        # Only where a worker or server sends to this node over byteps_tcp: frames from
+        # ZeroMQ peers land in ZeroMQ's own buffers, and a registered buffer is paged in at
+        # once (with MXNet's workers only, a server's memory would double for nothing).
+        if self._data_peers_on_tcp:
+            self.tcp.register_recv_buffer(key, nbytes)
 
     def expect_frame(self, key: int, target):
         # Only while every peer is on byteps_tcp: a frame that comes over ZeroMQ lands in its

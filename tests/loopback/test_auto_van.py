@@ -49,6 +49,8 @@ def test_our_nodes_reach_each_other_over_byteps_tcp_and_land_answers_in_place():
     try:
         assert [po.transport for po in nodes] == ["byteps_tcp (auto: every peer is ours)"] * 3
         assert all(n.tcp_port for n in nodes[2].nodes)
+        worker.expect_answers(5, 1 << 20)          # the answers come over byteps_tcp
+        assert nodes[2].van.tcp.pool.total_bytes() == 1 << 20
         assert all(push_pull_rounds(worker))
     finally:
         stop(nodes)
@@ -64,7 +66,9 @@ def test_a_node_without_a_tcp_port_is_reached_over_zmq_and_the_rest_over_byteps_
         assert nodes[1].transport == "zmq"
         assert nodes[2].transport == "auto: byteps_tcp to nodes 1,%d, zmq to nodes %d " \
                                      "(upstream MXNet)" % (worker_id, server_id)
+        worker.expect_answers(5, 1 << 20)          # they come over ZeroMQ: nothing to keep
         assert not any(push_pull_rounds(worker))
+        assert nodes[2].van.tcp.pool.total_bytes() == 0
     finally:
         stop(nodes)
 
