@@ -17,8 +17,8 @@ what cannot be posted waits, in order, for :meth:`Channel.pump`.
 
 Memory: the channel's own buffers (receive and send slots, credit counters) are registered
 once. A written piece, and a landing buffer, are registered through the van's
-:class:`~.rdma_regions.RegistrationCache`: once per buffer that numpy owns (kept while the
-buffer lives), otherwise for that message alone (a piece until its write completed, a landing
+:class:`~.rdma_regions.RegistrationCache`: once per buffer whose memory can neither move
+nor vanish unseen (kept while the buffer lives), otherwise for that message alone (a piece until its write completed, a landing
 until the write landed, so no later write can reach it). A landing is then delivered (the
 consumer's reference keeps it).
 """
