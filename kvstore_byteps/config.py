@@ -139,8 +139,8 @@ class Config:
     #: the port's GID index; None: chosen (RoCE v2 with an IPv4 address, see
     #: van/verbs/pyverbs_provider.py)
     rdma_gid_index: Optional[int] = None
-    #: register each numpy-owned buffer once and reuse it (van/rdma_regions.py); False: every
-    #: message's memory is registered for that message alone
+    #: register each buffer that cannot move or vanish unseen once and reuse the registration
+    #: (van/rdma_regions.py); False: every message's memory is registered for it alone
     rdma_registration_cache: bool = True
     water_mark: Optional[int] = None
     verbose: int = 0

@@ -17,10 +17,10 @@ what cannot be posted waits, in order, for :meth:`Channel.pump`.
 
 Memory: the channel's own buffers (receive and send slots, credit counters) are registered
 once. A written piece, and a landing buffer, are registered through the van's
-:class:`~.rdma_regions.RegistrationCache`: once per buffer whose memory can neither move
-nor vanish unseen (kept while the buffer lives), otherwise for that message alone (a piece until its write completed, a landing
-until the write landed, so no later write can reach it). A landing is then delivered (the
-consumer's reference keeps it).
+:class:`~.rdma_regions.RegistrationCache`: once per buffer whose memory can neither move nor
+vanish unseen (kept while the buffer lives), otherwise for that message alone (a piece until
+its write completed, a landing until the write landed, so no later write can reach it). A
+landing is then delivered (the consumer's reference keeps it).
 """
 import itertools
 from collections import deque
@@ -66,7 +66,6 @@ class Channel:
         self.landing = landing or (lambda key, nbytes: np.empty(nbytes, np.uint8))
         self.qp = device.create_qp(pd, cq, cq, QPCaps(max_send_wr=max_send_wr,
                                                       max_recv_wr=slots, max_sge=1))
-        self.pd = pd
         self.registrations = registrations if registrations is not None \
             else RegistrationCache(pd, enabled=False)
         self._receive = np.zeros((slots, slot_bytes), np.uint8)

@@ -64,11 +64,18 @@ def root_of(view):
             return None
 
 
-def _memory(root) -> Tuple[int, int, bool]:
-    """``(address, bytes, writeable)`` of a root."""
+def _cacheable(root, access: Access) -> bool:
+    """Whether ``root`` has memory, writable where ``access`` writes (cheap: every piece)."""
     if isinstance(root, np.ndarray):
-        return root.ctypes.data, root.nbytes, root.flags.writeable
-    return ctypes.addressof(root), ctypes.sizeof(root), True
+        return root.nbytes > 0 and (not access & _WRITES or root.flags.writeable)
+    return ctypes.sizeof(root) > 0
+
+
+def _span(root) -> Tuple[int, int]:
+    """``(address, bytes)`` of a root's memory (only when it is registered)."""
+    if isinstance(root, np.ndarray):
+        return root.ctypes.data, root.nbytes
+    return ctypes.addressof(root), ctypes.sizeof(root)
 
 
 class _Entry:
@@ -100,10 +107,7 @@ class RegistrationCache:
         """A memory region covering ``view`` with ``access``; give it to :meth:`release`
         when the work using it completed."""
         root = root_of(view) if self.enabled else None
-        if root is None:
-            return self._register(view, access)
-        address, nbytes, writeable = _memory(root)
-        if nbytes == 0 or (access & _WRITES and not writeable):
+        if root is None or not _cacheable(root, access):
             return self._register(view, access)
         with self._lock:
             if self._closed:
@@ -118,6 +122,7 @@ class RegistrationCache:
                 self.reused += 1
                 return region
             # a view that does not own the memory: the region must not keep the root alive
+            address, nbytes = _span(root)
             memory = (ctypes.c_ubyte * nbytes).from_address(address)
             region = entry.regions[access] = self._register(memory, access)
             self._cached.add(id(region))

@@ -13,7 +13,7 @@ from kvstore_byteps.van import auth
 from kvstore_byteps.van.postoffice import Postoffice
 from kvstore_byteps.van.tcp_van import exchange_hellos
 from tests.support.procs import free_port
-from tests.support.kv_nodes import start_all, start_trio
+from tests.support.kv_nodes import start_all, start_trio, stop_all
 
 
 KEY = b"k" * 32
@@ -84,8 +84,7 @@ def test_nodes_holding_the_key_form_a_cluster_and_exchange_data(van):
         assert np.array_equal(np.frombuffer(worker.wait(worker.pull([1])).vals, np.float32),
                               [2, 2])
     finally:
-        for po in reversed(nodes):
-            po.stop()
+        stop_all(nodes)
 
 
 @pytest.mark.timeout(60)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kvstore_byteps.config import Config, Role, VanType
-from tests.support.kv_nodes import start_trio, summing_handler
+from tests.support.kv_nodes import start_trio, stop_all, summing_handler
 from tests.support.procs import free_port
 
 ROLES = (Role.SCHEDULER, Role.SERVER, Role.WORKER)
@@ -39,11 +39,6 @@ def push_pull_rounds(worker, rounds=20, size=1 << 18):
     return landed
 
 
-def stop(nodes):
-    for po in reversed(nodes):
-        po.stop()
-
-
 def test_our_nodes_reach_each_other_over_byteps_tcp_and_land_answers_in_place():
     nodes, worker = summing_trio([VanType.AUTO] * 3)
     try:
@@ -53,7 +48,7 @@ def test_our_nodes_reach_each_other_over_byteps_tcp_and_land_answers_in_place():
         assert nodes[2].van.tcp.pool.total_bytes() == 1 << 20
         assert all(push_pull_rounds(worker))
     finally:
-        stop(nodes)
+        stop_all(nodes)
 
 
 def test_a_node_without_a_tcp_port_is_reached_over_zmq_and_the_rest_over_byteps_tcp():
@@ -70,7 +65,7 @@ def test_a_node_without_a_tcp_port_is_reached_over_zmq_and_the_rest_over_byteps_
         assert not any(push_pull_rounds(worker))
         assert nodes[2].van.tcp.pool.total_bytes() == 0
     finally:
-        stop(nodes)
+        stop_all(nodes)
 
 
 def test_an_explicit_zmq_keeps_every_node_on_zmq():
@@ -80,5 +75,5 @@ def test_an_explicit_zmq_keeps_every_node_on_zmq():
         assert not any(n.tcp_port for n in nodes[2].nodes)
         assert not any(push_pull_rounds(worker, rounds=3))
     finally:
-        stop(nodes)
+        stop_all(nodes)
 

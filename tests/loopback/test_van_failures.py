@@ -11,7 +11,7 @@ from kvstore_byteps.van.codec import encode_meta
 from kvstore_byteps.van.message import Meta
 from kvstore_byteps.van.postoffice import Postoffice
 from tests.support.procs import free_port, wait_until
-from tests.support.kv_nodes import held_port, start_trio, summing_handler
+from tests.support.kv_nodes import held_port, start_trio, stop_all, summing_handler
 
 ROLES = (Role.SCHEDULER, Role.SERVER, Role.WORKER)
 
@@ -150,8 +150,7 @@ def test_ps_drop_msg_loses_data_messages_and_resend_recovers_them(van):
             assert np.array_equal(np.frombuffer(got.vals, np.float32), [step] * 4)
         assert nodes[1].dropped_messages + nodes[2].dropped_messages > 0
     finally:
-        for po in reversed(nodes):
-            po.stop()
+        stop_all(nodes)
 
 
 def test_a_flood_from_one_peer_is_logged_once_then_counted(caplog):
@@ -196,5 +195,4 @@ def test_without_loss_nothing_is_resent(van):
         time.sleep(1.5)           # past the resend timeout
         assert [po._resender.resent for po in nodes] == [0, 0, 0]
     finally:
-        for po in reversed(nodes):
-            po.stop()
+        stop_all(nodes)
