@@ -165,7 +165,7 @@ class Pipeline:
         self.close()
 
     def submit(self, task: Task) -> Future:
-        """Queue ``task``'s partitions at the first stage; return its future."""
+        """Queue ``task``'s partitions at the first stage; return its future (result: None)."""
         first = self._order[0]
         with self._lock:
             if self._closing:
@@ -198,6 +198,7 @@ class Pipeline:
                     return
                 items = self._pop_locked(spec, queue)
             self._run(spec, items)
+            del items           # an idle stage thread keeps no finished task alive
 
     def _pop_locked(self, spec: StageSpec, queue: CreditScheduler) -> List[WorkItem]:
         items = []
@@ -395,12 +396,15 @@ def _annotate(error: BaseException, stage: Stage, items: List[WorkItem]) -> None
 
 
 def _resolve(tasks: List[Task]) -> None:
-    """Complete futures outside the lock (their callbacks may submit new tasks)."""
+    """Complete futures outside the lock (their callbacks may submit new tasks). The result is
+    None, not the task: a task holds its future, so a future holding its task made every task
+    a reference cycle, freed only by the garbage collector (with 1000 small keys a round, its
+    collections took ~15% of a worker's CPU)."""
     for task in tasks:
         if task._error is not None:
             task.future.set_exception(task._error)
         else:
-            task.future.set_result(task)
+            task.future.set_result(None)
 
 
 def _check_order(stages: Sequence[StageSpec]) -> List[StageSpec]:

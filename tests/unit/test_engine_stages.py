@@ -1,6 +1,9 @@
 """Tests of the one-loop-per-stage pipeline with fake stage functions (threads, no network)."""
+import gc
 import sys
 import threading
+import time
+import weakref
 
 import pytest
 
@@ -24,7 +27,7 @@ def test_every_partition_passes_every_stage_in_order():
     stages = [StageSpec(stage, recorder(stage, log)) for stage in Stage]
     with Pipeline(stages, credit=2) as pipeline:
         task = Task(7, ["p0", "p1", "p2"], context="what the stages need")
-        assert pipeline.submit(task).result(WAIT_S) is task
+        assert pipeline.submit(task).result(WAIT_S) is None
         assert pipeline.pending() == 0
     for index in range(3):
         assert [entry[0] for entry in log if entry[2] == index] == list(Stage)
@@ -218,7 +221,9 @@ def test_async_stage_raising_after_done_is_logged_not_lost(caplog):
         raise RuntimeError("bug after done")
 
     with Pipeline([StageSpec(Stage.PUSH, push, asynchronous=True)]) as pipeline:
-        assert pipeline.submit(Task(1, [0])).result(WAIT_S).key == 1
+        task = Task(1, [0])
+        pipeline.submit(task).result(WAIT_S)
+        assert task.future.done()
     assert "raised after calling done()" in caplog.text
 
 
@@ -234,3 +239,23 @@ def test_async_stage_raising_the_error_it_already_reported_logs_nothing(caplog):
         with pytest.raises(ConnectionError, match="van stopped"):
             pipeline.submit(Task(1, [0])).result(WAIT_S)
     assert "raised after calling done()" not in caplog.text
+
+
+def test_a_finished_task_is_freed_by_reference_counting_alone():
+    """No reference cycle through a task (its future once held it as the result): with 1000
+    small keys a round, the garbage collector's passes over them cost ~15% of a worker's CPU."""
+    gc.disable()
+    try:
+        with Pipeline([StageSpec(Stage.PUSH, lambda item: None),
+                       StageSpec(Stage.PULL, lambda items, done: done(), asynchronous=True,
+                                 batch=True)]) as pipeline:
+            task = Task(1, [0, 1], context=["what the stages need"])
+            finished = weakref.ref(task)
+            pipeline.submit(task).result(WAIT_S)
+            del task
+            deadline = time.monotonic() + WAIT_S
+            while finished() is not None and time.monotonic() < deadline:
+                time.sleep(0.01)    # the stage threads drop their last batch
+            assert finished() is None
+    finally:
+        gc.enable()
