@@ -45,27 +45,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def refill(grads, rank: int) -> None:
-    """Set the inputs back to ``rank + 1`` (untimed): upstream dist_sync writes the sum into
-    the input array too (its single-device reduce buffer is the input itself). One engine call
-    per array: ``grad[:] = v`` costs ~100 us of Python per array under the interpreter lock,
-    which for 1000 small arrays made this untimed refill most of a worker's CPU."""
-    set_value = mx.nd._internal._set_value
-    for grad in grads:
-        flat = _FLAT_VIEWS.get(id(grad))
-        if flat is None:   # a flat view (same memory and engine variable): filled in one pass
-            flat = _FLAT_VIEWS[id(grad)] = grad.reshape((-1,))
-        set_value(src=rank + 1, out=flat)
-    mx.nd.waitall()
+class Inputs(list):
+    """The input arrays (``rank + 1`` each) and flat views of them (same memory, same engine
+    variable), made once for :meth:`refill`."""
 
+    def __init__(self, shapes, rank: int):
+        super().__init__(mx.nd.full(s, rank + 1, dtype=np.float32) for s in shapes)
+        self.rank = rank
+        self.flat = [array.reshape((-1,)) for array in self]
 
-#: id of an input -> its flat view (the inputs live for the whole run)
-_FLAT_VIEWS = {}
+    def refill(self) -> None:
+        """Set the inputs back to ``rank + 1`` (untimed): upstream dist_sync writes the sum
+        into the input array too (its single-device reduce buffer is the input itself). One
+        engine call per flat view: ``grad[:] = v`` costs ~100 us of Python per array under the
+        interpreter lock, which for 1000 small arrays made this refill most of a worker's CPU,
+        and MXNet fills an n-d array row by row of its last axis."""
+        set_value = mx.nd._internal._set_value
+        for flat in self.flat:
+            set_value(src=self.rank + 1, out=flat)
+        mx.nd.waitall()
 
 
 def one_iteration(kv, grads, outs, mode: str) -> float:
     """Pushpull every tensor, front tensors first in priority; wait for all. Returns seconds."""
-    refill(grads, kv.rank)
+    grads.refill()
     started = time.perf_counter()
     if mode == Mode.PUSHPULL:
         for i, (grad, out) in enumerate(zip(grads, outs)):
@@ -148,7 +151,7 @@ def main(argv=None) -> int:
     if args.compression:
         kv.set_gradient_compression(json.loads(args.compression))
     rank = kv.rank
-    grads = [mx.nd.full(s, rank + 1, dtype=np.float32) for s in shapes]
+    grads = Inputs(shapes, rank)
     outs = [mx.nd.zeros(s, dtype=np.float32) for s in shapes]
     started = time.perf_counter()
     for i, out in enumerate(outs):
