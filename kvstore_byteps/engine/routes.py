@@ -20,6 +20,7 @@ import numpy as np
 from ..compress.params import CompressionSpec
 from ..compress.state import PartitionCompressor
 from ..errors import KVStoreBytePSError, PeerError
+from ..memory import copy_bytes
 from ..mxproto import RequestType, encode_cmd
 from .trace import Phase, now_ns
 
@@ -58,13 +59,13 @@ def broadcast(item, result: memoryview, tracer, maybe_in_place: bool = False) ->
     if result.nbytes != part.nbytes:
         raise PeerError("%s: the server answered ps key %d with %d bytes, expected %d"
                         % (ctx.layout.name, part.ps_key, result.nbytes, part.nbytes))
-    data = np.frombuffer(result, np.uint8)
     start = now_ns() if tracer.enabled else 0
-    where = data.__array_interface__["data"][0] if maybe_in_place else None
+    where = (np.frombuffer(result, np.uint8).__array_interface__["data"][0]
+             if maybe_in_place else None)
     for out in ctx.outputs:
         target = span(out, part)
         if where is None or target.__array_interface__["data"][0] != where:
-            target[:] = data
+            copy_bytes(target, result)      # with the GIL held (see copy_bytes)
     if start:
         tracer.record(Phase.LOCAL_BROADCAST, item.key, item.index, item.task.step, start,
                       now_ns(), item.priority)

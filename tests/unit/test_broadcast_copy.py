@@ -1,0 +1,56 @@
+"""A partition's sum copied into the outputs (routes.broadcast) through memory.copy_bytes."""
+import types
+
+import numpy as np
+import pytest
+
+from kvstore_byteps.engine.routes import broadcast
+from kvstore_byteps.engine.trace import Tracer
+from kvstore_byteps.errors import PeerError
+from kvstore_byteps.memory import copy_bytes
+
+
+def test_copy_bytes_fills_a_span_of_a_larger_array_and_nothing_else():
+    target = np.zeros(16, np.uint8)
+    copy_bytes(target[4:12], memoryview(bytearray(b"abcdefgh")))
+    assert bytes(target) == b"\0" * 4 + b"abcdefgh" + b"\0" * 4
+
+
+def test_copy_bytes_takes_any_buffer_of_the_same_byte_count():
+    target = np.zeros(4, np.float32)
+    copy_bytes(target, np.arange(4, dtype=np.float32).tobytes())
+    assert target.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_copy_bytes_refuses_a_buffer_of_another_size():
+    with pytest.raises(ValueError):
+        copy_bytes(np.zeros(4, np.uint8), b"abc")
+
+
+def _item(outputs, offset, nbytes):
+    context = types.SimpleNamespace(outputs=outputs,
+                                    layout=types.SimpleNamespace(name="key 3"))
+    partition = types.SimpleNamespace(offset=offset, nbytes=nbytes, ps_key=3)
+    return types.SimpleNamespace(task=types.SimpleNamespace(context=context, step=0),
+                                 partition=partition, key=3, index=0, priority=0)
+
+
+def test_broadcast_copies_the_partition_into_every_output():
+    outputs = [np.zeros(12, np.uint8) for _ in range(3)]
+    broadcast(_item(outputs, 4, 4), memoryview(b"wxyz"), Tracer())
+    for out in outputs:
+        assert bytes(out) == b"\0" * 4 + b"wxyz" + b"\0" * 4
+
+
+def test_broadcast_with_a_landed_answer_fills_the_other_outputs():
+    landed = np.zeros(8, np.uint8)
+    landed[2:6] = np.frombuffer(b"sums", np.uint8)
+    other = np.zeros(8, np.uint8)
+    answer = memoryview(landed[2:6])          # the van received it there
+    broadcast(_item([landed, other], 2, 4), answer, Tracer(), maybe_in_place=True)
+    assert bytes(other[2:6]) == b"sums" and bytes(landed[2:6]) == b"sums"
+
+
+def test_broadcast_refuses_an_answer_of_the_wrong_size():
+    with pytest.raises(PeerError, match="answered ps key 3 with 3 bytes, expected 4"):
+        broadcast(_item([np.zeros(8, np.uint8)], 0, 4), memoryview(b"abc"), Tracer())
