@@ -152,7 +152,8 @@ class RegistrationCache:
 
     def _register(self, memory, access: Access):
         region = self._pd.reg_mr(memory, access)
-        self.registered += 1
+        with self._lock:          # uncached registrations come here without it
+            self.registered += 1
         return region
 
     def _gone(self, key: int, ref: weakref.ref) -> None:
