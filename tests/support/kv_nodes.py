@@ -60,6 +60,20 @@ def stop_all(nodes) -> None:
         po.stop()
 
 
+def finalize_all(nodes) -> None:
+    """Finalize postoffices without the shutdown barrier, the last started first; every one is
+    finalized even if an earlier one fails (its threads would outlive the test), then the
+    first failure is raised."""
+    errors = []
+    for po in reversed(nodes):
+        try:
+            po.finalize(barrier=False)
+        except Exception as exc:
+            errors.append(exc)
+    if errors:
+        raise errors[0]
+
+
 @contextlib.contextmanager
 def held_port():
     """A port on 127.0.0.1 that something else is listening on, for the block's duration."""

@@ -13,7 +13,7 @@ from kvstore_byteps.van.kv import KVPairs, KVRequest, KVServer, KVWorker, Reques
 from kvstore_byteps.van.loopback import LoopbackNetwork, LoopbackVan
 from kvstore_byteps.van.message import Meta
 from kvstore_byteps.van.postoffice import Postoffice
-from tests.support.kv_nodes import start_all
+from tests.support.kv_nodes import finalize_all, start_all
 
 pytestmark = pytest.mark.timeout(60)
 ROOT_PORT = 9000
@@ -71,8 +71,7 @@ def test_a_cluster_forms_sums_and_stops_without_a_single_socket(no_sockets):
         assert np.array_equal(np.frombuffer(got.vals, np.float32), [3, 3, 3, 3])
         assert sorted(node.id for node in nodes[0].nodes) == [1, 8, 9, 10, 11]
     finally:
-        for po in reversed(nodes):
-            po.finalize(barrier=False)
+        finalize_all(nodes)
 
 
 def test_a_silent_server_is_named_and_fails_the_pending_request(no_sockets):
@@ -91,8 +90,7 @@ def test_a_silent_server_is_named_and_fails_the_pending_request(no_sockets):
             request.wait(10)
         assert time.monotonic() - started < 6
     finally:
-        for po in reversed(nodes):
-            po.finalize(barrier=False)
+        finalize_all(nodes)
 
 
 def test_a_request_past_its_deadline_fails_on_the_customer_thread(no_sockets):
@@ -111,8 +109,7 @@ def test_a_request_past_its_deadline_fails_on_the_customer_thread(no_sockets):
         assert time.monotonic() - started < 2
         assert threads == ["customer-0-0"]
     finally:
-        for po in reversed(nodes):
-            po.finalize(barrier=False)
+        finalize_all(nodes)
 
 
 def test_a_pull_riding_on_a_push_is_answered_under_its_own_timestamp(no_sockets):
@@ -137,8 +134,7 @@ def test_a_pull_riding_on_a_push_is_answered_under_its_own_timestamp(no_sockets)
         assert seen == [(True, False, {"pull_timestamp": pull.timestamp})]
         assert pull.timestamp != push.timestamp
     finally:
-        for po in reversed(nodes):
-            po.finalize(barrier=False)
+        finalize_all(nodes)
 
 
 def test_a_refused_push_fails_the_pull_riding_on_it_at_once(no_sockets):
@@ -153,8 +149,7 @@ def test_a_refused_push_fails_the_pull_riding_on_it_at_once(no_sockets):
         assert time.monotonic() - started < 2      # not at the pull's deadline
         assert workers[0]._pending == {}
     finally:
-        for po in reversed(nodes):
-            po.finalize(barrier=False)
+        finalize_all(nodes)
 
 
 def test_request_timestamps_wrap_within_the_metas_int32(no_sockets):
@@ -169,8 +164,7 @@ def test_request_timestamps_wrap_within_the_metas_int32(no_sockets):
             stamps.append(request.timestamp)
         assert stamps == [2 ** 31 - 1, 0]
     finally:
-        for po in reversed(nodes):
-            po.finalize(barrier=False)
+        finalize_all(nodes)
 
 
 # ============================================================================ races
@@ -245,5 +239,4 @@ def test_restoring_a_server_resends_pulls_completes_reported_pushes_and_fences_s
                            np.array([8], np.int32))
         assert list(np.frombuffer(pull.wait(5).vals, np.float32)) == [2, 2]
     finally:
-        for po in reversed(nodes):
-            po.finalize(barrier=False)
+        finalize_all(nodes)
