@@ -3,12 +3,15 @@
 The benchmark marks its job's processes with an environment variable (``JOB_MARK``, inherited
 through ``launch.py`` by every scheduler, server and worker, ours or MXNet's); a thread reads
 ``/proc`` every ``period`` seconds: each marked process's role (``DMLC_ROLE``), its CPU seconds
-(user + system, all threads) and the bytes of its network namespace's ``eth0`` (on the emulated
-network every node has a namespace of its own, so those are the node's link; on loopback there
-is none and bytes are not reported). :meth:`RoleUsage.per_step` then gives, per role, what its
-processes used between two wall-clock times (the workers' measured steps), per node and step:
-CPU summed over the role's processes (a node may be two, ``launch.py``'s guard and the program)
-over its node count, bytes per namespace. MXNet's C++ servers are measured exactly as ours.
+(user + system, all threads), how long its main thread was ready to run but waited for a core
+(the kernel's run-queue wait, ``/proc/<pid>/schedstat``: on a worker the main thread is the
+training loop, so this is what busy cores cost the step directly) and the bytes of its network
+namespace's ``eth0`` (on the emulated network every node has a namespace of its own, so those
+are the node's link; on loopback there is none and bytes are not reported).
+:meth:`RoleUsage.per_step` then gives, per role, what its processes used between two
+wall-clock times (the workers' measured steps), per node and step: CPU and waits summed over
+the role's processes (a node may be two, ``launch.py``'s guard and the program) over its node
+count, bytes per namespace. MXNet's C++ servers are measured exactly as ours.
 
 Linux only; processes this user may not read are skipped.
 """
@@ -42,6 +45,16 @@ def _cpu_seconds(pid: str) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
+def _main_thread_wait(pid: str) -> Optional[float]:
+    """Seconds the process's main thread spent ready to run, waiting for a core (None where
+    the kernel keeps no scheduler statistics)."""
+    try:
+        with open("/proc/%s/schedstat" % pid) as f:
+            return int(f.read().split()[1]) / 1e9
+    except (FileNotFoundError, IndexError, ValueError):
+        return None
+
+
 def _link_bytes(pid: str) -> Optional[Tuple[str, int, int]]:
     """(namespace, received, sent bytes) of ``eth0`` in the process's network namespace, if
     it has one."""
@@ -59,7 +72,8 @@ class RoleUsage:
 
     def __init__(self, mark: str, period: float = 0.2):
         self.mark, self.period = mark, period
-        #: (wall time, {pid: (role, CPU seconds, (namespace, rx, tx) or None)})
+        #: (wall time, {pid: (role, CPU seconds, (namespace, rx, tx) or None,
+        #: main thread's run-queue wait in seconds or None)})
         self.samples: List[Tuple[float, Dict[str, tuple]]] = []
         #: (wall time, machine's (busy, all) ticks), taken with each sample
         self.machine: List[Tuple[float, Tuple[int, int]]] = []
@@ -94,7 +108,8 @@ class RoleUsage:
                 if role is None:
                     continue
                 try:
-                    seen[pid] = (role, _cpu_seconds(pid), _link_bytes(pid))
+                    seen[pid] = (role, _cpu_seconds(pid), _link_bytes(pid),
+                                 _main_thread_wait(pid))
                 except OSError:
                     continue
             self.samples.append((now, seen))
@@ -113,24 +128,30 @@ class RoleUsage:
     def per_step(self, start: float, end: float, steps: int,
                  nodes: Dict[str, int]) -> Dict[str, Dict[str, float]]:
         """Per role: CPU seconds per node and step between ``start`` and ``end`` (wall clock;
-        ``nodes``: the role's node count) and, where nodes have links, MB received and sent
-        per node and step."""
+        ``nodes``: the role's node count), the seconds per node and step its main threads
+        waited for a core (``main_wait_s``, where the kernel reports it) and, where nodes have
+        links, MB received and sent per node and step."""
         if not self.samples or steps <= 0:
             return {}
         first, last = _nearest(self.samples, start), _nearest(self.samples, end)
         cpu: Dict[str, float] = {}
+        waits: Dict[str, float] = {}
         links: Dict[str, Dict[str, Tuple[int, int]]] = {}
-        for pid, (role, seconds, link) in last.items():
+        for pid, (role, seconds, link, wait) in last.items():
             if pid not in first:
                 continue
-            _, seconds0, link0 = first[pid]
+            _, seconds0, link0, wait0 = first[pid]
             cpu[role] = cpu.get(role, 0.0) + seconds - seconds0
+            if wait is not None and wait0 is not None:
+                waits[role] = waits.get(role, 0.0) + wait - wait0
             if link is not None and link0 is not None and link[0] == link0[0]:
                 links.setdefault(role, {})[link[0]] = (link[1] - link0[1], link[2] - link0[2])
         out = {}
         for role, seconds in sorted(cpu.items()):
             count = nodes.get(role) or 1
             usage = {"cpu_s": seconds / count / steps}
+            if role in waits:
+                usage["main_wait_s"] = waits[role] / count / steps
             moved = list(links.get(role, {}).values())
             if moved:
                 usage["rx_mb"] = sum(m[0] for m in moved) / len(moved) / steps / 1e6

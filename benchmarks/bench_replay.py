@@ -26,9 +26,10 @@ its fraction of the bounds, its scaling efficiency (compute / step: one worker w
 communication takes exactly the compute), dist_sync's and gloo's step over its own (> 1: it
 is faster), the median time the forward waited for sums (the communication the step did not
 hide), the CPU seconds per step of each role's process (workers, servers and scheduler, read
-from ``/proc`` for every system alike: ``_role_usage.py``), how busy the machine's CPUs were
-(near 100%: the CPU, not the network, bound the step) and how busy the workers' links were
-each way (bytes moved over what the link could move in the step). ``--out`` writes the JSON
+from ``/proc`` for every system alike: ``_role_usage.py``), how long per step the workers'
+training threads were ready to run but waited for a core (the kernel's run-queue wait: what
+busy cores add to the step), how busy the machine's CPUs were (near 100%: the CPU, not the
+network, bound the step) and how busy the workers' links were each way (bytes moved over what the link could move in the step). ``--out`` writes the JSON
 (``results_table.py replay`` makes the docs' table from those files) and draws the last step
 of the slowest worker of each system as a timeline (PNG next to the JSON, with matplotlib).
 Systems alternate ``--repeats`` times; each keeps its best median. A benchmark, never a test:
@@ -236,18 +237,19 @@ def table(args, best, size, compute, link_bound, bound, tight) -> List[str]:
                                 " (%.2f s with bare sockets' rate for a step's traffic)" % tight
                                 if tight else ""))
     rows = [head, "| system | step | of the bound (of TCP's) | efficiency | vs dist_sync "
-            "| vs gloo | exposed | CPU/step: worker, server, scheduler | machine CPU busy "
-            "| worker link busy |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+            "| vs gloo | exposed | CPU/step: worker, server, scheduler "
+            "| training thread waited for a core | machine CPU busy | worker link busy |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for system, result in best.items():
         busy = result.get("machine_busy")
-        rows.append("| %s | %.3f s | %.0f%%%s | %.0f%% | %s | %s | %.3f s | %s | %s | %s |" % (
-            system, result["step_s"], 100 * bound / result["step_s"],
-            " (%.0f%%)" % (100 * tight / result["step_s"]) if tight else "",
-            100 * compute / result["step_s"], _ratio(best.get("dist_sync"), result),
-            _ratio(best.get("gloo"), result), result["exposed_s"], cpu_per_role(result),
-            "%.0f%%" % (100 * busy) if busy is not None else "?",
-            link_busy(result, size, link_bound)))
+        cells = (system, result["step_s"], 100 * bound / result["step_s"],
+                 " (%.0f%%)" % (100 * tight / result["step_s"]) if tight else "",
+                 100 * compute / result["step_s"], _ratio(best.get("dist_sync"), result),
+                 _ratio(best.get("gloo"), result), result["exposed_s"], cpu_per_role(result),
+                 training_wait(result), "%.0f%%" % (100 * busy) if busy is not None else "?",
+                 link_busy(result, size, link_bound))
+        rows.append("| %s | %.3f s | %.0f%%%s | %.0f%% | %s | %s | %.3f s | %s | %s | %s | %s |"
+                    % cells)
     return rows
 
 
@@ -261,6 +263,13 @@ def cpu_per_role(result) -> str:
     roles = result.get("roles", {})
     return ", ".join("%.2f s" % roles[role]["cpu_s"] if role in roles else "?"
                      for role in ("worker", "server", "scheduler"))
+
+
+def training_wait(result) -> str:
+    """Seconds per step a worker's training thread waited for a core ("?" where the kernel
+    keeps no scheduler statistics)."""
+    wait = result.get("roles", {}).get("worker", {}).get("main_wait_s")
+    return "?" if wait is None else "%.2f s" % wait
 
 
 def link_busy(result, size, link_bound) -> str:
