@@ -1,5 +1,7 @@
 """The replay benchmark's per-role accounting (benchmarks/_role_usage.py): sums per role over
 its processes (a node may be a guard and its program), per node and step; bytes per namespace."""
+import os
+
 import pytest
 from tests.support.benchmarks import load_benchmark
 
@@ -35,7 +37,6 @@ def test_cpu_is_summed_per_role_and_divided_by_nodes_and_steps(usage_module):
 
 
 def test_a_main_thread_wait_is_read_from_schedstat_and_none_without_it(usage_module):
-    import os
     if not os.path.exists("/proc/self/schedstat"):
         pytest.skip("this kernel keeps no scheduler statistics")
     wait = usage_module._main_thread_wait(str(os.getpid()))
