@@ -65,6 +65,17 @@ def test_the_best_try_counts():
     assert sizing.measure_rate(send, 2, clock=link.clock) == pytest.approx(60e6)
 
 
+def test_a_small_body_held_up_once_does_not_inflate_the_rate():
+    link = FakeLink(rate=60e6, servers=2, round_trip=0.001)
+    held_once = iter([0.01])              # the first small body waited for a busy core
+
+    def send(body):
+        link.send(body)
+        if len(body) == sizing.SMALL_BODY:
+            link.now += next(held_once, 0.0)
+    assert sizing.measure_rate(send, 2, clock=link.clock) == pytest.approx(60e6)
+
+
 def test_layout_round_trip_and_bad_answers():
     body = sizing.encode_layout(765952, 60e6)
     assert sizing.decode_layout(body) == {"partition_bytes": 765952, "rate": 60e6}
