@@ -1,7 +1,8 @@
 """A soft RDMA device in a process of its own (tests/cluster/test_verbs_soft_processes.py).
 
 Prints its endpoint and region as a JSON line, reads the peer's endpoint from stdin, posts
-receives, and prints each completion and the bytes written into its region (JSON lines) until
+receives, says when its queue pair is ready (``{"ready": true}``: the soft provider, strict as
+RC without retries, refuses a request that arrives before that), and prints each completion and the bytes written into its region (JSON lines) until
 ``--expect`` completions arrived (exit 0) or 20 s passed (exit 3)."""
 import argparse
 import json
@@ -32,6 +33,7 @@ def main() -> int:
         qp.post_recv(RecvWR(i, [SGE(mr.addr + 2048, 2048, mr.lkey)]))
     qp.to_rtr(Endpoint(peer["address"], peer["qp_num"]))
     qp.to_rts()
+    print(json.dumps({"ready": True}), flush=True)
     got, deadline = 0, time.monotonic() + 20
     while got < args.expect and time.monotonic() < deadline:
         for completion in cq.poll():

@@ -30,6 +30,9 @@ def test_a_write_and_a_send_land_in_the_other_process(spawn):
         qp.to_init(Access(0))
         qp.to_rtr(Endpoint(theirs["address"], theirs["qp_num"]))
         qp.to_rts()
+        # the peer's queue pair must be ready to receive first (a request before that fails
+        # with RETRY_EXC_ERR, as on RC without retries)
+        assert json.loads(child.stdout.readline()) == {"ready": True}
         qp.post_send(SendWR(1, Opcode.RDMA_WRITE_WITH_IMM, [SGE(mr.addr, 8, mr.lkey)],
                             remote_addr=theirs["addr"], rkey=theirs["rkey"], imm_data=7))
         qp.post_send(SendWR(2, Opcode.SEND, [SGE(mr.addr + 8, 8, mr.lkey)]))
