@@ -1,5 +1,5 @@
 """Host memory: keep what the C allocator frees (message buffers are not faulted in again),
-and copy bytes without giving up the GIL (:func:`copy_bytes`).
+and copy bytes without giving up the GIL (:func:`copy_bytes`, :func:`join_bytes`).
 
 A node receives many multi-megabyte messages per step (ZeroMQ allocates a buffer for each, and
 frees it once the message is summed or copied out). glibc serves such sizes with ``mmap`` and
@@ -16,7 +16,7 @@ import logging
 
 import numpy as np
 
-__all__ = ["keep_freed_memory", "copy_bytes", "MMAP_THRESHOLD_BYTES"]
+__all__ = ["keep_freed_memory", "copy_bytes", "join_bytes", "MMAP_THRESHOLD_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -58,3 +58,15 @@ def copy_bytes(target: np.ndarray, source) -> None:
     1 us through memoryviews (which copy with the GIL held); a 768 KB one 5 ms against 65 us.
     """
     memoryview(target).cast("B")[:] = memoryview(source).cast("B")
+
+
+def join_bytes(buffers) -> np.ndarray:
+    """The bytes of ``buffers`` (contiguous buffers) one after the other, as a read-only uint8
+    array, copied while holding the GIL.
+
+    ``np.concatenate`` gives up the GIL for the copy, and taking it back waits as in
+    :func:`copy_bytes`: 70 arrays of 4 KB took 40 us on an idle interpreter and 55 ms next to
+    one busy Python thread; ``bytes.join`` 16 and 24 us. The buffers joined here are the small
+    partitions of one request (at most a partition's size in all).
+    """
+    return np.frombuffer(b"".join([memoryview(b).cast("B") for b in buffers]), np.uint8)

@@ -12,6 +12,7 @@ is a list of work items sent as one request and ``done(error, items)`` moves ite
 
 A pulled partition's sum is copied into every output by :func:`broadcast`.
 """
+import itertools
 import threading
 from typing import Dict, List, Optional
 
@@ -20,7 +21,7 @@ import numpy as np
 from ..compress.params import CompressionSpec
 from ..compress.state import PartitionCompressor
 from ..errors import KVStoreBytePSError, PeerError
-from ..memory import copy_bytes
+from ..memory import copy_bytes, join_bytes
 from ..mxproto import RequestType, encode_cmd
 from .trace import Phase, now_ns
 
@@ -38,8 +39,9 @@ def split_answer(result, count: int) -> List[memoryview]:
     if result.lens is None or len(result.lens) != count:
         raise PeerError("a pull of %d keys was answered with %s lens"
                         % (count, None if result.lens is None else len(result.lens)))
-    offsets = np.concatenate(([0], np.cumsum(result.lens, dtype=np.int64)))
-    return [vals[int(offsets[i]):int(offsets[i + 1])] for i in range(count)]
+    # in Python: numpy's cumsum of a short list costs more than the list (and gives up the GIL)
+    offsets = list(itertools.accumulate(result.lens.tolist(), initial=0))
+    return [vals[offsets[i]:offsets[i + 1]] for i in range(count)]
 
 
 def span(array: np.ndarray, part) -> np.ndarray:
@@ -114,7 +116,7 @@ def _payload(group):
     """``(keys, buffers, vals, lens)`` of a push of ``group``: its ps keys, each partition's
     bytes, those bytes as one buffer, and their lengths."""
     buffers = [send_buffer(item) for item in group]
-    vals = buffers[0] if len(buffers) == 1 else np.concatenate(buffers)
+    vals = buffers[0] if len(buffers) == 1 else join_bytes(buffers)
     return ([item.partition.ps_key for item in group], buffers, vals,
             [item.partition.nbytes for item in group])
 

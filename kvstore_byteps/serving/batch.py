@@ -11,6 +11,7 @@ from typing import Callable, List
 import numpy as np
 
 from ..errors import ProtocolError
+from ..memory import join_bytes
 from ..mxproto import Cmd
 
 
@@ -55,7 +56,7 @@ class BatchAnswer:
             complete = self._missing == 0
         if complete:
             lens = np.array([p.nbytes for p in self._parts], dtype=np.int32)
-            vals = np.concatenate([p.reshape(-1).view(np.uint8) for p in self._parts])
+            vals = join_bytes([p.reshape(-1) for p in self._parts])
             self.reply(self.server, self.req, keys=self.req.keys, vals=vals, lens=lens)
 
 

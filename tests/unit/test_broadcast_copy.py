@@ -1,4 +1,5 @@
-"""A partition's sum copied into the outputs (routes.broadcast) through memory.copy_bytes."""
+"""Copies without giving up the GIL (memory.copy_bytes, memory.join_bytes) and a partition's sum
+copied into the outputs (routes.broadcast)."""
 import types
 
 import numpy as np
@@ -7,7 +8,7 @@ import pytest
 from kvstore_byteps.engine.routes import broadcast
 from kvstore_byteps.engine.trace import Tracer
 from kvstore_byteps.errors import PeerError
-from kvstore_byteps.memory import copy_bytes
+from kvstore_byteps.memory import copy_bytes, join_bytes
 
 
 def test_copy_bytes_fills_a_span_of_a_larger_array_and_nothing_else():
@@ -54,3 +55,14 @@ def test_broadcast_with_a_landed_answer_fills_the_other_outputs():
 def test_broadcast_refuses_an_answer_of_the_wrong_size():
     with pytest.raises(PeerError, match="answered ps key 3 with 3 bytes, expected 4"):
         broadcast(_item([np.zeros(8, np.uint8)], 0, 4), memoryview(b"abc"), Tracer())
+
+
+def test_join_bytes_puts_the_buffers_one_after_the_other():
+    parts = [np.arange(3, dtype=np.float32), np.frombuffer(b"xy", np.uint8), bytearray(b"z")]
+    joined = join_bytes(parts)
+    assert joined.dtype == np.uint8
+    assert joined.tobytes() == parts[0].tobytes() + b"xyz"
+
+
+def test_join_bytes_of_nothing_is_empty():
+    assert join_bytes([]).nbytes == 0
