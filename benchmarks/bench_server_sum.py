@@ -3,6 +3,7 @@
 
     python benchmarks/bench_server_sum.py                          # 2 workers, 16 x 4 MB keys
     python benchmarks/bench_server_sum.py --workers 4 --threads 1,2,4,8 --rounds 20
+    python benchmarks/bench_server_sum.py --workers 4 --dtype float16 --partition-bytes 768000
 
 No sockets: requests are built as the KV layer hands them to the server and fed straight to
 ``BytePSServer.handle_request`` (what the van's receive thread does); a null responder counts
@@ -10,8 +11,8 @@ the answers. One round = every worker pushes every key (acked at once, summed by
 threads), then pulls it (answered when the round is summed). Throughput = bytes summed per
 second = workers x keys x partition bytes / round time.
 
-Baseline, float32, the same arithmetic on the same working set without any server around
-it: for every key, ``np.copyto(acc_k, x_0)`` then ``np.add(acc_k, x_w, out=acc_k)`` for the
+Baseline, the same arithmetic as a float32 round on the same working set (in ``--dtype``),
+without any server around it: for every key, ``np.copyto(acc_k, x_0)`` then ``np.add(acc_k, x_w, out=acc_k)`` for the
 other workers' arrays, looping; with T threads each thread owns every T-th key (numpy releases
 the GIL while it adds). The in-cache rate of one 4 MB ``np.add`` is printed too, for reference.
 """
@@ -36,7 +37,8 @@ GB = 1e9
 class NullResponder:
     """Counts answers; ``wait(n)`` blocks until n answers arrived (with a deadline)."""
 
-    def __init__(self, expected_sum):
+    def __init__(self, expected_sum, dtype):
+        self.dtype = dtype
         self.count = 0
         self.errors = []
         self._expected = expected_sum
@@ -44,7 +46,7 @@ class NullResponder:
 
     def respond(self, req, keys=None, vals=None, lens=None, error=None, body=b""):
         if vals is not None and req.meta.pull:   # spot-check the sums (first and last value)
-            values = np.frombuffer(vals, np.float32)
+            values = np.frombuffer(vals, self.dtype)
             if values[0] != self._expected or values[-1] != self._expected:
                 error = "wrong sum %s, expected %s" % (values[0], self._expected)
         with self._cond:
@@ -79,15 +81,16 @@ def numpy_inplace_add_rate(nbytes, seconds=1.0):
     return count * nbytes / (time.perf_counter() - start) / GB
 
 
-def numpy_add_rate(nbytes, threads, keys=1, workers=2, seconds=1.0):
-    """GB/s of input bytes summed by plain numpy, the server's arithmetic on its working set."""
-    elems = nbytes // 4
+def numpy_add_rate(nbytes, threads, keys=1, workers=2, seconds=1.0, dtype=np.float32):
+    """GB/s of input bytes summed by plain numpy in ``dtype`` (a float32 round's arithmetic)
+    on the server's working set."""
+    elems = nbytes // np.dtype(dtype).itemsize
     done = [0] * threads
-    addends = [np.full(elems, 1.0 + w, np.float32) for w in range(workers)]
+    addends = [np.full(elems, 1.0 + w, dtype) for w in range(workers)]
 
     def loop(i):
-        accs = [np.zeros(elems, np.float32) for _ in range(i, keys, threads)] or \
-            [np.zeros(elems, np.float32)]
+        accs = [np.zeros(elems, dtype) for _ in range(i, keys, threads)] or \
+            [np.zeros(elems, dtype)]
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
             for acc in accs:
@@ -104,14 +107,15 @@ def numpy_add_rate(nbytes, threads, keys=1, workers=2, seconds=1.0):
     return sum(done) * nbytes / (time.perf_counter() - start) / GB
 
 
-def engine_rate(workers, keys, nbytes, threads, rounds, warmup=2):
+def engine_rate(workers, keys, nbytes, threads, rounds, warmup=2, dtype=np.float32):
     """GB/s the BytePS server sums through its summing threads (median round)."""
-    cmd = encode_cmd(RequestType.BYTEPS, np.float32)
+    cmd = encode_cmd(RequestType.BYTEPS, dtype)
     senders = [9 + 2 * w for w in range(workers)]
-    data = {s: np.full(nbytes // 4, 1.0 + i, np.float32) for i, s in enumerate(senders)}
+    elems = nbytes // np.dtype(dtype).itemsize
+    data = {s: np.full(elems, 1.0 + i, dtype) for i, s in enumerate(senders)}
     times = []
     with BytePSServer(workers, summing_threads=threads) as server:
-        sink = NullResponder(expected_sum=sum(1.0 + i for i in range(workers)))
+        sink = NullResponder(sum(1.0 + i for i in range(workers)), dtype)
         for k in range(keys):
             server.handle_request(make_request(senders[0], k, data[senders[0]], True, False, cmd),
                                   sink)
@@ -143,22 +147,24 @@ def main():
     parser.add_argument("--partition-bytes", type=int, default=4096000)
     parser.add_argument("--threads", default="1,2,4")
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--dtype", choices=["float32", "float16"], default="float32")
     parser.add_argument("--repeat", type=int, default=3,
                         help="measure each line this many times, interleaved; print the best")
     args = parser.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
-    print("machine: %d CPUs; %d workers x %d keys x %.1f MB float32 partitions per round"
-          % (os.cpu_count(), args.workers, args.keys, args.partition_bytes / 1e6))
+    dtype = np.dtype(args.dtype)
+    print("machine: %d CPUs; %d workers x %d keys x %.1f MB %s partitions per round"
+          % (os.cpu_count(), args.workers, args.keys, args.partition_bytes / 1e6, dtype))
     lines = [("np.add of one partition, in cache", lambda: numpy_inplace_add_rate(
         args.partition_bytes))]
     for t in threads:
         plural = "s" if t > 1 else ""
         lines.append(("numpy, same work, %d thread%s" % (t, plural),
                       lambda t=t: numpy_add_rate(args.partition_bytes, t, args.keys,
-                                                 args.workers)))
+                                                 args.workers, dtype=dtype)))
         lines.append(("BytePS server, %d summing thread%s" % (t, plural),
                       lambda t=t: engine_rate(args.workers, args.keys, args.partition_bytes, t,
-                                              args.rounds)))
+                                              args.rounds, dtype=dtype)))
     best = [0.0] * len(lines)
     for _ in range(args.repeat):
         for i, (_, measure) in enumerate(lines):

@@ -194,6 +194,41 @@ def test_key_rounds_reuse_a_slot_only_after_every_answer():
     assert rounds.rounds_pushed(2) == 1
 
 
+def _exactly_rounded_sum(pushes):
+    return np.sum([p.astype(np.float64) for p in pushes], axis=0).astype(np.float16)
+
+
+def test_float16_rounds_are_summed_wide_and_rounded_once():
+    rng = np.random.default_rng(3)
+    pushes = [rng.standard_normal(1000).astype(np.float16) for _ in range(4)]
+    rounds = KeyRounds(7, 4, 1000, np.float16)
+    for sender in range(4):
+        assert rounds.begin_push(sender) == 0
+    for data in pushes[:3]:
+        assert rounds.accumulate(0, data) == ([], None)
+    tokens, total = rounds.accumulate(0, pushes[3])
+    assert total.dtype == np.float16
+    assert np.array_equal(total, _exactly_rounded_sum(pushes))   # not float16's running sum
+
+
+def test_a_single_workers_float16_round_is_its_push():
+    rounds = KeyRounds(7, 1, 3, np.float16)
+    rounds.begin_push(0)
+    data = np.array([1.5, -2.25, 65504], np.float16)
+    assert np.array_equal(rounds.accumulate(0, data)[1], data)
+
+
+def test_a_restored_float16_round_goes_on_summing_wide():
+    rng = np.random.default_rng(4)
+    pushes = [rng.standard_normal(64).astype(np.float16) for _ in range(3)]
+    # workers 0 and 1 pushed round 0 before the crash, worker 2 had not
+    states = {0: (1, 0, pushes[0], None), 1: (1, 0, pushes[1], None), 2: (0, 0, None, None)}
+    rounds = KeyRounds.restored(7, 3, 64, np.float16, states)
+    assert rounds.begin_push(2) == 0
+    tokens, total = rounds.accumulate(0, pushes[2])
+    assert np.array_equal(total, _exactly_rounded_sum(pushes))
+
+
 def test_engine_binds_equal_keys_evenly_and_runs_tasks_in_order():
     engine = SumThreads(4)
     try:
