@@ -18,9 +18,9 @@ the lock, since only that summing thread ever writes a slot's buffer.
 float16 rounds are summed in float32 and rounded once, into the answer, by the push that
 completes the round (as BytePS's CPU reducer converts to float32 to add, but without rounding
 after every push). numpy adds float16 arrays one element at a time in software: four pushes
-of a 768000-byte partition took 23 ms to sum in float16 and 10 ms this way, and the sum is
-the exactly rounded one (in float16 a third of the elements differed from it in a test of
-four random pushes).
+of a 768000-byte partition took 23 ms to sum in float16 and 10 ms this way. The sum is
+rounded once: for four random pushes it was the exactly rounded sum everywhere, where summing
+in float16 differed from it in a third of the elements.
 """
 import dataclasses
 import threading
