@@ -39,10 +39,11 @@ def _machine_ticks() -> Tuple[int, int]:
     return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
 
 
-def _cpu_seconds(pid: str) -> float:
+def _cpu_seconds(pid: str) -> Tuple[float, float]:
+    """(CPU seconds, of which in the kernel) of the process so far."""
     with open("/proc/%s/stat" % pid) as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS
+    return (int(fields[11]) + int(fields[12])) / _TICKS, int(fields[12]) / _TICKS
 
 
 def _main_thread_wait(pid: str) -> Optional[float]:
@@ -73,7 +74,7 @@ class RoleUsage:
     def __init__(self, mark: str, period: float = 0.2):
         self.mark, self.period = mark, period
         #: (wall time, {pid: (role, CPU seconds, (namespace, rx, tx) or None,
-        #: main thread's run-queue wait in seconds or None)})
+        #: main thread's run-queue wait in seconds or None, CPU seconds in the kernel)})
         self.samples: List[Tuple[float, Dict[str, tuple]]] = []
         #: (wall time, machine's (busy, all) ticks), taken with each sample
         self.machine: List[Tuple[float, Tuple[int, int]]] = []
@@ -108,8 +109,9 @@ class RoleUsage:
                 if role is None:
                     continue
                 try:
-                    seen[pid] = (role, _cpu_seconds(pid), _link_bytes(pid),
-                                 _main_thread_wait(pid))
+                    seconds, kernel = _cpu_seconds(pid)
+                    seen[pid] = (role, seconds, _link_bytes(pid), _main_thread_wait(pid),
+                                 kernel)
                 except OSError:
                     continue
             self.samples.append((now, seen))
@@ -128,20 +130,22 @@ class RoleUsage:
     def per_step(self, start: float, end: float, steps: int,
                  nodes: Dict[str, int]) -> Dict[str, Dict[str, float]]:
         """Per role: CPU seconds per node and step between ``start`` and ``end`` (wall clock;
-        ``nodes``: the role's node count), the seconds per node and step its main threads
+        ``nodes``: the role's node count), how many of them in the kernel (``kernel_s``), the seconds per node and step its main threads
         waited for a core (``main_wait_s``, where the kernel reports it) and, where nodes have
         links, MB received and sent per node and step."""
         if not self.samples or steps <= 0:
             return {}
         first, last = _nearest(self.samples, start), _nearest(self.samples, end)
         cpu: Dict[str, float] = {}
+        kernel: Dict[str, float] = {}
         waits: Dict[str, float] = {}
         links: Dict[str, Dict[str, Tuple[int, int]]] = {}
-        for pid, (role, seconds, link, wait) in last.items():
+        for pid, (role, seconds, link, wait, in_kernel) in last.items():
             if pid not in first:
                 continue
-            _, seconds0, link0, wait0 = first[pid]
+            _, seconds0, link0, wait0, in_kernel0 = first[pid]
             cpu[role] = cpu.get(role, 0.0) + seconds - seconds0
+            kernel[role] = kernel.get(role, 0.0) + in_kernel - in_kernel0
             if wait is not None and wait0 is not None:
                 waits[role] = waits.get(role, 0.0) + wait - wait0
             if link is not None and link0 is not None and link[0] == link0[0]:
@@ -149,7 +153,7 @@ class RoleUsage:
         out = {}
         for role, seconds in sorted(cpu.items()):
             count = nodes.get(role) or 1
-            usage = {"cpu_s": seconds / count / steps}
+            usage = {"cpu_s": seconds / count / steps, "kernel_s": kernel[role] / count / steps}
             if role in waits:
                 usage["main_wait_s"] = waits[role] / count / steps
             moved = list(links.get(role, {}).values())

@@ -259,10 +259,20 @@ def _ratio(reference: Optional[Dict], result: Dict) -> str:
 
 
 def cpu_per_role(result) -> str:
-    """The CPU seconds per step of a node of each role."""
+    """The CPU seconds per step of a node of each role, and the kernel's share of a worker's
+    and a server's."""
     roles = result.get("roles", {})
-    return ", ".join("%.2f s" % roles[role]["cpu_s"] if role in roles else "?"
-                     for role in ("worker", "server", "scheduler"))
+    parts = []
+    for role in ("worker", "server", "scheduler"):
+        usage = roles.get(role)
+        if usage is None:
+            parts.append("?")
+        elif role != "scheduler" and usage.get("kernel_s") is not None and usage["cpu_s"] > 0:
+            parts.append("%.2f s (%.0f%% kernel)" % (usage["cpu_s"],
+                                                     100 * usage["kernel_s"] / usage["cpu_s"]))
+        else:
+            parts.append("%.2f s" % usage["cpu_s"])
+    return ", ".join(parts)
 
 
 def training_wait(result) -> str:

@@ -16,24 +16,25 @@ def usage_module():
 def test_cpu_is_summed_per_role_and_divided_by_nodes_and_steps(usage_module):
     usage = usage_module.RoleUsage("job")
     usage.samples = [
-        (10.0, {"1": ("worker", 5.0, ("net:[1]", 100, 1000), 0.5),   # guard of worker 0
-                "2": ("worker", 7.0, ("net:[1]", 100, 1000), 1.0),   # worker 0's program
-                "3": ("worker", 1.0, ("net:[2]", 0, 0), 2.0),
-                "4": ("server", 2.0, None, None)}),                  # no scheduler statistics
-        (20.0, {"1": ("worker", 5.5, ("net:[1]", 4100, 9000), 0.5),
-                "2": ("worker", 13.0, ("net:[1]", 4100, 9000), 1.6),
-                "3": ("worker", 5.5, ("net:[2]", 2000, 3000), 3.0),
-                "4": ("server", 4.0, None, None),
-                "5": ("server", 9.0, None, 1.0)}),   # started after the window began: left out
+        (10.0, {"1": ("worker", 5.0, ("net:[1]", 100, 1000), 0.5, 1.0),   # guard of worker 0
+                "2": ("worker", 7.0, ("net:[1]", 100, 1000), 1.0, 2.0),   # worker 0's program
+                "3": ("worker", 1.0, ("net:[2]", 0, 0), 2.0, 0.5),
+                "4": ("server", 2.0, None, None, 1.0)}),                  # no scheduler statistics
+        (20.0, {"1": ("worker", 5.5, ("net:[1]", 4100, 9000), 0.5, 1.0),
+                "2": ("worker", 13.0, ("net:[1]", 4100, 9000), 1.6, 4.0),
+                "3": ("worker", 5.5, ("net:[2]", 2000, 3000), 3.0, 1.5),
+                "4": ("server", 4.0, None, None, 1.5),
+                "5": ("server", 9.0, None, 1.0, 3.0)}),   # started after the window began: left out
     ]
     got = usage.per_step(10.1, 19.9, steps=4, nodes={"worker": 2, "server": 1})
     assert got["worker"]["cpu_s"] == pytest.approx((0.5 + 6.0 + 4.5) / 2 / 4)
+    assert got["worker"]["kernel_s"] == pytest.approx((0.0 + 2.0 + 1.0) / 2 / 4)
     # the main threads' waits for a core, summed per role as the CPU is
     assert got["worker"]["main_wait_s"] == pytest.approx((0.0 + 0.6 + 1.0) / 2 / 4)
     # one namespace counted once however many of the node's processes live in it
     assert got["worker"]["rx_mb"] == pytest.approx((4000 + 2000) / 2 / 4 / 1e6)
     assert got["worker"]["tx_mb"] == pytest.approx((8000 + 3000) / 2 / 4 / 1e6)
-    assert got["server"] == {"cpu_s": pytest.approx(2.0 / 4)}
+    assert got["server"] == {"cpu_s": pytest.approx(2.0 / 4), "kernel_s": pytest.approx(0.5 / 4)}
 
 
 def test_a_main_thread_wait_is_read_from_schedstat_and_none_without_it(usage_module):
