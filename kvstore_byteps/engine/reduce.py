@@ -1,7 +1,8 @@
 """Local reduce and broadcast across the devices of one worker, and reusable host buffers.
 
 CPU contexts: the arrays are host memory already; :func:`cpu_sum` adds them into a reusable host
-buffer (:class:`HostBuffers`) and :func:`cpu_broadcast` copies the result back out.
+buffer (:class:`HostBuffers`); each partition's sum is copied out into every output as its
+answer arrives (``routes.broadcast``).
 
 GPU contexts: :class:`NcclLocalReducer` sums the devices' arrays into an array on the root device
 (device 0 of the list) with one grouped NCCL ``reduce`` (a single-process clique made by
@@ -22,7 +23,7 @@ import numpy as np
 
 from ..errors import KVStoreBytePSError
 
-__all__ = ["GpuSupportError", "flat_view", "cpu_sum", "local_reduce", "cpu_broadcast", "HostBuffers",
+__all__ = ["GpuSupportError", "flat_view", "cpu_sum", "local_reduce", "HostBuffers",
            "import_cupy", "NcclLocalReducer"]
 
 GPU_INSTALL_HINT = "pip install kvstore-byteps[gpu]"
@@ -73,13 +74,6 @@ def local_reduce(inputs: Sequence[np.ndarray]) -> np.ndarray:
     reduced = np.empty_like(inputs[0])
     cpu_sum(list(inputs), reduced)
     return reduced.reshape(-1).view(np.uint8)
-
-
-def cpu_broadcast(source: np.ndarray, targets: Sequence[np.ndarray]) -> None:
-    """Copy ``source`` into every target (a target that *is* the source is skipped)."""
-    for target in targets:
-        if target is not source:
-            np.copyto(target, source)
 
 
 class HostBuffers:

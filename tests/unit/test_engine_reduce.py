@@ -42,14 +42,6 @@ def test_flat_view_checks_alignment_and_contiguity():
         reduce.flat_view(array.T, 0, 4)
 
 
-def test_cpu_broadcast_copies_into_every_target():
-    source = np.arange(5.0)
-    targets = [np.zeros(5), source, np.zeros(5)]
-    reduce.cpu_broadcast(source, targets)
-    for target in targets:
-        np.testing.assert_array_equal(target, source)
-
-
 def test_host_buffers_are_reused_until_the_size_changes():
     allocations = []
 
