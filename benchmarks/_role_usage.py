@@ -130,9 +130,10 @@ class RoleUsage:
     def per_step(self, start: float, end: float, steps: int,
                  nodes: Dict[str, int]) -> Dict[str, Dict[str, float]]:
         """Per role: CPU seconds per node and step between ``start`` and ``end`` (wall clock;
-        ``nodes``: the role's node count), how many of them in the kernel (``kernel_s``), the seconds per node and step its main threads
-        waited for a core (``main_wait_s``, where the kernel reports it) and, where nodes have
-        links, MB received and sent per node and step."""
+        ``nodes``: the role's node count), how many of them in the kernel (``kernel_s``), the
+        seconds per node and step its main threads waited for a core (``main_wait_s``, where
+        the kernel reports it) and, where nodes have links, MB received and sent per node and
+        step."""
         if not self.samples or steps <= 0:
             return {}
         first, last = _nearest(self.samples, start), _nearest(self.samples, end)

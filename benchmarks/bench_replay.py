@@ -29,7 +29,8 @@ hide), the CPU seconds per step of each role's process (workers, servers and sch
 from ``/proc`` for every system alike: ``_role_usage.py``), how long per step the workers'
 training threads were ready to run but waited for a core (the kernel's run-queue wait: what
 busy cores add to the step), how busy the machine's CPUs were (near 100%: the CPU, not the
-network, bound the step) and how busy the workers' links were each way (bytes moved over what the link could move in the step). ``--out`` writes the JSON
+network, bound the step) and how busy the workers' links were each way (bytes moved over
+what the link could move in the step). ``--out`` writes the JSON
 (``results_table.py replay`` makes the docs' table from those files) and draws the last step
 of the slowest worker of each system as a timeline (PNG next to the JSON, with matplotlib).
 Systems alternate ``--repeats`` times; each keeps its best median. A benchmark, never a test:

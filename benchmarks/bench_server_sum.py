@@ -12,7 +12,8 @@ threads), then pulls it (answered when the round is summed). Throughput = bytes 
 second = workers x keys x partition bytes / round time.
 
 Baseline, the same arithmetic as a float32 round on the same working set (in ``--dtype``),
-without any server around it: for every key, ``np.copyto(acc_k, x_0)`` then ``np.add(acc_k, x_w, out=acc_k)`` for the
+without any server around it: for every key, ``np.copyto(acc_k, x_0)`` then
+``np.add(acc_k, x_w, out=acc_k)`` for the
 other workers' arrays, looping; with T threads each thread owns every T-th key (numpy releases
 the GIL while it adds). The in-cache rate of one 4 MB ``np.add`` is printed too, for reference.
 """

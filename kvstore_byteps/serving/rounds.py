@@ -72,7 +72,8 @@ class KeyRounds:
         self.num_workers = num_workers
         self._size = size
         self._dtype = np.dtype(dtype)
-        self._wide = accumulation_dtype(dtype) if accumulation_dtype(dtype) != dtype else None
+        wide = accumulation_dtype(dtype)
+        self._wide = wide if wide != self._dtype else None
         self._lock = threading.Lock()
         self._slots = (_Slot(), _Slot())
         self._pushed: Dict[int, int] = {}     # sender -> rounds pushed
