@@ -26,7 +26,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..errors import ProtocolError
+from ..errors import PeerError, ProtocolError
 from ..logs import PeerLog
 from .twobit import GradientCompression, dequantize_2bit, packed_nbytes_2bit, \
     parse_twobit_params
@@ -353,12 +353,17 @@ class KVStoreDistServer:
         self._peer_log.warning(req.sender, "request from node %s refused: %s", req.sender, message)
         self.send_answer(server, req, error=message)
 
-    @staticmethod
-    def send_answer(server, req, **kwargs) -> None:
+    def send_answer(self, server, req, **kwargs) -> None:
+        """Answer ``req``; a failure is logged (once in full per peer, then counted: a worker
+        that died mid-round has hundreds of answers coming) and the server goes on."""
         try:
             server.respond(req, **kwargs)
-        except Exception:  # the peer may be gone; that must not stop the server
-            log.exception("could not answer node %s", req.sender)
+        except (PeerError, ProtocolError) as exc:   # the peer is gone or its link broke
+            self._peer_log.warning(("answer", req.sender), "could not answer node %s: %s",
+                                   req.sender, exc)
+        except Exception:             # a bug: keep its traceback
+            self._peer_log.error(("answer", req.sender), "could not answer node %s",
+                                 req.sender, exc_info=True)
 
     def mxnet_key(self, ps_key: int) -> int:
         return ps_key - self.key_begin

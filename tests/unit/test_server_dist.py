@@ -339,3 +339,33 @@ def test_a_refused_compression_setting_of_worker_rank_0_ends_the_job():
     bad = command(WORKER0, ServerCommand.SET_GRADIENT_COMPRESSION, b"3bit,0.5")
     srv.handle_command(bad, fake)
     assert fake.answer_to(bad).error and "SET_GRADIENT_COMPRESSION" in srv.job_error
+
+
+class _GoneWorker(FakeServer):
+    """A responder whose every answer to WORKER1 fails as a broken connection does."""
+
+    def respond(self, req, **kwargs):
+        if req.sender == WORKER1:
+            from kvstore_byteps.errors import PeerError
+            raise PeerError("sending to worker %d failed: [Errno 104] Connection reset by peer"
+                            % WORKER1)
+        return super().respond(req, **kwargs)
+
+
+def test_answers_to_a_gone_worker_are_logged_once_and_the_server_goes_on(caplog):
+    """A worker that died mid-round has many answers coming: the first failure is logged
+    (without a traceback: a broken link is no bug of the server), later ones only counted,
+    and the other workers are still answered."""
+    srv, _ = make()
+    gone = _GoneWorker()
+    for key in range(20):
+        srv.handle_request(push(WORKER0, key, np.zeros(4, np.float32)), gone)  # init
+        for worker in (WORKER0, WORKER1):                                      # a round
+            srv.handle_request(push(worker, key, np.ones(4, np.float32)), gone)
+    failed = [r for r in caplog.records if "could not answer node %d" % WORKER1 in r.getMessage()]
+    assert len(failed) == 1, [r.getMessage() for r in caplog.records]
+    assert not failed[0].exc_info and "Connection reset" in failed[0].getMessage()
+    assert srv._peer_log.count(("answer", WORKER1)) == 20
+    p = pull(WORKER0, 3)
+    srv.handle_request(p, gone)
+    assert values_of(gone, p).tolist() == [2.0] * 4
