@@ -5,11 +5,8 @@ import time
 
 import pytest
 
-from tests.support.cluster import SCHEDULER_OURS, Cluster, app
+from tests.support.cluster import SCHEDULER_OURS, SERVER_OURS, Cluster, app
 from tests.support.vans import van_env
-
-
-SERVER_KNOB = [sys.executable, "-c", "import mxnet"]
 
 
 @pytest.mark.timeout(180)
@@ -24,7 +21,7 @@ def test_with_auth_on_strangers_cannot_join_or_send_and_training_stays_exact(van
         server_port, = cluster.ports(1)
         scheduler_port = cluster.base_env["DMLC_PS_ROOT_PORT"]
         cluster.start("scheduler", SCHEDULER_OURS)
-        cluster.start("server", SERVER_KNOB, env={"PORT": str(server_port)})
+        cluster.start("server", SERVER_OURS, env={"PORT": str(server_port)})
         stop_file = tmp_path / "stop"
         for _ in range(2):   # train until the rogues are done
             cluster.start("worker", app("byteps_checks.py", "until", stop_file))
@@ -66,7 +63,7 @@ def test_without_a_key_a_spoofed_worker_id_cannot_stop_the_servers(van, tmp_path
     with Cluster(num_workers=2, num_servers=1, env=env) as cluster:
         server_port, = cluster.ports(1)
         cluster.start("scheduler", SCHEDULER_OURS)
-        cluster.start("server", SERVER_KNOB, env={"PORT": str(server_port)})
+        cluster.start("server", SERVER_OURS, env={"PORT": str(server_port)})
         stop_file = tmp_path / "stop"
         for _ in range(2):
             cluster.start("worker", app("byteps_checks.py", "until", stop_file))

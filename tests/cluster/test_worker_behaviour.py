@@ -6,9 +6,10 @@ import sys
 import pytest
 
 from tests.support.vans import van_env
-from tests.support.cluster import SCHEDULER_OURS, Cluster, app, assert_all_ok
+from tests.support.cluster import SCHEDULER_OURS, SERVER_OURS, Cluster, app, assert_all_ok
 
 pytestmark = pytest.mark.timeout(120)
+# Module.fit's test runs the server as MXNet's launcher would (the knob); the others as ours
 SERVER_KNOB = [sys.executable, "-c", "import mxnet"]
 
 
@@ -17,7 +18,7 @@ def run_checks(mode, *args, env=None, timeout=90, expect_ok=True, servers=1):
     with Cluster(num_workers=2, num_servers=servers, env=env) as cluster:
         cluster.start("scheduler", SCHEDULER_OURS)
         for _ in range(servers):
-            cluster.start("server", SERVER_KNOB)
+            cluster.start("server", SERVER_OURS)
         workers = [cluster.start("worker", app("byteps_checks.py", mode, *args))
                    for _ in range(2)]
         if expect_ok:
@@ -121,7 +122,7 @@ def test_a_killed_node_is_named_and_every_other_node_exits_in_bounded_time(victi
            "PS_HEARTBEAT_TIMEOUT": "5"}
     with Cluster(num_workers=2, num_servers=1, env=env) as cluster:
         cluster.start("scheduler", SCHEDULER_OURS)
-        cluster.start("server", SERVER_KNOB)
+        cluster.start("server", SERVER_OURS)
         for _ in range(2):
             cluster.start("worker", app("byteps_checks.py", "endless"))
         cluster.wait_for("worker1", "round 20")
@@ -149,7 +150,7 @@ def test_fuzzed_frames_from_strangers_leave_training_exact_and_the_log_bounded(t
         server_port, = cluster.ports(1)
         scheduler_port = cluster.base_env["DMLC_PS_ROOT_PORT"]
         cluster.start("scheduler", SCHEDULER_OURS)
-        cluster.start("server", SERVER_KNOB, env={"PORT": str(server_port)})
+        cluster.start("server", SERVER_OURS, env={"PORT": str(server_port)})
         for _ in range(2):
             cluster.start("worker", app("byteps_checks.py", "until", stop_file))
         cluster.wait_for("worker0", "round 20")

@@ -15,6 +15,9 @@ from tests.support.paths import APPS, REPO  # noqa: F401  (tests import them fro
 from tests.support.procs import free_port, free_ports, kill_process_tree
 PY = sys.executable
 SCHEDULER_OURS = [PY, "-m", "kvstore_byteps.scheduler"]
+# Our server as launch.py starts it by default: no MXNet import (2.5-3.5 s of CPU per process
+# here). Tests of the MXNET_KVSTORE_SERVER knob start UPSTREAM's command with the knob set.
+SERVER_OURS = [PY, "-m", "kvstore_byteps.server"]
 UPSTREAM = [PY, "-c", "import mxnet"]      # scheduler or server, by DMLC_ROLE
 
 
