@@ -18,7 +18,7 @@ Linux only; processes this user may not read are skipped.
 import os
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 #: the environment variable that marks a benchmark job's processes
 JOB_MARK = "KVSTORE_BENCH_JOB"
@@ -68,14 +68,23 @@ def _link_bytes(pid: str) -> Optional[Tuple[str, int, int]]:
     return None
 
 
+class ProcessSample(NamedTuple):
+    """What one sample saw of one process."""
+
+    role: str
+    cpu_s: float                              # user + kernel CPU seconds so far
+    link: Optional[Tuple[str, int, int]]      # (namespace, rx, tx bytes) of eth0, if any
+    main_wait_s: Optional[float]              # main thread's run-queue wait, if reported
+    kernel_s: float                           # CPU seconds in the kernel so far
+
+
 class RoleUsage:
     """Samples the marked processes of one job until :meth:`stop`."""
 
     def __init__(self, mark: str, period: float = 0.2):
         self.mark, self.period = mark, period
-        #: (wall time, {pid: (role, CPU seconds, (namespace, rx, tx) or None,
-        #: main thread's run-queue wait in seconds or None, CPU seconds in the kernel)})
-        self.samples: List[Tuple[float, Dict[str, tuple]]] = []
+        #: (wall time, {pid: ProcessSample})
+        self.samples: List[Tuple[float, Dict[str, ProcessSample]]] = []
         #: (wall time, machine's (busy, all) ticks), taken with each sample
         self.machine: List[Tuple[float, Tuple[int, int]]] = []
         self._roles: Dict[str, Optional[str]] = {}     # pid -> role (None: not ours)
@@ -110,8 +119,8 @@ class RoleUsage:
                     continue
                 try:
                     seconds, kernel = _cpu_seconds(pid)
-                    seen[pid] = (role, seconds, _link_bytes(pid), _main_thread_wait(pid),
-                                 kernel)
+                    seen[pid] = ProcessSample(role, seconds, _link_bytes(pid),
+                                              _main_thread_wait(pid), kernel)
                 except OSError:
                     continue
             self.samples.append((now, seen))
@@ -141,14 +150,16 @@ class RoleUsage:
         kernel: Dict[str, float] = {}
         waits: Dict[str, float] = {}
         links: Dict[str, Dict[str, Tuple[int, int]]] = {}
-        for pid, (role, seconds, link, wait, in_kernel) in last.items():
-            if pid not in first:
+        for pid, now in last.items():
+            was = first.get(pid)
+            if was is None:
                 continue
-            _, seconds0, link0, wait0, in_kernel0 = first[pid]
-            cpu[role] = cpu.get(role, 0.0) + seconds - seconds0
-            kernel[role] = kernel.get(role, 0.0) + in_kernel - in_kernel0
-            if wait is not None and wait0 is not None:
-                waits[role] = waits.get(role, 0.0) + wait - wait0
+            role = now.role
+            cpu[role] = cpu.get(role, 0.0) + now.cpu_s - was.cpu_s
+            kernel[role] = kernel.get(role, 0.0) + now.kernel_s - was.kernel_s
+            if now.main_wait_s is not None and was.main_wait_s is not None:
+                waits[role] = waits.get(role, 0.0) + now.main_wait_s - was.main_wait_s
+            link, link0 = now.link, was.link
             if link is not None and link0 is not None and link[0] == link0[0]:
                 links.setdefault(role, {})[link[0]] = (link[1] - link0[1], link[2] - link0[2])
         out = {}

@@ -15,16 +15,17 @@ def usage_module():
 
 def test_cpu_is_summed_per_role_and_divided_by_nodes_and_steps(usage_module):
     usage = usage_module.RoleUsage("job")
+    sample = usage_module.ProcessSample
     usage.samples = [
-        (10.0, {"1": ("worker", 5.0, ("net:[1]", 100, 1000), 0.5, 1.0),   # guard of worker 0
-                "2": ("worker", 7.0, ("net:[1]", 100, 1000), 1.0, 2.0),   # worker 0's program
-                "3": ("worker", 1.0, ("net:[2]", 0, 0), 2.0, 0.5),
-                "4": ("server", 2.0, None, None, 1.0)}),                  # no scheduler statistics
-        (20.0, {"1": ("worker", 5.5, ("net:[1]", 4100, 9000), 0.5, 1.0),
-                "2": ("worker", 13.0, ("net:[1]", 4100, 9000), 1.6, 4.0),
-                "3": ("worker", 5.5, ("net:[2]", 2000, 3000), 3.0, 1.5),
-                "4": ("server", 4.0, None, None, 1.5),
-                "5": ("server", 9.0, None, 1.0, 3.0)}),   # started after the window began: left out
+        (10.0, {"1": sample("worker", 5.0, ("net:[1]", 100, 1000), 0.5, 1.0),   # worker 0's guard
+                "2": sample("worker", 7.0, ("net:[1]", 100, 1000), 1.0, 2.0),   # its program
+                "3": sample("worker", 1.0, ("net:[2]", 0, 0), 2.0, 0.5),
+                "4": sample("server", 2.0, None, None, 1.0)}),      # no scheduler statistics
+        (20.0, {"1": sample("worker", 5.5, ("net:[1]", 4100, 9000), 0.5, 1.0),
+                "2": sample("worker", 13.0, ("net:[1]", 4100, 9000), 1.6, 4.0),
+                "3": sample("worker", 5.5, ("net:[2]", 2000, 3000), 3.0, 1.5),
+                "4": sample("server", 4.0, None, None, 1.5),
+                "5": sample("server", 9.0, None, 1.0, 3.0)}),   # started later: left out
     ]
     got = usage.per_step(10.1, 19.9, steps=4, nodes={"worker": 2, "server": 1})
     assert got["worker"]["cpu_s"] == pytest.approx((0.5 + 6.0 + 4.5) / 2 / 4)
