@@ -6,6 +6,7 @@ installed ``kvstore_byteps.pth``, the child emulates it by importing the hook fi
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -149,7 +150,6 @@ def test_editable_install_registers_dist_byteps_too(tmp_path):
 def _dependencies_of_this_env(tmp_path) -> Path:
     """A folder of links to everything installed here but this project (whose editable install
     must be the only one the new virtualenv sees)."""
-    import sysconfig
     folder = tmp_path / "dependencies"
     folder.mkdir()
     for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
