@@ -1,11 +1,10 @@
 """Real clusters and rogues: with BYTEPS_AUTH_KEY strangers cannot join or send; without one, a
 spoofed node id cannot stop the servers; upstream MXNet nodes are refused with a clear error."""
-import sys
 import time
 
 import pytest
 
-from tests.support.cluster import SCHEDULER_OURS, SERVER_OURS, Cluster, app
+from tests.support.cluster import SCHEDULER_OURS, SERVER_OURS, UPSTREAM, Cluster, app
 from tests.support.vans import van_env
 
 
@@ -84,7 +83,7 @@ def test_an_upstream_mxnet_node_is_refused_with_a_clear_error():
     env = {"BYTEPS_AUTH_KEY": "cluster-key-" + "9" * 20, "BYTEPS_START_TIMEOUT": "10"}
     with Cluster(num_workers=1, num_servers=1, env=env) as cluster:
         cluster.start("scheduler", SCHEDULER_OURS)
-        cluster.start("server", [sys.executable, "-c", "import mxnet"],
+        cluster.start("server", UPSTREAM,
                       env={"MXNET_KVSTORE_SERVER": "mxnet"})
         proc = cluster.procs["scheduler0"][0]
         proc.wait(60)

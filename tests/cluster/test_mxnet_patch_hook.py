@@ -158,4 +158,3 @@ def _dependencies_of_this_env(tmp_path) -> Path:
                 not name.endswith(".pth"):
             (folder / entry.name).symlink_to(entry)
     return folder
-

@@ -2,14 +2,13 @@
 rejoins, the workers restore its rounds, and every sum stays exact (BYTEPS_SERVER_RECOVERY)."""
 import os
 import signal
-import sys
 
 import pytest
 
 from tests.support.vans import van_env
-from tests.support.cluster import SCHEDULER_OURS, Cluster, app
+from tests.support.cluster import SCHEDULER_OURS, UPSTREAM, Cluster, app
 
-SERVER_KNOB = [sys.executable, "-c", "import mxnet"]
+SERVER_KNOB = UPSTREAM      # MXNet's server process; MXNET_KVSTORE_SERVER picks ours
 ENV = {"MXNET_KVSTORE_SERVER": "byteps", "BYTEPS_SERVER_RECOVERY": "1",
        "PS_HEARTBEAT_INTERVAL": "1", "PS_HEARTBEAT_TIMEOUT": "20",
        "BYTEPS_PARTITION_BYTES": "400000"}

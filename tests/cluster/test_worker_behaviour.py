@@ -1,16 +1,14 @@
 """dist_byteps behaviours in real 2-worker clusters with our BytePS server."""
 import collections
 import re
-import sys
 
 import pytest
 
 from tests.support.vans import van_env
-from tests.support.cluster import SCHEDULER_OURS, SERVER_OURS, Cluster, app, assert_all_ok
+from tests.support.cluster import SCHEDULER_OURS, SERVER_OURS, UPSTREAM, Cluster, app, \
+    assert_all_ok
 
 pytestmark = pytest.mark.timeout(120)
-# Module.fit's test runs the server as MXNet's launcher would (the knob); the others as ours
-SERVER_KNOB = [sys.executable, "-c", "import mxnet"]
 
 
 def run_checks(mode, *args, env=None, timeout=90, expect_ok=True, servers=1):
@@ -97,7 +95,7 @@ def test_workers_initialising_keys_in_different_orders_are_told_why():
 def test_module_fit_over_dist_byteps_keeps_workers_identical():
     with Cluster(num_workers=2, num_servers=1, env={"MXNET_KVSTORE_SERVER": "byteps"}) as cluster:
         cluster.start("scheduler", SCHEDULER_OURS)
-        cluster.start("server", SERVER_KNOB)
+        cluster.start("server", UPSTREAM)   # as MXNet's launcher runs it, with the knob
         for _ in range(2):
             cluster.start("worker", app("module_fit.py"))
         results = cluster.wait_all(90)

@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from kvstore_byteps.errors import PeerError
 from kvstore_byteps.serving.twobit import quantize_2bit
 from kvstore_byteps.serving.dist import KVStoreDistServer
 from kvstore_byteps.mxproto import RequestType, ServerCommand, encode_cmd
@@ -346,7 +347,6 @@ class _GoneWorker(FakeServer):
 
     def respond(self, req, **kwargs):
         if req.sender == WORKER1:
-            from kvstore_byteps.errors import PeerError
             raise PeerError("sending to worker %d failed: [Errno 104] Connection reset by peer"
                             % WORKER1)
         return super().respond(req, **kwargs)
