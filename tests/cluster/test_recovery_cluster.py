@@ -1,6 +1,7 @@
 """A server killed (-9) during dist_byteps training and restarted with the same environment
 rejoins, the workers restore its rounds, and every sum stays exact (BYTEPS_SERVER_RECOVERY)."""
 import os
+import re
 import signal
 
 import pytest
@@ -65,5 +66,8 @@ def test_without_server_recovery_a_restarted_server_ends_the_job_saying_what_to_
         out = results[name][1]
         assert "cannot restore it" in out and "BYTEPS_SERVER_RECOVERY=1" in out, out
         assert "VARIED OK" not in out and "WRONG SUM" not in out, out
+    # it learns the workers are gone one of three ways: its wait for their reports ends, the
+    # scheduler declares them dead, or they left before it could connect to them
     restarted = results["server1-restarted"][1]
-    assert "lacks the recovery reports" in restarted or "is dead" in restarted, restarted
+    assert ("lacks the recovery reports" in restarted or "is dead" in restarted
+            or re.search(r"cannot connect to worker \d+ .* within 8 s", restarted)), restarted
