@@ -248,7 +248,7 @@ class Config:
             backup_workers=env.get(Env.BACKUP_WORKERS, _nonnegative_int, 0),
             pull_with_push=env.flag(Env.PULL_WITH_PUSH, True),
             key_hash_fn=env.get(Env.KEY_HASH_FN, _choice(KEY_HASH_FNS), "balanced"),
-            log_level=env.get(Env.LOG_LEVEL, _choice(LOG_LEVELS), "WARNING"),
+            log_level=env.get(Env.LOG_LEVEL, _upper_choice(LOG_LEVELS), "WARNING"),
             trace_on=env.flag(Env.TRACE_ON, False),
             trace_start_step=env.get(Env.TRACE_START_STEP, _nonnegative_int, 10),
             trace_end_step=env.get(Env.TRACE_END_STEP, _nonnegative_int, 20),
@@ -264,6 +264,10 @@ class Config:
         if config.backup_workers and config.backup_workers >= config.num_workers:
             raise ConfigError("%s=%d needs more workers than that (DMLC_NUM_WORKER=%d)"
                               % (Env.BACKUP_WORKERS, config.backup_workers, config.num_workers))
+        if config.trace_on and config.trace_start_step > config.trace_end_step:
+            raise ConfigError("%s=%d is after %s=%d: the trace would record no step"
+                              % (Env.TRACE_START_STEP, config.trace_start_step,
+                                 Env.TRACE_END_STEP, config.trace_end_step))
         return config
 
     @property
@@ -441,3 +445,9 @@ def _choice(choices):
             raise ValueError("expected one of %s" % ", ".join(choices))
         return text
     return parse
+
+
+def _upper_choice(choices):
+    """Like :func:`_choice`, in any case (``info`` reads as ``INFO``)."""
+    parse = _choice(choices)
+    return lambda text: parse(text.upper())

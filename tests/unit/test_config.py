@@ -76,3 +76,17 @@ def test_bad_values_name_variable_and_value(name, value):
 def test_config_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         Config.from_env({}).num_workers = 3
+
+
+def test_log_level_is_read_in_any_case():
+    assert Config.from_env({"BYTEPS_LOG_LEVEL": "info"}).log_level == "INFO"
+    assert Config.from_env({"BYTEPS_LOG_LEVEL": "Debug"}).log_level == "DEBUG"
+
+
+def test_a_trace_that_ends_before_it_starts_is_refused_naming_both_steps():
+    env = {"BYTEPS_TRACE_ON": "1", "BYTEPS_TRACE_START_STEP": "30", "BYTEPS_TRACE_END_STEP": "20"}
+    with pytest.raises(ConfigError) as info:
+        Config.from_env(env)
+    assert "BYTEPS_TRACE_START_STEP=30" in str(info.value)
+    assert "BYTEPS_TRACE_END_STEP=20" in str(info.value)
+    assert Config.from_env(dict(env, BYTEPS_TRACE_ON="0")).trace_start_step == 30
