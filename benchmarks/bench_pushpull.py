@@ -451,9 +451,24 @@ def write_json(rows, path: str, byteps_server: str, args) -> None:
         json.dump(data, f, indent=1)
 
 
+def require_bench_extra() -> None:
+    """Stop, naming the install command, unless the bench extra (tqdm, matplotlib) is there:
+    checked after the command line is parsed, so ``--help`` works without it."""
+    missing = []
+    for module in ("tqdm", "matplotlib"):
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        sys.exit("%s: needs %s: pip install -e '.[bench]'"
+                 % (os.path.basename(sys.argv[0]), " and ".join(missing)))
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from tqdm import tqdm
     args = parse_args(argv)
+    require_bench_extra()
+    from tqdm import tqdm
     args.loads = [os.getloadavg()[0]]
     print("machine: %d cpus, load average %.2f (other processes skew the times)"
           % (os.cpu_count(), args.loads[0]), flush=True)

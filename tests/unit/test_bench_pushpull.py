@@ -32,3 +32,21 @@ def test_the_default_out_is_a_png_with_its_json(bench):
     args = bench.parse_args([])
     assert (args.plot_path, args.json_path) == (os.path.join("bench_out", "pushpull.png"),
                                                  os.path.join("bench_out", "pushpull.json"))
+
+
+@pytest.fixture
+def without_bench_extra(monkeypatch):
+    for module in ("tqdm", "matplotlib"):
+        monkeypatch.setitem(__import__("sys").modules, module, None)   # import fails
+
+
+def test_help_needs_no_bench_extra(bench, without_bench_extra, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--help"])
+    assert exc.value.code == 0 and "--cases" in capsys.readouterr().out
+
+
+def test_a_run_without_the_bench_extra_says_what_to_install(bench, without_bench_extra):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(["--quick"])
+    assert "needs tqdm and matplotlib: pip install -e '.[bench]'" in str(exc.value.code)
