@@ -13,6 +13,7 @@ import os
 from typing import Callable, Mapping, Optional, TypeVar
 
 from .errors import ConfigError
+from .words import count
 
 T = TypeVar("T")
 
@@ -285,7 +286,7 @@ def training_mode(enable_async: bool, backup_workers: int) -> str:
     agree on (a sum taken for weights, or weights for a sum, would be silently wrong)."""
     if enable_async:
         return "async"
-    return "sync with %d backup workers" % backup_workers if backup_workers else "sync"
+    return "sync with %s" % count(backup_workers, "backup worker") if backup_workers else "sync"
 
 
 class _EnvReader:

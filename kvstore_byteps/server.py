@@ -20,6 +20,7 @@ from .config import Config, Role
 from .errors import PeerError, ConfigError, JobAbortedError, KVStoreBytePSError
 from .serving.byteps import BytePSServer
 from .serving.dist import KVStoreDistServer
+from .words import count
 
 __all__ = ["KVStoreDistServer", "BytePSServer", "build_server", "run_server", "main"]
 
@@ -82,7 +83,8 @@ def run_server(config: Config) -> int:
                         "workers' recovery reports", postoffice.my_rank)
         else:
             postoffice.barrier(ALL_GROUP)
-        log.info("server rank %d serving %d worker(s)", postoffice.my_rank, config.num_workers)
+        log.info("server rank %d serving %s", postoffice.my_rank,
+                 count(config.num_workers, "worker"))
         while not server.wait_done(_POLL_SECONDS):
             if postoffice.stopped:     # the van died (its error was logged): stop serving
                 raise PeerError("server rank %d: the van stopped before kStopServer: %s"

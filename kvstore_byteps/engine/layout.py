@@ -66,8 +66,9 @@ class ServerDialect:
     """What differs between the kinds of servers a worker may talk to."""
 
     kind: ServerKind
-    #: how rank 0 names the servers at start-up
-    description: str
+    #: how rank 0 names the servers at start-up: one server, and what its kind means here
+    noun: str
+    detail: str
     #: why a restarted server of this kind cannot be restored by its workers (None: it can)
     unrestorable: Optional[str] = None
     #: why these servers lack kvstore-byteps' extensions: pulls riding along with pushes,
@@ -104,7 +105,7 @@ class BytePSDialect(ServerDialect):
     the round's sum; small partitions of one server share a request."""
 
     kind = ServerKind.BYTEPS
-    description = "BytePS servers (the BytePS data path)"
+    noun, detail = "BytePS server", "the BytePS data path"
 
     def __init__(self, config: Config, num_servers: int):
         super().__init__(config, num_servers)
@@ -142,7 +143,7 @@ class MXNetDialect(ServerDialect):
     MXNet's worker); they keep weights and optimizer state themselves."""
 
     kind = ServerKind.MXNET
-    description = "MXNet's own servers (MXNet's key layout, no BytePS data path)"
+    noun, detail = "MXNet's own server", "MXNet's key layout, no BytePS data path"
     unrestorable = ("this worker talks to MXNet's own servers, which kept the weights and the "
                     "optimizer state")
     extensions_missing = ("these are MXNet's own servers (start ours: MXNET_KVSTORE_SERVER=byteps "

@@ -31,6 +31,7 @@ from ..mxproto import RequestType, ServerCommand, encode_cmd
 from ..van.kv import KVWorker
 from ..van.message import ALL_GROUP, SERVER_GROUP, WORKER_GROUP
 from ..van.postoffice import Postoffice
+from ..words import count
 from .modes import TrainingMode
 from . import sizing
 from .layout import KeyLayout, Layouts, ServerDialect, dialect_for, server_kind
@@ -153,8 +154,9 @@ class WorkerEngine:
         credit = self.dialect.credit()
         sized = ("" if self.link_rate is None else
                  " (sized for rank 0's link to the servers: %.0f MB/s)" % (self.link_rate / 1e6))
-        return ("dist_byteps: %d workers, %d %s; van %s; partitions of %d bytes%s; credit %s%s%s"
-                % (self.num_workers, self.po.num_servers, self.dialect.description,
+        return ("dist_byteps: %s, %s (%s); van %s; partitions of %d bytes%s; credit %s%s%s"
+                % (count(self.num_workers, "worker"),
+                   count(self.po.num_servers, self.dialect.noun), self.dialect.detail,
                    self.po.transport, cfg.partition_bytes, sized,
                    "%d bytes (%d partitions)" % (credit, cfg.scheduling_credit) if credit
                    else "unlimited",

@@ -54,7 +54,7 @@ def test_horovod_api_on_one_host_with_bpslaunch_two_processes(spawn):
                        {"BYTEPS_LOCAL_SIZE": "2", "DMLC_ROLE": "", "DMLC_NUM_WORKER": ""})
     assert_ok(code, output, "HVD OK", 2)
     assert "2 worker process(es) with a scheduler and a server" in output, output
-    assert "dist_byteps: 1 workers" in output, output      # local rank 1 reduced through 0
+    assert "dist_byteps: 1 worker," in output, output      # local rank 1 reduced through 0
 
 
 def test_two_hosts_of_two_processes_train_like_one_process_with_one_flow_per_host(spawn):

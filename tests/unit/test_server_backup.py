@@ -12,7 +12,7 @@ from kvstore_byteps.serving.byteps import BytePSServer
 from tests.support.server_fakes import WORKER0, WORKER1, WORKER2, FakeServer, command, pull, push
 
 BP = RequestType.BYTEPS
-MODE = b"sync with 1 backup workers"
+MODE = b"sync with 1 backup worker"
 
 
 def bpush(sender, key, value, pull_too=False):
@@ -83,7 +83,7 @@ def test_the_probe_refuses_a_worker_that_trains_otherwise():
         assert fake.wait_for(same).error is None and fake.wait_for(same).body == PROBE_ANSWER
         other = command(WORKER1, ServerCommand.BYTEPS_PROBE, b"sync")
         srv.handle_command(other, fake)
-        assert "this server trains sync with 1 backup workers, the worker sync" in \
+        assert "this server trains sync with 1 backup worker, the worker sync" in \
             fake.wait_for(other).error
 
 

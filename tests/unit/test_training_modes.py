@@ -17,7 +17,7 @@ def test_each_mode_names_itself_and_what_it_cannot_do():
     sync, asynchronous = mode(), mode(BYTEPS_ENABLE_ASYNC="1")
     backup = mode(BYTEPS_BACKUP_WORKERS="1")
     assert (sync.name, asynchronous.name, backup.name) == (
-        "sync", "async", "sync with 1 backup workers")
+        "sync", "async", "sync with 1 backup worker")
     assert sync.summed and sync.refusal(MISSING) is None and sync.compression_refusal is None
     assert asynchronous.refusal(MISSING).startswith("BYTEPS_ENABLE_ASYNC needs kvstore-byteps")
     assert backup.refusal(MISSING).startswith("BYTEPS_BACKUP_WORKERS needs kvstore-byteps")
