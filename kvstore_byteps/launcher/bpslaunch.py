@@ -16,7 +16,9 @@ Run on every node with BytePS's environment, as BytePS's own ``bpslaunch``::
   have nothing to do.
 
 Output lines are prefixed by node, and the first process that fails stops the others (the
-launcher's job supervision, :mod:`.job`).
+launcher's job supervision, :mod:`.job`). ``bpslaunch --grace SECONDS COMMAND ...`` (ours, not
+BytePS's): how long a scheduler and server that this bpslaunch started along with workers may
+take to exit after those workers finished (default 30).
 """
 import os
 import sys
@@ -30,6 +32,9 @@ from .plan import ProcSpec, SchedulerProgram, scheduler_argv
 __all__ = ["local_size", "plan_bpslaunch", "main", "console_main"]
 
 PROG = "bpslaunch"
+#: how long a scheduler and server started with workers (one worker host) may take to exit
+#: after those workers finished (``--grace``)
+DEFAULT_GRACE_S = 30.0
 
 
 class UsageError(Exception):
@@ -119,6 +124,22 @@ def _single_host(size: int, command: Sequence[str], python: str, port: int):
     return "%d worker process(es) with a scheduler and a server on this machine" % size, specs
 
 
+def split_options(argv: Sequence[str]) -> Tuple[float, List[str]]:
+    """``(grace, command)`` from ``[--grace SECONDS] [--] COMMAND ...``: our one option, which
+    BytePS's bpslaunch does not have (a command never starts with ``--``)."""
+    argv, grace = list(argv), DEFAULT_GRACE_S
+    if argv[:1] == ["--grace"]:
+        text = argv[1] if len(argv) > 1 else ""
+        try:
+            grace = float(text)
+        except ValueError:
+            grace = -1.0
+        if not grace >= 0:      # also NaN
+            raise UsageError("--grace takes a number of seconds >= 0, got %r" % text)
+        argv = argv[2:]
+    return grace, argv[1:] if argv[:1] == ["--"] else argv
+
+
 def main(argv: Optional[Sequence[str]] = None,
          environ: Optional[Mapping[str, str]] = None) -> int:
     """Command-line entry point; returns the exit status."""
@@ -128,6 +149,7 @@ def main(argv: Optional[Sequence[str]] = None,
         print(__doc__)
         return 0
     try:
+        grace, argv = split_options(argv)
         what, specs = plan_bpslaunch(environ, argv)
     except UsageError as exc:
         print("[%s] %s" % (PROG, exc), file=sys.stderr)
@@ -136,7 +158,7 @@ def main(argv: Optional[Sequence[str]] = None,
     if not specs:
         return 0
     environ.setdefault("PYTHONUNBUFFERED", "1")
-    return Job(specs, starter=NodeStarter(sys.executable), base_env=environ).run()
+    return Job(specs, starter=NodeStarter(sys.executable), grace=grace, base_env=environ).run()
 
 
 def console_main() -> None:

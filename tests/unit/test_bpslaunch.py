@@ -82,3 +82,14 @@ def test_horovod_reductions_a_server_cannot_sum_are_refused(monkeypatch):
             hvd._scales(None, op, 1.0, 1.0)
     with pytest.raises(ValueError, match="either op or average"):
         hvd._scales(True, hvd.Sum, 1.0, 1.0)
+
+
+def test_grace_is_our_one_option_before_the_command():
+    from kvstore_byteps.launcher.bpslaunch import DEFAULT_GRACE_S, split_options
+    assert split_options(["python", "t.py", "--grace", "1"]) == (
+        DEFAULT_GRACE_S, ["python", "t.py", "--grace", "1"])       # the command's own
+    assert split_options(["--grace", "2.5", "python", "t.py"]) == (2.5, ["python", "t.py"])
+    assert split_options(["--grace", "0", "--", "--odd"]) == (0.0, ["--odd"])
+    for bad in (["--grace"], ["--grace", "x"], ["--grace", "-1"], ["--grace", "nan"]):
+        with pytest.raises(UsageError, match="--grace takes a number of seconds"):
+            split_options(bad)
