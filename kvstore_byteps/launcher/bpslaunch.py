@@ -18,7 +18,8 @@ Run on every node with BytePS's environment, as BytePS's own ``bpslaunch``::
 Output lines are prefixed by node, and the first process that fails stops the others (the
 launcher's job supervision, :mod:`.job`). ``bpslaunch --grace SECONDS COMMAND ...`` (ours, not
 BytePS's): how long a scheduler and server that this bpslaunch started along with workers may
-take to exit after those workers finished (default 30).
+take to exit after those workers finished (default 30). A bpslaunch that started no workers
+(the scheduler and server roles) has no such deadline: it lives as long as its node does.
 """
 import os
 import sys

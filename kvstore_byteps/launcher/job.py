@@ -192,6 +192,9 @@ class Job:
     def _supervise(self) -> int:
         started = time.monotonic()
         workers_done_at = None
+        # The linger rule is about workers this launch started: a launch of only a scheduler
+        # or only servers (bpslaunch by role) has none, and its nodes end by themselves.
+        has_workers = any(c.spec.role is Role.WORKER for c in self._children)
         while True:
             now = time.monotonic()
             if self._signal is not None:
@@ -206,7 +209,7 @@ class Job:
             running = [c for c in self._children if c.running]
             if not running:
                 return 0
-            if not any(c.spec.role is Role.WORKER for c in running):
+            if has_workers and not any(c.spec.role is Role.WORKER for c in running):
                 workers_done_at = workers_done_at or now
                 if now - workers_done_at > self._grace:
                     self._log("%s did not exit within %g s after the workers finished; killing"

@@ -77,3 +77,42 @@ def test_two_hosts_of_two_processes_train_like_one_process_with_one_flow_per_hos
     assert "dist_byteps: 2 workers" in output, output
     for proc in others:
         assert proc.wait(timeout=30) == 0
+
+
+LONG_TRAIN = os.path.join(APPS, "bps_long_train.py")
+
+
+def test_every_role_under_bpslaunch_outlives_the_grace_with_local_groups(spawn, tmp_path):
+    """BytePS's documented launch, every role under ``bpslaunch``: a scheduler, two servers
+    and two worker hosts (127.0.0.1, DMLC_WORKER_ID 0 and 1) of two processes each, training
+    well past the launcher's grace (``--grace 2``). The scheduler's and servers' bpslaunch
+    started no workers, so the grace is not theirs to apply: all five exit 0 and the four
+    processes end with the same weights."""
+    env = dict(os.environ, PYTHONPATH=REPO, BYTEPS_START_TIMEOUT="40", DMLC_NUM_WORKER="2",
+               DMLC_NUM_SERVER="2", DMLC_PS_ROOT_URI="127.0.0.1",
+               DMLC_PS_ROOT_PORT=str(free_port()), DMLC_NODE_HOST="127.0.0.1")
+    roles = [("scheduler", {}, []), ("server", {}, []), ("server", {}, [])]
+    roles += [("worker", {"DMLC_WORKER_ID": str(host), "BYTEPS_LOCAL_SIZE": "2"},
+               [sys.executable, LONG_TRAIN, "6"]) for host in (0, 1)]
+    nodes = []
+    for index, (role, extra, command) in enumerate(roles):
+        log = open(tmp_path / ("%d-%s.log" % (index, role)), "w+")
+        nodes.append((spawn(BPSLAUNCH + ["--grace", "2"] + command, stdout=log,
+                            stderr=subprocess.STDOUT, cwd=REPO,
+                            env=dict(env, DMLC_ROLE=role, **extra)), log))
+    outputs = []
+    for proc, log in nodes:
+        try:
+            code = proc.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            code = None
+        log.seek(0)
+        outputs.append((code, log.read()))
+    everything = "\n\n".join(out for _, out in outputs)
+    assert [code for code, _ in outputs] == [0] * 5, everything
+    assert "did not exit within" not in everything, everything
+    finals = sorted(line.split("] ", 1)[1] for line in everything.splitlines()
+                    if " PARAMS " in line)
+    assert [line.split(" STEPS")[0] for line in finals] == [
+        "RANK %d/4 LOCAL %d/2" % (rank, rank % 2) for rank in range(4)], everything
+    assert len({line.split(" STEPS ")[1] for line in finals}) == 1, finals

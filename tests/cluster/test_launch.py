@@ -290,6 +290,14 @@ def test_servers_that_outlive_the_workers_fail_the_job(run_launch):
     assert [p for p in registered_pids(piddir) if pid_alive(p)] == []
 
 
+def test_a_launch_without_workers_waits_for_its_nodes_past_the_grace():
+    """bpslaunch by role starts only a scheduler or a server: "no worker running" is true
+    from the start, and is no reason to stop nodes that are still serving the job."""
+    nodes = [plan.ProcSpec(role, None, (sys.executable, "-c", "import time; time.sleep(1.5)"),
+                           {}) for role in (Role.SCHEDULER, Role.SERVER)]
+    assert job.Job(nodes, grace=0.1, timeout=30).run() == 0
+
+
 @pytest.mark.timeout(60)
 def test_sigterm_stops_the_job(run_launch):
     proc, piddir = run_launch(["sleep"], ["sleep"], ["sleep"])
