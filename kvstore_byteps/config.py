@@ -338,6 +338,13 @@ def _auth_key(env: "_EnvReader") -> Optional[bytes]:
     return key
 
 
+def env_flag(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    """The flag ``name`` of ``environ`` read as Config reads every flag (``1``/``true``/``yes``/
+    ``on``, ``0``/``false``/``no``/``off``, any case; unset or empty: ``default``), for the
+    few readers outside Config (bpslaunch). ConfigError quotes a bad value."""
+    return _EnvReader(environ).flag(name, default)
+
+
 def _flag(text: str) -> bool:
     lowered = text.lower()
     if lowered in ("1", "true", "yes", "on"):

@@ -31,6 +31,21 @@ class ClusterStartError(DeadlineError):
     """The cluster did not form in time (scheduler unreachable, nodes missing)."""
 
 
+#: How a server marks, in the text of an error answer (all the wire carries), that it refused the
+#: worker's configuration (a ConfigError at the server): the worker then raises ConfigError too.
+CONFIG_REFUSAL = "configuration: "
+
+
+def config_refusal(text: str) -> str:
+    """The error answer of a server that refuses a worker's configuration for ``text``."""
+    return CONFIG_REFUSAL + text
+
+
+def refused_configuration(error: str):
+    """The refusal's text if ``error`` (an error answer) refused the configuration, else None."""
+    return error[len(CONFIG_REFUSAL):] if error.startswith(CONFIG_REFUSAL) else None
+
+
 class AuthenticationError(ConfigError):
     """A peer did not prove it holds the cluster's key (``BYTEPS_AUTH_KEY``), or refused ours.
     The message names the peer and the likely cause (a different key, or no key on one side)."""

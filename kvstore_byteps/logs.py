@@ -5,6 +5,7 @@ import sys
 import threading
 
 from .config import Config
+from .errors import ConfigError
 
 _LEVELS = {"TRACE": logging.DEBUG, "DEBUG": logging.DEBUG, "INFO": logging.INFO,
            "WARNING": logging.WARNING, "ERROR": logging.ERROR, "FATAL": logging.CRITICAL}
@@ -53,6 +54,24 @@ def announce(config: Config, text: str) -> None:
     """One start-up line on stderr that users see by default (not with BYTEPS_LOG_LEVEL=ERROR)."""
     if config.log_level not in _QUIET_LEVELS:
         print("[kvstore_byteps] " + text, file=sys.stderr, flush=True)
+
+
+def config_errors_in_one_line() -> None:
+    """In a user's process (a worker): a ConfigError of ours that nothing caught ends the process
+    with one line on stderr (and exit code 1, as any uncaught exception), not a traceback: it
+    says what to set, and the traceback through the user's script and ours says nothing more.
+    Every other exception still reaches the hook that was there before. Idempotent."""
+    previous = sys.excepthook
+    if getattr(previous, "_kvstore_byteps", False):
+        return
+
+    def hook(kind, error, traceback):
+        if isinstance(error, ConfigError):
+            print("[kvstore_byteps] configuration error: %s" % error, file=sys.stderr, flush=True)
+        else:
+            previous(kind, error, traceback)
+    hook._kvstore_byteps = True
+    sys.excepthook = hook
 
 
 class PeerLog:

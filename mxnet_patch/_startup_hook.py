@@ -63,7 +63,11 @@ def _route():
     names = (Env.ROLE, Env.KVSTORE_SERVER)
     if Config.from_env(_routing_environ(names)).kvstore_server is not ServerKind.BYTEPS:
         return None
-    return role, Config.from_env()       # asked for us: now every variable must be valid
+    try:
+        return role, Config.from_env()   # asked for us: now every variable must be valid
+    except ConfigError as exc:           # one line, as python -m kvstore_byteps.server says it
+        print("[kvstore_byteps] configuration error: %s" % exc, file=sys.stderr, flush=True)
+        sys.exit(2)
 
 
 def _run_route(route):

@@ -119,7 +119,8 @@ class KVStoreBytePS(KVStoreBase):
     def __init__(self):
         from kvstore_byteps.config import Config
         from kvstore_byteps.engine.worker import WorkerEngine
-        from kvstore_byteps.logs import setup_library_logging
+        from kvstore_byteps.logs import config_errors_in_one_line, setup_library_logging
+        config_errors_in_one_line()    # a bad setting ends the script with one line
         config = Config.from_env()
         setup_library_logging(config, "[worker]")  # PS_VERBOSE / BYTEPS_LOG_LEVEL reach workers too
         if config.keep_freed_memory:

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..compress.params import parse_compression_params
 from ..config import Config, ServerKind
-from ..errors import KVStoreBytePSError, PeerError
+from ..errors import ConfigError, KVStoreBytePSError, PeerError
 from ..logs import announce
 from ..mxproto import RequestType, ServerCommand, encode_cmd
 from ..van.kv import KVWorker
@@ -204,7 +204,7 @@ class WorkerEngine:
         if refusal:
             # A usage error, not a failure of the job: refused before any request, so every
             # worker that meets it still leaves the job cleanly as it exits.
-            raise KVStoreBytePSError(refusal)
+            raise ConfigError(refusal)
         try:
             return self._init(key, value, out, any_order)
         except KVStoreBytePSError as exc:
@@ -368,7 +368,7 @@ class WorkerEngine:
         refusal = compression_refusal(self.config.server_recovery,
                                       self.dialect.extensions_missing, self.mode)
         if refusal:
-            raise KVStoreBytePSError(refusal)
+            raise ConfigError(refusal)
         with self._order_lock:
             if self._last_task:
                 raise KVStoreBytePSError("set_gradient_compression must come before the first "

@@ -10,7 +10,8 @@ Run on every node with BytePS's environment, as BytePS's own ``bpslaunch``::
   ``NVIDIA_VISIBLE_DEVICES``, else 1. As in BytePS, local rank 0 is the host's worker in the
   cluster and the others reduce through it (``mxnet_patch.localgroup``): one flow per host.
 * ``scheduler`` / ``server``: our scheduler or server (``DMLC_NUM_WORKER`` counts hosts).
-* One worker host and no ``BYTEPS_FORCE_DISTRIBUTED=1`` (BytePS then needs no servers): the
+* One worker host and no ``BYTEPS_FORCE_DISTRIBUTED`` (``1``, ``true``, ``yes`` or ``on``, as
+  every flag is read; BytePS then needs no servers): the
   worker role (the default then) starts a scheduler and a server on this machine itself, so
   ``bpslaunch python train.py`` trains on one machine as it does with BytePS; the other roles
   have nothing to do.
@@ -25,7 +26,9 @@ import os
 import sys
 from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
-from ..config import Env, Role
+from ..config import Env, Role, env_flag
+from ..errors import ConfigError
+from ..words import count
 from ..ports import free_port
 from .job import Job, NodeStarter
 from .plan import ProcSpec, SchedulerProgram, scheduler_argv
@@ -71,58 +74,81 @@ def _int(environ, name: str, default: Optional[int] = None) -> int:
 
 def single_host(environ: Mapping[str, str]) -> bool:
     """One worker host and no BYTEPS_FORCE_DISTRIBUTED: BytePS would run without servers."""
-    return (_int(environ, Env.NUM_WORKER, 1) == 1
-            and environ.get(Env.FORCE_DISTRIBUTED, "") != "1")
+    try:
+        forced = env_flag(environ, Env.FORCE_DISTRIBUTED, False)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    return _int(environ, Env.NUM_WORKER, 1) == 1 and not forced
 
 
 def plan_bpslaunch(environ: Mapping[str, str], command: Sequence[str],
                    python: str = sys.executable,
                    port_of: Callable[[], int] = free_port) -> Tuple[str, List[ProcSpec]]:
-    """``(what, specs)``: what this node runs, and the processes (each with the variables it
-    adds to ``environ``); ``port_of()`` picks the scheduler's port of a one-host job."""
+    """``(what, specs)``: what this node runs (a line that starts with its role), and the
+    processes (each with the variables it adds to ``environ``); ``port_of()`` picks the
+    scheduler's port of a one-host job."""
     role_name = environ.get(Env.ROLE, "").strip().lower()
-    if not role_name and single_host(environ):
+    alone = single_host(environ)
+    if not role_name and alone:
         role_name = "worker"      # one machine: the worker is the only command to run
     if role_name not in ("scheduler", "server", "worker"):
-        raise UsageError("DMLC_ROLE must be scheduler, server or worker, got %r" % role_name)
-    role = Role[role_name.upper()]
-    size = local_size(environ)
-    if single_host(environ):
+        raise UsageError("DMLC_ROLE must be scheduler, server or worker, got %r%s"
+                         % (role_name, "" if role_name else " (it is unset, and DMLC_NUM_WORKER "
+                            "says several worker hosts)"))
+    role, size = Role[role_name.upper()], local_size(environ)
+    title = role_name if environ.get(Env.ROLE, "").strip() else "worker (DMLC_ROLE unset)"
+    if alone:
         if role is not Role.WORKER:
-            return "nothing (one worker host: its bpslaunch starts scheduler and server)", []
-        return _single_host(size, command, python, port_of())
-    _int(environ, Env.NUM_WORKER)     # a distributed job must say how many worker hosts
+            return ("%s: nothing to do (one worker host and no BYTEPS_FORCE_DISTRIBUTED: that "
+                    "host's bpslaunch starts a scheduler and a server)" % title), []
+        return _single_host(title, size, command, python, port_of())
+    hosts = _int(environ, Env.NUM_WORKER)     # a distributed job must say how many
     if role is Role.SCHEDULER:
-        return "the scheduler", [ProcSpec(role, None, tuple(scheduler_argv(
-            SchedulerProgram.BYTEPS, python)), {})]
+        return "%s: our scheduler, for %s" % (title, count(hosts, "worker host")), [ProcSpec(
+            role, None, tuple(scheduler_argv(SchedulerProgram.BYTEPS, python)), {})]
     if role is Role.SERVER:
-        return "a server", [ProcSpec(role, None, (python, "-m", "kvstore_byteps.server"), {})]
-    if not command:
-        raise UsageError("a worker needs the command to run: bpslaunch python train.py ...")
+        return "%s: our server, for %s" % (title, count(hosts, "worker host")), [ProcSpec(
+            role, None, (python, "-m", "kvstore_byteps.server"), {})]
     host = _int(environ, Env.WORKER_ID, 0)
-    specs = [ProcSpec(role, host * size + local, tuple(command),
-                      {Env.LOCAL_RANK: str(local), Env.LOCAL_SIZE: str(size),
-                       Env.WORKER_ID: str(host)})
-             for local in range(size)]
-    return "%d worker process(es)" % size, specs
+    return "%s: %s" % (title, _describe_host(host, hosts, size)), \
+        _workers(host, size, command, {})
 
 
-def _single_host(size: int, command: Sequence[str], python: str, port: int):
-    """Scheduler, one server and ``size`` workers on this machine, on 127.0.0.1."""
+def _workers(host: int, size: int, command: Sequence[str],
+             common: Mapping[str, str]) -> List[ProcSpec]:
+    """The ``size`` processes of worker host ``host``, labelled by the rank users know
+    (host x local size + local rank), with their host and local rank as detail."""
     if not command:
         raise UsageError("a worker needs the command to run: bpslaunch python train.py ...")
+    return [ProcSpec(Role.WORKER, host * size + local, tuple(command),
+                     dict(common, **{Env.LOCAL_RANK: str(local), Env.LOCAL_SIZE: str(size),
+                                     Env.WORKER_ID: str(host)}),
+                     detail="worker host %d, local rank %d" % (host, local))
+            for local in range(size)]
+
+
+def _describe_host(host: int, hosts: int, size: int) -> str:
+    """``worker host 1 of 2: 2 processes, ranks 2-3 of 4``: hosts and processes both, as
+    DMLC_NUM_WORKER counts hosts while size() counts processes."""
+    first, last = host * size, host * size + size - 1
+    ranks = "rank %d" % first if size == 1 else "ranks %d-%d" % (first, last)
+    return "worker host %d of %d: %s, %s of %d" % (host, hosts, count(size, "process",
+                                                                      "processes"),
+                                                   ranks, hosts * size)
+
+
+def _single_host(title: str, size: int, command: Sequence[str], python: str, port: int):
+    """Scheduler, one server and ``size`` workers on this machine, on 127.0.0.1."""
     common = {Env.NUM_WORKER: "1", Env.NUM_SERVER: "1", Env.ROOT_URI: "127.0.0.1",
-              Env.ROOT_PORT: str(port), Env.NODE_HOST: "127.0.0.1", Env.LOCAL_SIZE: str(size)}
+              Env.ROOT_PORT: str(port), Env.NODE_HOST: "127.0.0.1"}
+    workers = _workers(0, size, command, dict(common, **{Env.ROLE: "worker"}))
     specs = [ProcSpec(Role.SCHEDULER, None, tuple(scheduler_argv(SchedulerProgram.BYTEPS,
                                                                  python)),
                       dict(common, **{Env.ROLE: "scheduler"})),
              ProcSpec(Role.SERVER, 0, (python, "-m", "kvstore_byteps.server"),
                       dict(common, **{Env.ROLE: "server"}))]
-    specs += [ProcSpec(Role.WORKER, local, tuple(command),
-                       dict(common, **{Env.LOCAL_RANK: str(local), Env.ROLE: "worker",
-                                       Env.WORKER_ID: "0"}))
-              for local in range(size)]
-    return "%d worker process(es) with a scheduler and a server on this machine" % size, specs
+    return ("%s: %s, with a scheduler and a server on this machine"
+            % (title, _describe_host(0, 1, size)), specs + workers)
 
 
 def split_options(argv: Sequence[str]) -> Tuple[float, List[str]]:
@@ -155,7 +181,7 @@ def main(argv: Optional[Sequence[str]] = None,
     except UsageError as exc:
         print("[%s] %s" % (PROG, exc), file=sys.stderr)
         return 2
-    print("[%s] %s: %s" % (PROG, environ.get(Env.ROLE, "?"), what), file=sys.stderr, flush=True)
+    print("[%s] %s" % (PROG, what), file=sys.stderr, flush=True)
     if not specs:
         return 0
     environ.setdefault("PYTHONUNBUFFERED", "1")

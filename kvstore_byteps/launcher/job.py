@@ -203,8 +203,10 @@ class Job:
             failed = next((c for c in self._children if c.proc.poll() not in (None, 0)), None)
             if failed is not None:
                 code = failed.proc.returncode
-                self._log("%s (on %s) %s; stopping all processes"
-                          % (failed.spec.label, self._starter.where(failed.spec), describe_exit(code)))
+                where = "on " + self._starter.where(failed.spec)
+                self._log("%s (%s) %s; stopping all processes"
+                          % (failed.spec.label, "; ".join(filter(None, (failed.spec.detail, where))),
+                             describe_exit(code)))
                 return exit_status(code)
             running = [c for c in self._children if c.running]
             if not running:

@@ -68,13 +68,15 @@ class Host:
 
 @dataclasses.dataclass(frozen=True)
 class ProcSpec:
-    """One node to start: role, rank, the host index it runs on, argv, and its own variables."""
+    """One node to start: role, rank, the host index it runs on, argv, its own variables, and
+    a detail that messages about it add to its label (e.g. its host and local rank)."""
 
     role: Role
     rank: Optional[int]
     argv: Tuple[str, ...]
     env: Mapping[str, str]
     host: int = 0
+    detail: str = ""
 
     @property
     def label(self) -> str:

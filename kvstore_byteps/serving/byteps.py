@@ -41,7 +41,7 @@ from typing import Callable, Dict, Optional
 import numpy as np
 
 from ..config import training_mode
-from ..errors import ProtocolError
+from ..errors import ConfigError, ProtocolError
 from ..mxproto import (PROBE_ANSWER, SERVER_DTYPES, Cmd, RequestType, ServerCommand,
                        encode_cmd)
 from .asynchronous import AsyncAdds
@@ -153,7 +153,7 @@ class BytePSServer(KVStoreDistServer):
         one that trains otherwise than this server is refused (sums taken for weights, or
         weights for sums, would be silently wrong)."""
         if body and body.decode("utf-8", "replace") != self.mode:
-            raise ProtocolError("this server trains %s, the worker %s: set BYTEPS_ENABLE_ASYNC "
+            raise ConfigError("this server trains %s, the worker %s: set BYTEPS_ENABLE_ASYNC "
                                 "and BYTEPS_BACKUP_WORKERS alike on every node"
                                 % (self.mode, body.decode("utf-8", "replace")))
         return PROBE_ANSWER

@@ -26,7 +26,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..errors import PeerError, ProtocolError
+from ..errors import CONFIG_REFUSAL, ConfigError, PeerError, ProtocolError, config_refusal
 from ..logs import PeerLog
 from .twobit import GradientCompression, dequantize_2bit, packed_nbytes_2bit, \
     parse_twobit_params
@@ -67,6 +67,7 @@ class KVStoreDistServer:
         #: why this server must end the job (a refused command of MXNet's worker rank 0);
         #: the process serving it passes it to the scheduler (server.py)
         self.job_error: Optional[str] = None
+        self._refused_config = False       # a worker's configuration was refused and logged
         self._load_updater = updater_loader
         self._lock = threading.RLock()
         self._peer_log = PeerLog(log)
@@ -142,19 +143,29 @@ class KVStoreDistServer:
                 body = handler(bytes(req.meta.body or b""))
         except ProtocolError as exc:
             error = str(exc)
+        except ConfigError as exc:    # the worker's configuration: it stops, saying why
+            error = config_refusal(str(exc))
+            self._refused_configuration(req.sender, str(exc))
         except Exception as exc:
             log.exception("command %d from node %s failed", req.meta.head, req.sender)
             error = "server error: %s: %s" % (type(exc).__name__, exc)
         if error is not None and req.meta.head in _MXNET_COMMANDS and \
                 req.sender == worker_rank_to_id(0):
             self._refused_rank0(ServerCommand(req.meta.head), error)
-        elif error is not None:
+        elif error is not None and not error.startswith(CONFIG_REFUSAL):
             self._peer_log.warning(req.sender, "command %s from node %s refused: %s",
                                    req.meta.head, req.sender, error)
         self.send_answer(server, req, error=error, body=body or b"")
         if error is None and req.meta.head == ServerCommand.STOP_SERVER:
             self._stopped.set()
             self._done.set()
+
+    def _refused_configuration(self, sender, why: str) -> None:
+        """One line per server, for the first worker refused (each worker says it too)."""
+        with self._lock:
+            first, self._refused_config = not self._refused_config, True
+        if first:
+            log.error("node %s's configuration refused: %s", sender, why)
 
     def _refused_rank0(self, command: ServerCommand, error: str) -> None:
         """MXNet's workers ignore error answers: a refused command of theirs ends the job.

@@ -20,7 +20,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional
 
 import numpy as np
 
-from ..errors import DeadlineError, PeerError, ProtocolError
+from ..errors import ConfigError, DeadlineError, PeerError, ProtocolError, refused_configuration
 from ..future import Future
 from ..logs import PeerLog
 from .kv_keys import as_keys, slice_request
@@ -129,8 +129,7 @@ class Request:
             self._waiting.discard(sender)
             error = (meta.extra or {}).get("error")
             if error and self.error is None:
-                self.error = PeerError("%s: server node %d answered with an error: %s"
-                                       % (self.what, sender, error))
+                self.error = _answered_error(self.what, sender, error)
             if len(kvs.keys):
                 self._parts.append(kvs)
             self.head = meta.head
@@ -178,6 +177,15 @@ class Request:
         if self.error is not None:
             raise self.error
         return self.result
+
+
+def _answered_error(what: str, sender: int, error: str) -> Exception:
+    """The error a server's error answer means: ConfigError where it refused this worker's
+    configuration (the job cannot go on as configured), else PeerError."""
+    refusal = refused_configuration(error)
+    if refusal is not None:
+        return ConfigError("%s: server node %d refused this worker: %s" % (what, sender, refusal))
+    return PeerError("%s: server node %d answered with an error: %s" % (what, sender, error))
 
 
 def _describe(op: str, keys: np.ndarray) -> str:

@@ -53,7 +53,8 @@ def test_horovod_api_on_one_host_with_bpslaunch_two_processes(spawn):
     code, output = run(spawn, BPSLAUNCH + [sys.executable, CHECKS, "hvd"],
                        {"BYTEPS_LOCAL_SIZE": "2", "DMLC_ROLE": "", "DMLC_NUM_WORKER": ""})
     assert_ok(code, output, "HVD OK", 2)
-    assert "2 worker process(es) with a scheduler and a server" in output, output
+    assert ("[bpslaunch] worker (DMLC_ROLE unset): worker host 0 of 1: 2 processes, ranks 0-1 "
+            "of 2, with a scheduler and a server on this machine") in output, output
     assert "dist_byteps: 1 worker," in output, output      # local rank 1 reduced through 0
 
 

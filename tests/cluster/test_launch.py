@@ -298,6 +298,18 @@ def test_a_launch_without_workers_waits_for_its_nodes_past_the_grace():
     assert job.Job(nodes, grace=0.1, timeout=30).run() == 0
 
 
+def test_a_failed_node_is_named_with_its_detail():
+    """bpslaunch labels a worker by the rank users know (``worker 3``); the library's own
+    messages name the host's worker rank, which the detail gives too."""
+    import io
+    crash = plan.ProcSpec(Role.WORKER, 3, (sys.executable, "-c", "raise SystemExit(3)"), {},
+                          detail="worker host 1, local rank 1")
+    log = io.StringIO()
+    assert job.Job([crash], log=log).run() == 3
+    assert ("[launch] worker 3 (worker host 1, local rank 1; on this machine) exited with "
+            "code 3; stopping all processes") in log.getvalue()
+
+
 @pytest.mark.timeout(60)
 def test_sigterm_stops_the_job(run_launch):
     proc, piddir = run_launch(["sleep"], ["sleep"], ["sleep"])

@@ -22,7 +22,7 @@ def test_local_size_from_byteps_local_size_then_visible_devices():
 def test_a_worker_host_runs_one_process_per_device_with_byteps_ranks():
     env = dict(DIST, DMLC_ROLE="worker", DMLC_WORKER_ID="1", NVIDIA_VISIBLE_DEVICES="4,5")
     what, specs = plan_bpslaunch(env, ["python", "train.py"], python="py")
-    assert what == "2 worker process(es)"
+    assert what == "worker: worker host 1 of 2: 2 processes, ranks 2-3 of 4"
     assert [(s.role, s.rank, s.argv) for s in specs] == [
         (Role.WORKER, 2, ("python", "train.py")), (Role.WORKER, 3, ("python", "train.py"))]
     assert [s.env["BYTEPS_LOCAL_RANK"] for s in specs] == ["0", "1"]
@@ -30,6 +30,10 @@ def test_a_worker_host_runs_one_process_per_device_with_byteps_ranks():
     assert all(s.env["BYTEPS_LOCAL_SIZE"] == "2" and "DMLC_NUM_WORKER" not in s.env
                for s in specs)
     assert [s.env["DMLC_WORKER_ID"] for s in specs] == ["1", "1"]
+    # a crash names the rank users know (the label) and the host's worker rank the library
+    # names in its own messages (the detail)
+    assert [s.detail for s in specs] == ["worker host 1, local rank 0",
+                                         "worker host 1, local rank 1"]
 
 
 def test_scheduler_and_server_count_hosts_as_byteps_does():
@@ -47,12 +51,41 @@ def test_one_worker_host_starts_its_own_scheduler_and_server():
     assert {s.env["DMLC_PS_ROOT_PORT"] for s in specs} == {"4321"}
     assert all(s.env["DMLC_NUM_WORKER"] == "1" for s in specs)      # one host
     assert [s.env["BYTEPS_LOCAL_RANK"] for s in specs[2:]] == ["0", "1"]
-    assert "scheduler and a server on this machine" in what
+    assert what == ("worker (DMLC_ROLE unset): worker host 0 of 1: 2 processes, ranks 0-1 "
+                    "of 2, with a scheduler and a server on this machine")
     # the other roles have nothing to do then, as with BytePS
     assert plan_bpslaunch({"DMLC_ROLE": "server"}, [])[1] == []
     # unless the job is forced to be distributed
     forced = dict(DIST, DMLC_NUM_WORKER="1", BYTEPS_FORCE_DISTRIBUTED="1", DMLC_ROLE="server")
     assert len(plan_bpslaunch(forced, [])[1]) == 1
+
+
+@pytest.mark.parametrize("value, forced", [("1", True), ("true", True), ("YES", True),
+                                           ("on", True), ("0", False), ("False", False),
+                                           ("", False)])
+def test_force_distributed_takes_the_spellings_of_every_flag(value, forced):
+    env = dict(DIST, DMLC_NUM_WORKER="1", BYTEPS_FORCE_DISTRIBUTED=value, DMLC_ROLE="server")
+    what, specs = plan_bpslaunch(env, [])
+    assert (len(specs) == 1) is forced, what
+    with pytest.raises(UsageError, match="BYTEPS_FORCE_DISTRIBUTED='maybe'"):
+        plan_bpslaunch(dict(env, BYTEPS_FORCE_DISTRIBUTED="maybe"), [])
+
+
+def test_the_start_up_line_says_what_runs_whatever_the_role(capsys):
+    roles = {"scheduler": "scheduler: our scheduler, for 2 worker hosts",
+             "server": "server: our server, for 2 worker hosts"}
+    for role, says in roles.items():
+        assert plan_bpslaunch(dict(DIST, DMLC_ROLE=role), [])[0] == says
+    one = plan_bpslaunch({"DMLC_ROLE": "scheduler"}, [])[0]
+    assert one.startswith("scheduler: nothing to do (one worker host"), one
+    # DMLC_ROLE unset with several hosts: the error says it is unset, and no "?" is printed
+    assert main(["x"], dict(DIST)) == 2
+    err = capsys.readouterr().err
+    assert "DMLC_ROLE must be scheduler, server or worker, got '' (it is unset" in err, err
+    assert main([], {"DMLC_ROLE": "server"}) == 0
+    assert capsys.readouterr().err == ("[bpslaunch] server: nothing to do (one worker host and "
+                                       "no BYTEPS_FORCE_DISTRIBUTED: that host's bpslaunch "
+                                       "starts a scheduler and a server)\n")
 
 
 def test_bad_environments_are_named(capsys):
