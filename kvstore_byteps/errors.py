@@ -46,6 +46,32 @@ def refused_configuration(error: str):
     return error[len(CONFIG_REFUSAL):] if error.startswith(CONFIG_REFUSAL) else None
 
 
+class TrainingOver(SystemExit):
+    """Raised by a worker's next training step once the job's training is over without it:
+    with backup workers (``BYTEPS_BACKUP_WORKERS=b``) the job ends when ``W - b`` workers
+    finished, and a worker still training then stops. It derives from ``SystemExit`` with exit
+    status 0: uncaught, the process ends cleanly (its store closes as at any exit), and
+    ``except Exception`` does not swallow it. Catch it to run code after the training loop on
+    that worker (e.g. ``kvstore_byteps.finish_training`` and saving on rank 0)."""
+
+    def __init__(self, message: str):
+        super().__init__(0)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+#: How a server marks, in the text of an error answer, that the job's training is over (backup
+#: workers): the worker's step is not an error, its next step raises :class:`TrainingOver`.
+TRAINING_OVER = "training over: "
+
+
+def training_over(error) -> bool:
+    """Whether ``error`` (a failed request's exception, or None) says the training is over."""
+    return isinstance(error, PeerError) and TRAINING_OVER in str(error)
+
+
 class AuthenticationError(ConfigError):
     """A peer did not prove it holds the cluster's key (``BYTEPS_AUTH_KEY``), or refused ours.
     The message names the peer and the likely cause (a different key, or no key on one side)."""

@@ -70,12 +70,24 @@ class ServerCommand(enum.IntEnum):
     BYTEPS_PROBE = 100
     #: ours: body = the JSON of set_gradient_compression's dict; sent by rank 0 before init
     BYTEPS_COMPRESSION = 101
-    #: ours, with backup workers: body b"1": this worker pushes nothing for now (it waits in a
-    #: barrier, or leaves), rounds stop waiting for it; b"0": it is back
+    #: ours, with backup workers: body a :class:`Presence`: this worker pushes nothing for now
+    #: (it waits in a barrier), has finished training, or is back; rounds stop waiting for it
     BYTEPS_ABSENT = 102
     #: ours: rank 0 leaves the partition layout it chose (JSON, engine/sizing.py); an empty
     #: body asks for it
     BYTEPS_LAYOUT = 103
+    #: ours, in asynchronous training and with backup workers, once every worker finished:
+    #: answered ``b"<stale>/<keys>"``: of this server's keys, how many the sender last read
+    #: before their latest change (its weights differ from the servers' final ones)
+    BYTEPS_STALE = 104
+
+
+class Presence(enum.Enum):
+    """The body of ``BYTEPS_ABSENT``: where a worker is, for the rounds of backup workers."""
+
+    BACK = b"0"          # training again (left a barrier)
+    AWAY = b"1"          # waits in a barrier: pushes nothing for now
+    DONE = b"2"          # finished training (kvstore_byteps.finish_training, or its store closes)
 
 
 PROBE_ANSWER = b"byteps"

@@ -136,6 +136,7 @@ class KVStoreBytePS(KVStoreBase):
         self._views = _ViewCache()
         #: once an optimizer is set (async: AsyncUpdates; backup workers: ServerUpdates)
         self._updates = None
+        self._said_over = False       # the end of the training was said (backup workers)
         if config.gc_freeze:
             freeze_startup_objects()
         close_at_exit(self._close_at_exit)
@@ -314,12 +315,46 @@ class KVStoreBytePS(KVStoreBase):
                                      "with BYTEPS_BACKUP_WORKERS the servers run the optimizer:"
                                      " set it first (gluon.Trainer and Module.fit do; or call "
                                      "kv.set_optimizer)")
+        if self._engine.training_over:
+            self._end_training()
         ikey = self._initialised_key(key)
         weights = self._push_results[ikey]        # the weights as this worker last read them
         self._updates.step(key, grads, weights,
                            lambda values, into, p: self._submit(ikey, values, into, p), priority)
         for target in outs:
             weights.copyto(target)
+
+    def _end_training(self):
+        """Backup workers: the servers said the job's training is over (W - b workers
+        finished), so this worker's step ends its training: TrainingOver (a SystemExit with
+        status 0), said in one line the first time."""
+        from kvstore_byteps.errors import TrainingOver
+        message = ("worker rank %d: the job's training is over (BYTEPS_BACKUP_WORKERS=%d: "
+                   "enough workers finished), so this worker's training ends here; uncaught, "
+                   "TrainingOver ends the process with exit status 0 (catch "
+                   "kvstore_byteps.TrainingOver to run code after the training loop)"
+                   % (self.rank, self._engine.mode.backup_workers))
+        if not self._said_over:
+            self._said_over = True
+            log.warning("%s", message)
+        raise TrainingOver(message)
+
+    def finish_training(self, params=()):
+        """End this worker's training and leave the servers' final weights in ``params``,
+        ``(key, arrays)`` pairs (``kvstore_byteps.finish_training`` finds them for a gluon
+        Trainer or a Module). Asynchronous training and backup workers: waits until every
+        worker finished (a barrier), then reads. Synchronous training: every worker already
+        holds the same weights; only waits for this worker's pending operations."""
+        nd.waitall()
+        if not self._engine.finish_training():
+            return
+        for key, arrays in params:
+            ikey = self._initialised_key(key)
+            held = self._push_results[ikey]
+            held[:] = self._engine.read(ikey, held.shape, held.dtype)
+            self._pushed.discard(ikey)
+            for target in self._as_list(arrays):
+                held.copyto(target)
 
     def _submit(self, ikey, values, outs, priority):
         from mxnet_patch.engine_async import push_async

@@ -13,7 +13,7 @@ import dataclasses
 from typing import Callable, Optional
 
 from ..config import Config, Env
-from ..mxproto import ServerCommand
+from ..mxproto import Presence, ServerCommand
 
 __all__ = ["TrainingMode"]
 
@@ -64,9 +64,10 @@ class TrainingMode:
         return ("gradient compression needs synchronous training without backup workers "
                 "(unset %s)" % self.variable)
 
-    def absent(self, command: Callable, absent: bool) -> None:
+    def absent(self, command: Callable, presence: Presence) -> None:
         """Backup workers: tell the servers that this worker pushes nothing for now (it waits
-        in a barrier, or leaves) or is back; ``command(head, body, what)`` sends and waits."""
+        in a barrier), has finished training, or is back; ``command(head, body, what)`` sends
+        and waits."""
         if self.backup_workers:
-            command(ServerCommand.BYTEPS_ABSENT, b"1" if absent else b"0",
-                    "telling the servers this worker is %s" % ("away" if absent else "back"))
+            command(ServerCommand.BYTEPS_ABSENT, presence.value,
+                    "telling the servers this worker is %s" % presence.name.lower())

@@ -25,9 +25,9 @@ import numpy as np
 
 from ..compress.params import parse_compression_params
 from ..config import Config, ServerKind
-from ..errors import ConfigError, KVStoreBytePSError, PeerError
+from ..errors import ConfigError, KVStoreBytePSError, PeerError, training_over
 from ..logs import announce
-from ..mxproto import RequestType, ServerCommand, encode_cmd
+from ..mxproto import Presence, RequestType, ServerCommand, encode_cmd
 from ..van.kv import KVWorker
 from ..van.message import ALL_GROUP, SERVER_GROUP, WORKER_GROUP
 from ..van.postoffice import Postoffice
@@ -80,6 +80,10 @@ class WorkerEngine:
         self.compressed: Optional[CompressedRoute] = None     # with gradient compression
         #: bytes a second rank 0 measured to the servers when it sized the partitions
         self.link_rate: Optional[float] = None
+        #: a server answered that the job's training is over (backup workers: W - b workers
+        #: finished); this worker's late step was not applied
+        self.training_over = False
+        self._finished = False           # finish_training ran (its barrier passed)
 
     def start(self) -> "WorkerEngine":
         """Join the cluster and get ready to push: postoffice start and MXNet's start-up
@@ -263,9 +267,33 @@ class WorkerEngine:
     def barrier(self) -> None:
         """Wait for every worker. With backup workers, the servers' rounds do not wait for
         this worker's pushes meanwhile (the others may still be training)."""
-        self.mode.absent(self._command, True)
+        self.mode.absent(self._command, Presence.AWAY)
         self.po.barrier(WORKER_GROUP, timeout=self.config.request_timeout)
-        self.mode.absent(self._command, False)
+        self.mode.absent(self._command, Presence.BACK)
+
+    def finish_training(self) -> bool:
+        """This worker trains no more. Where the servers keep the weights (asynchronous
+        training, backup workers): tell them (backup workers: once W - b workers finished,
+        the job's training is over) and wait for every worker to finish, so the servers'
+        weights are final; True. Synchronous training: nothing to wait for (every worker holds
+        the same weights), False. Once: :meth:`close` calls it too, so every worker passes
+        its barrier exactly once whether or not the program called it. Blocking."""
+        if self.mode.summed:
+            return False
+        if not self._finished:
+            self.mode.absent(self._command, Presence.DONE)
+            self.po.barrier(WORKER_GROUP, timeout=self.config.request_timeout)
+            self._finished = True
+        return True
+
+    def stale_keys(self) -> Tuple[int, int]:
+        """After :meth:`finish_training`: ``(stale, keys)``, how many of the servers' keys
+        this worker last read before their latest change (its weights differ from the
+        servers' final ones) and of how many."""
+        answers = self._command(ServerCommand.BYTEPS_STALE, b"", "comparing this worker's "
+                                "weights with the servers'").bodies.values()
+        counts = [tuple(map(int, bytes(body).split(b"/"))) for body in answers]
+        return sum(c[0] for c in counts), sum(c[1] for c in counts)
 
     def _command(self, head: ServerCommand, body: bytes, what: str):
         """Send a command to every server and wait for their answers; the request."""
@@ -293,6 +321,8 @@ class WorkerEngine:
 
         def finished(future):
             error = future.exception()
+            if training_over(error):     # not applied; the worker's next step says so
+                self.training_over, error = True, None
             if error is not None:
                 self._note_failure(error)
             if on_done is not None:
@@ -398,10 +428,20 @@ class WorkerEngine:
                 log.error("worker rank %d leaves without the shutdown barriers after: %s",
                           self.rank, self.failure)
                 return
-            self.mode.absent(self._command, True)
+            if self.finish_training() and self.dialect.extensions_missing is None:
+                self._warn_if_stale()       # our servers know the versions of the weights
             self.po.barrier(WORKER_GROUP, timeout=self.config.request_timeout)
             if self.rank == 0:
                 self._command(ServerCommand.STOP_SERVER, b"", "kStopServer")
             self.po.finalize(timeout=timeout)
         finally:
             self.po.stop()
+
+    def _warn_if_stale(self) -> None:
+        """One line if this worker's weights differ from the servers' final weights."""
+        stale, keys = self.stale_keys()
+        if stale:
+            log.warning("worker rank %d ends with weights that differ from the servers' final "
+                        "weights (%d of %d partitions read before their last change, training "
+                        "%s): call kvstore_byteps.finish_training(trainer or module) after "
+                        "training", self.rank, stale, keys, self.mode.name)

@@ -6,6 +6,10 @@ made it, see ``mxnet_patch/async_training.py``); a key's summing thread adds it 
 stored weights, in whatever order changes come, and only then answers the push, so a worker
 that reads after its acknowledged push finds its change in (read-your-writes). A pull is
 answered at once with the weights as they are. No round, no waiting for other workers.
+
+Each key counts the changes that altered its weights and, per worker, the count it last read
+(:class:`Versions`): once every worker finished, a worker whose count is behind ends with
+weights that differ from the servers' (``BYTEPS_STALE``; the worker warns).
 """
 import threading
 from typing import Callable
@@ -31,16 +35,18 @@ class AsyncAdds:
         self._add = server.profiler.timed(
             "sum", self._add, lambda key, values, then: describe(key, None, values))
 
-    def new_rounds(self, ps_key: int, values: np.ndarray) -> None:
-        """No rounds: a key is its weights."""
-        return None
+    def new_rounds(self, ps_key: int, values: np.ndarray) -> "Versions":
+        """No rounds: a key is its weights, and the versions of them each worker read."""
+        return Versions()
 
     def push(self, req, server, key, values: np.ndarray, pull: bool) -> None:
         """Add ``values`` to ``key``'s weights, then answer: the push's ack, or (a pushpull)
         the weights with the change in."""
         srv = self._server
         if pull:
-            then = lambda: srv.deliver((req, server), key.value)     # noqa: E731
+            def then():
+                key.rounds.note_read(req.sender)
+                srv.deliver((req, server), key.value)
         else:
             then = lambda: srv.send_answer(server, req)               # noqa: E731
         srv.summing.submit(key.thread, lambda: self._add(key, values, then))
@@ -54,9 +60,20 @@ class AsyncAdds:
 
     def pull(self, sender: int, token, key) -> None:
         """Answer at once with the weights as they are."""
+        key.rounds.note_read(sender)
         self._server.deliver(token, key.value)
 
-    def absent(self, sender: int, absent: bool, keys) -> None:
+    @staticmethod
+    def note_read(sender: int, key) -> None:
+        """``sender`` read ``key``'s weights with a plain pull."""
+        key.rounds.note_read(sender)
+
+    @staticmethod
+    def stale(sender: int, keys) -> int:
+        """How many of ``keys`` ``sender`` last read before their latest change."""
+        return sum(1 for key in keys if key.rounds.stale(sender))
+
+    def absent(self, sender: int, presence, keys) -> None:
         """Nothing waits for a worker in asynchronous training."""
 
     @staticmethod
@@ -67,9 +84,29 @@ class AsyncAdds:
     def _add(key, values: np.ndarray, then: Callable[[], None]) -> None:
         # a new array each time: pulls answered meanwhile keep the previous weights intact
         key.value = publish(np.add(key.value, values))
+        if values.any():            # a read of the weights pushes zeros: no change
+            key.rounds.version += 1
         # the push is answered (acked or read back) only now: a worker's pull after its acked
         # push reads weights that hold its change
         then()
+
+
+class Versions:
+    """How many changes altered one key's weights, and the count each worker last read.
+
+    ``version`` is written by the key's summing thread only; a read notes the count before
+    it reads the weights, so a change added in between makes the worker look behind (never
+    the reverse)."""
+
+    def __init__(self):
+        self.version = 0
+        self._read = {}
+
+    def note_read(self, sender: int) -> None:
+        self._read[sender] = self.version
+
+    def stale(self, sender: int) -> bool:
+        return self._read.get(sender, 0) != self.version
 
 
 class _Countdown:

@@ -6,16 +6,21 @@ A round of a key closes when ``W - b`` workers pushed it (:mod:`.backup_rounds`)
 those ``c`` gradients is scaled by ``W / c``, so an update has the size of a full round's
 (the optimizer's ``rescale_grad`` is set for ``W`` workers' batches, as in ``dist_sync``), and
 applied once; the round's pulls get the new weights. A late push is dropped and counted; a
-worker that waits in a barrier or leaves (``BYTEPS_ABSENT``) is not waited for.
+worker that waits in a barrier or finished (``BYTEPS_ABSENT``) is not waited for. Once
+``W - b`` workers finished training, the job's training is over: no round closes any more, and
+a late worker's pulls are answered with an error that tells it so (``errors.TRAINING_OVER``;
+its next step raises ``TrainingOver``).
 """
 import logging
 from typing import Callable
 
 import numpy as np
 
-from ..errors import ProtocolError
+from ..errors import TRAINING_OVER, ProtocolError
+from ..mxproto import Presence
 from ..van.kv_keys import PARTITION_BITS
-from .backup_rounds import BackupRounds
+from ..words import count
+from .backup_rounds import ENDED, BackupRounds
 from .store import publish
 
 __all__ = ["BackupWorkers"]
@@ -35,6 +40,7 @@ class BackupWorkers:
         self._server = server
         self.backup_workers = backup_workers
         self._absent = set()            # workers away now (keys made meanwhile start so)
+        self._done = set()              # workers that finished training
         self._add = server.profiler.timed("sum", self._add, describe)
 
     def new_rounds(self, ps_key: int, values: np.ndarray) -> BackupRounds:
@@ -42,6 +48,8 @@ class BackupWorkers:
                               values.size, values.dtype)
         for sender in list(self._absent):
             rounds.set_absent(sender, True)
+        for sender in list(self._done):
+            rounds.finish(sender)
         return rounds
 
     def push(self, req, server, key, values: np.ndarray, pull: bool) -> None:
@@ -69,18 +77,57 @@ class BackupWorkers:
 
     def pull(self, sender: int, token, key) -> None:
         """The first weights newer than the round ``sender`` pushed: now or at its close."""
-        if key.rounds.request_pull(sender, token) is not None:
+        version = key.rounds.request_pull(sender, token)
+        if version == ENDED:
+            self._server.fail(token, self._over, quiet=True)
+        elif version is not None:
             self._server.deliver(token, key.value)
 
-    def absent(self, sender: int, absent: bool, keys) -> None:
-        """``sender`` pushes nothing for now (waits in a barrier, or left): close the rounds
-        of ``keys`` that no longer need its push; or it is back."""
+    def absent(self, sender: int, presence: Presence, keys) -> None:
+        """``sender`` pushes nothing for now (waits in a barrier) or finished training: close
+        the rounds of ``keys`` that no longer need its push (none once the training is over);
+        or it is back."""
+        if presence is Presence.DONE:
+            self._finish(sender, keys)
+            return
+        absent = presence is Presence.AWAY
         (self._absent.add if absent else self._absent.discard)(sender)
         for key in keys:
             key.rounds.set_absent(sender, absent)
             if absent:
-                self._server.summing.submit(key.thread, lambda k=key: self._close(
-                    k, k.rounds.recheck()))
+                self._recheck(key)
+
+    def _finish(self, sender: int, keys) -> None:
+        self._absent.add(sender)
+        self._done.add(sender)
+        if len(self._done) == self._server.num_workers - self.backup_workers:
+            log.info("backup workers: %s of %d finished training: the job's training is over, "
+                     "later pushes are dropped", len(self._done), self._server.num_workers)
+        for key in keys:
+            for token in key.rounds.finish(sender):
+                self._server.fail(token, self._over, quiet=True)
+            self._recheck(key)
+
+    def _recheck(self, key) -> None:
+        self._server.summing.submit(key.thread, lambda: self._close(key, key.rounds.recheck()))
+
+    @property
+    def _over(self) -> str:
+        """The answer to a late worker's pull once the training is over."""
+        return TRAINING_OVER + (
+            "%s of %d finished training (BYTEPS_BACKUP_WORKERS=%d), so the job's training is "
+            "over; this worker's late gradient was not applied"
+            % (len(self._done), self._server.num_workers, self.backup_workers))
+
+    @staticmethod
+    def note_read(sender: int, key) -> None:
+        """``sender`` read ``key``'s weights with a plain pull."""
+        key.rounds.note_read(sender)
+
+    @staticmethod
+    def stale(sender: int, keys) -> int:
+        """How many of ``keys`` ``sender`` last read before their latest update."""
+        return sum(1 for key in keys if key.rounds.stale(sender))
 
     def _index(self, ps_key: int) -> int:
         """The index the optimizer keeps ``ps_key``'s state under: ``-1 - local key`` (unique
@@ -97,9 +144,10 @@ class BackupWorkers:
     def close(keys) -> None:
         """Say how many late pushes were dropped (the server is done)."""
         keys = list(keys)
-        dropped = sum(key.rounds.dropped for key in keys)
-        log.info("backup workers: %d late push(es) dropped over %d key(s), %d round(s)",
-                 dropped, len(keys), sum(key.rounds.version for key in keys))
+        log.info("backup workers: %s dropped over %s, %s; %s after the end of training",
+                 count(sum(key.rounds.dropped for key in keys), "late push", "late pushes"),
+                 count(len(keys), "key"), count(sum(key.rounds.version for key in keys), "round"),
+                 count(sum(key.rounds.dropped_after_end for key in keys), "push", "pushes"))
 
     def _add(self, key, r: int, values: np.ndarray) -> None:
         self._close(key, key.rounds.add(r, values))

@@ -17,11 +17,15 @@ last answer), so it needs no round number on the wire:
   at once if that round already closed (a straggler skips ahead to the current weights), or
   when it closes.
 
-Workers that wait in a barrier or left the job (:meth:`BackupRounds.set_absent`) are not
-waited for: a round needs ``min(W - b, workers present)`` pushes, so the last worker training
-alone still closes its rounds.
+Workers that wait in a barrier (:meth:`BackupRounds.set_absent`) or finished training
+(:meth:`BackupRounds.finish`) are not waited for: a round needs ``min(W - b, workers
+present)`` pushes. Once ``W - b`` workers finished, the job's training is over: no round closes
+any more (a late worker's rounds would be one or two gradients scaled by ``W / c``, outsized
+updates of a model the quorum already trained), later pushes are dropped, and a late worker's
+pulls are answered :data:`ENDED` (the server tells it the training is over).
 
-Threads: ``begin_push``, ``request_pull`` and ``set_absent`` run on the receive thread; ``add``,
+Threads: ``begin_push``, ``request_pull``, ``set_absent`` and ``finish`` run on the receive
+thread; ``add``,
 ``recheck`` and ``close`` on the one summing thread the key is bound to (only it writes the
 sum buffer, outside the lock, and only it closes a round).
 """
@@ -31,9 +35,13 @@ from typing import Dict, List, Optional, Set, Tuple
 import numpy as np
 
 from ..errors import ProtocolError
+from ..words import count
 from .rounds import sum_into
 
-__all__ = ["BackupRounds"]
+__all__ = ["BackupRounds", "ENDED"]
+
+#: what :meth:`BackupRounds.request_pull` returns once the job's training is over
+ENDED = -1
 
 
 class BackupRounds:
@@ -41,8 +49,9 @@ class BackupRounds:
 
     def __init__(self, ps_key: int, num_workers: int, backup_workers: int, size: int, dtype):
         if not 0 < backup_workers < num_workers:
-            raise ProtocolError("%d backup workers need at least %d workers, the job has %d"
-                                % (backup_workers, backup_workers + 1, num_workers))
+            raise ProtocolError("%s need at least %s, the job has %d"
+                                % (count(backup_workers, "backup worker"),
+                                   count(backup_workers + 1, "worker"), num_workers))
         self.ps_key = ps_key
         self.num_workers = num_workers
         self.backup_workers = backup_workers
@@ -56,8 +65,12 @@ class BackupRounds:
         self._pushed: Dict[int, int] = {}   # sender -> round of its push not yet answered
         self._pending: List[Tuple[int, int, object]] = []   # (sender, round, token)
         self._absent: Set[int] = set()
-        #: stale pushes dropped so far (counted, never summed)
+        self._done: Set[int] = set()        # workers that finished training
+        #: the job's training is over (W - b workers finished): no round closes any more
+        self.ended = False
+        #: stale pushes dropped so far (counted, never summed); those after the end apart
         self.dropped = 0
+        self.dropped_after_end = 0
 
     @property
     def needed(self) -> int:
@@ -72,6 +85,9 @@ class BackupRounds:
             if sender in self._pushed:
                 raise ProtocolError("node %d pushed key %d again before its pull of round %d "
                                     "was answered" % (sender, self.ps_key, self._pushed[sender]))
+            if self.ended:
+                self.dropped_after_end += 1
+                return None
             r = self._read.get(sender, 0)
             self._pushed[sender] = r
             if r != self.version or len(self._contributors) >= self.needed:
@@ -85,6 +101,9 @@ class BackupRounds:
         or None if ``token`` waits for the round the sender pushed, and comes back from
         :meth:`close`. Each pull is answered exactly once."""
         with self._lock:
+            if self.ended:
+                self._pushed.pop(sender, None)
+                return ENDED
             wanted = self._pushed.get(sender)
             if wanted is None or wanted < self.version:
                 self._answered(sender)
@@ -120,16 +139,41 @@ class BackupRounds:
             else:
                 self._absent.discard(sender)
 
+    def finish(self, sender: int) -> List[object]:
+        """``sender`` finished training: not waited for any more. When that makes ``W - b``
+        finished workers, the training is over: returns the tokens of the pulls that waited
+        for the open round (it will never close), to be answered that the training is over."""
+        with self._lock:
+            self._absent.add(sender)
+            self._done.add(sender)
+            if self.ended or len(self._done) < self.num_workers - self.backup_workers:
+                return []
+            self.ended = True
+            waiting, self._pending = self._pending, []
+            for waiter, _, _ in waiting:
+                self._pushed.pop(waiter, None)
+            return [token for _, _, token in waiting]
+
+    def note_read(self, sender: int) -> None:
+        """``sender`` read the current weights outside a round (a plain pull)."""
+        with self._lock:
+            self._read[sender] = self.version
+
+    def stale(self, sender: int) -> bool:
+        """Whether ``sender`` last read weights older than the current ones."""
+        with self._lock:
+            return self._read.get(sender, 0) != self.version
+
     def recheck(self) -> Optional[Tuple[np.ndarray, int]]:
         """``(sum, contributors)`` if the open round is complete now (summing thread)."""
         with self._lock:
             return self._complete()
 
     def _complete(self) -> Optional[Tuple[np.ndarray, int]]:
-        count = len(self._contributors)
-        if count == 0 or count < self.needed or self._summed < count:
+        pushed = len(self._contributors)
+        if self.ended or pushed == 0 or pushed < self.needed or self._summed < pushed:
             return None
-        return self._buffer, count
+        return self._buffer, pushed
 
     def close(self) -> List[object]:
         """The open round's new weights are in place: count the version, start the next

@@ -42,8 +42,8 @@ import numpy as np
 
 from ..config import training_mode
 from ..errors import ConfigError, ProtocolError
-from ..mxproto import (PROBE_ANSWER, SERVER_DTYPES, Cmd, RequestType, ServerCommand,
-                       encode_cmd)
+from ..mxproto import (PROBE_ANSWER, SERVER_DTYPES, Cmd, Presence, RequestType,
+                       ServerCommand, encode_cmd)
 from .asynchronous import AsyncAdds
 from .backup import BackupWorkers
 from .riding import attached_pull, why_no_riding_pull
@@ -134,6 +134,7 @@ class BytePSServer(KVStoreDistServer):
         return {**super().command_handlers(),
                 ServerCommand.BYTEPS_PROBE: self._probe,
                 ServerCommand.BYTEPS_ABSENT: lambda body: b"",
+                ServerCommand.BYTEPS_STALE: lambda body: b"0/0",   # summed rounds: no weights
                 ServerCommand.BYTEPS_COMPRESSION: lambda body: self.compressed.set_spec(body),
                 ServerCommand.BYTEPS_LAYOUT: self._layout_command}
 
@@ -186,11 +187,21 @@ class BytePSServer(KVStoreDistServer):
     def handle_command(self, req, server) -> None:
         if not self.restart.admit(req, server, is_command=True):
             return
-        if (req.meta.head == ServerCommand.BYTEPS_ABSENT and self.weights is not None
-                and self.is_worker(req.sender)):     # rounds stop (or start) waiting for it
+        head = req.meta.head
+        if (head in (ServerCommand.BYTEPS_ABSENT, ServerCommand.BYTEPS_STALE)
+                and self.weights is not None and self.is_worker(req.sender)):
             with self._keys_lock:
                 keys = list(self._keys.values())
-            self.weights.absent(req.sender, bytes(req.meta.body or b"") == b"1", keys)
+            if head == ServerCommand.BYTEPS_STALE:     # how this worker's weights compare
+                stale = self.weights.stale(req.sender, keys)
+                self.send_answer(server, req, body=b"%d/%d" % (stale, len(keys)))
+                return
+            try:                                     # rounds stop (or start) waiting for it
+                presence = Presence(bytes(req.meta.body or b""))
+            except ValueError:
+                self.refuse(req, server, "BYTEPS_ABSENT with body %r" % bytes(req.meta.body))
+                return
+            self.weights.absent(req.sender, presence, keys)
         super().handle_command(req, server)
 
     def _unexpected_report(self, req, server, cmd: Cmd) -> None:
@@ -235,6 +246,8 @@ class BytePSServer(KVStoreDistServer):
                     raise ProtocolError("key %d: its initial value was lost when this server "
                                         "was restarted (only the rounds in flight were "
                                         "restored)" % key.ps_key)
+                if self.weights is not None:       # which weights the worker holds now
+                    self.weights.note_read(req.sender, key)
                 self._answer(req, server, key.value)
                 return
             if ((req.meta.extra or {}).get("await_init")
@@ -405,10 +418,13 @@ class BytePSServer(KVStoreDistServer):
             req, server = token
             self._answer(req, server, value)
 
-    def fail(self, token, message: str) -> None:
-        """Answer a pull token with an error (a batch once, for all its slots)."""
+    def fail(self, token, message: str, quiet: bool = False) -> None:
+        """Answer a pull token with an error (a batch once, for all its slots); logged unless
+        ``quiet`` (an answer that is no failure: the training is over)."""
         if isinstance(token, BatchSlot):
             token.batch.fail(message)
+        elif quiet:
+            self.send_answer(token[1], token[0], error=message)
         else:
             req, server = token
             self.refuse(req, server, message)

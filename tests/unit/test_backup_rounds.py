@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kvstore_byteps.errors import ProtocolError
-from kvstore_byteps.serving.backup_rounds import BackupRounds
+from kvstore_byteps.serving.backup_rounds import ENDED, BackupRounds
 
 
 def rounds(workers=3, backup=1):
@@ -76,3 +76,27 @@ def test_pushes_are_summed_only_when_all_counted_pushes_arrived():
 def test_backup_workers_need_more_workers():
     with pytest.raises(ProtocolError, match="at least 3 workers"):
         BackupRounds(1, 2, 2, 1, np.float32)
+
+
+def test_once_w_minus_b_workers_finished_no_round_closes_and_late_pulls_hear_it():
+    r = rounds(workers=4, backup=1)
+    assert r.begin_push(15) == 0                       # the straggler's push of round 0
+    r.add(0, np.ones(2))
+    assert r.request_pull(15, "t15") is None           # waits for the round
+    assert r.finish(9) == [] and r.finish(11) == []
+    assert not r.ended and r.needed == 2
+    assert r.finish(13) == ["t15"] and r.ended         # 3 of 4 finished: training over
+    assert r.recheck() is None                         # its lone push closes nothing
+    assert r.begin_push(15) is None and r.dropped_after_end == 1
+    assert r.request_pull(15, "again") == ENDED
+    assert r.version == 0
+
+
+def test_a_worker_is_stale_until_it_reads_the_latest_weights():
+    r = rounds()
+    push(r, 9, 1), push(r, 11, 1)
+    r.request_pull(9, "t9"), r.request_pull(11, "t11")
+    r.close()
+    assert not r.stale(9) and r.stale(13)              # 13 last read version 0
+    r.note_read(13)
+    assert not r.stale(13)

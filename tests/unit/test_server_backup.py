@@ -7,6 +7,7 @@ import pickle
 import mxnet as mx      # at collection: importing it inside a test trips the unit-purity guard
 import numpy as np
 
+from kvstore_byteps.errors import TRAINING_OVER
 from kvstore_byteps.mxproto import PROBE_ANSWER, RequestType, ServerCommand
 from kvstore_byteps.serving.byteps import BytePSServer
 from tests.support.server_fakes import WORKER0, WORKER1, WORKER2, FakeServer, command, pull, push
@@ -106,3 +107,41 @@ def test_a_partition_takes_its_mxnet_keys_multipliers_with_a_real_optimizer():
             answers[ps_key] = values(fake, reqs[0])
     assert np.allclose(answers[weight_part1], 0.9)                          # decayed
     assert answers[bias] == [1.0] * 4                                       # no weight decay
+
+
+def test_once_two_of_three_finished_the_late_worker_hears_the_training_is_over():
+    srv, fake = backup_server()
+    with srv:
+        late = bpush(WORKER2, 1, 100.0, pull_too=True)          # round 0, waits for another
+        srv.handle_request(late, fake)
+        assert not fake.answered(late)
+        for sender in (WORKER0, WORKER1):
+            srv.handle_command(command(sender, ServerCommand.BYTEPS_ABSENT, b"2"), fake)
+        assert fake.wait_for(late).error.startswith(TRAINING_OVER)   # not applied alone
+        again = bpush(WORKER2, 1, 100.0, pull_too=True)
+        srv.handle_request(again, fake)
+        assert "2 of 3 finished training" in fake.wait_for(again).error
+        read = pull(WORKER0, 1)
+        srv.handle_request(read, fake)
+        assert values(fake, read) == [10.0] * 4                 # nothing was applied
+        stale = {}
+        for sender in (WORKER0, WORKER2):
+            req = command(sender, ServerCommand.BYTEPS_STALE)
+            srv.handle_command(req, fake)
+            stale[sender] = fake.wait_for(req).body
+        assert stale == {WORKER0: b"0/1", WORKER2: b"0/1"}      # no round closed: all current
+
+
+def test_a_worker_that_missed_the_last_round_is_stale():
+    srv, fake = backup_server()
+    with srv:
+        reqs = [bpush(sender, 1, 1.0, pull_too=True) for sender in (WORKER0, WORKER1)]
+        for req in reqs:
+            srv.handle_request(req, fake)
+        values(fake, reqs[0])                                   # the round closed
+        answers = {}
+        for sender in (WORKER0, WORKER2):
+            req = command(sender, ServerCommand.BYTEPS_STALE)
+            srv.handle_command(req, fake)
+            answers[sender] = fake.wait_for(req).body
+        assert answers == {WORKER0: b"0/1", WORKER2: b"1/1"}

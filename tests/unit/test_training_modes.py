@@ -4,7 +4,7 @@ import pytest
 
 from kvstore_byteps.config import Config, ConfigError
 from kvstore_byteps.engine.modes import TrainingMode
-from kvstore_byteps.mxproto import ServerCommand
+from kvstore_byteps.mxproto import Presence, ServerCommand
 
 MISSING = "MXNet's servers lack our extensions"
 
@@ -29,13 +29,14 @@ def test_each_mode_names_itself_and_what_it_cannot_do():
 def test_only_backup_workers_tell_the_servers_they_are_away():
     sent = []
     record = lambda head, body, what: sent.append((head, body))    # noqa: E731
-    mode().absent(record, True)
-    mode(BYTEPS_ENABLE_ASYNC="1").absent(record, True)
+    mode().absent(record, Presence.AWAY)
+    mode(BYTEPS_ENABLE_ASYNC="1").absent(record, Presence.DONE)
     assert sent == []
     backup = mode(BYTEPS_BACKUP_WORKERS="2")
-    backup.absent(record, True)
-    backup.absent(record, False)
-    assert sent == [(ServerCommand.BYTEPS_ABSENT, b"1"), (ServerCommand.BYTEPS_ABSENT, b"0")]
+    for presence in (Presence.AWAY, Presence.BACK, Presence.DONE):
+        backup.absent(record, presence)
+    assert sent == [(ServerCommand.BYTEPS_ABSENT, b"1"), (ServerCommand.BYTEPS_ABSENT, b"0"),
+                    (ServerCommand.BYTEPS_ABSENT, b"2")]
 
 
 @pytest.mark.parametrize("env,words", [
