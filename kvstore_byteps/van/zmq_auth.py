@@ -133,3 +133,47 @@ class CurveAuth:
         self._stop.set()
         self._thread.join(2.0)
         self._authenticator.stop()
+
+
+class KeylessWatch:
+    """A node without a key, while the cluster forms: a peer it connects to that holds
+    ``BYTEPS_AUTH_KEY`` speaks CURVE, and ZeroMQ reports the mechanism mismatch only to a socket
+    monitor (the node would otherwise wait out ``BYTEPS_START_TIMEOUT`` not knowing why). The
+    van raises :meth:`failure`. :meth:`watch` may be called from any thread, the rest only from
+    the van's receive thread."""
+
+    def __init__(self, zmq):
+        self._zmq = zmq
+        self._new: "queue.SimpleQueue[Tuple[object, str]]" = queue.SimpleQueue()
+        self._monitors: List[Tuple[object, str]] = []
+
+    def watch(self, socket, what: str) -> None:
+        """Before connect: watch the handshakes of ``socket`` (to the peer ``what``)."""
+        self._new.put((socket.get_monitor_socket(), what))
+
+    def failure(self) -> Optional[AuthenticationError]:
+        """The first peer found to require a key, if one was."""
+        from zmq.utils.monitor import recv_monitor_message
+        zmq = self._zmq
+        self._take_new()
+        for monitor, what in self._monitors:
+            while monitor.poll(0):
+                event = recv_monitor_message(monitor)
+                if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and \
+                        event["value"] == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+                    return AuthenticationError(
+                        "%s requires authentication (it has BYTEPS_AUTH_KEY) but this node has "
+                        "no key; give every node the same BYTEPS_AUTH_KEY or "
+                        "BYTEPS_AUTH_KEY_FILE" % what)
+        return None
+
+    def close(self) -> None:
+        """Stop watching (the cluster formed, or the van closes): close the monitors' ends."""
+        self._take_new()
+        for monitor, _ in self._monitors:
+            monitor.close(0)
+        self._monitors = []
+
+    def _take_new(self) -> None:
+        while not self._new.empty():
+            self._monitors.append(self._new.get())

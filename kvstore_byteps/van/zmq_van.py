@@ -58,9 +58,13 @@ class ZMQVan(Van):
         self._forming = True
         self._peer_log = PeerLog(log)
         self._curve = None
+        self._keyless = None
         if config.auth:     # BYTEPS_AUTH_KEY: CURVE on every socket (zmq_auth.py)
             from .zmq_auth import CurveAuth
             self._curve = CurveAuth(self._zmq, self.context, config.auth_key)
+        else:               # no key: a peer that requires one is told apart while forming
+            from .zmq_auth import KeylessWatch
+            self._keyless = KeylessWatch(self._zmq)
 
     def describe(self) -> str:
         return self.config.van_type.value   # p3 / byteps_rdma for the subclasses
@@ -99,9 +103,12 @@ class ZMQVan(Van):
             socket.setsockopt(zmq.IDENTITY, b"ps%d" % my_id)
             if self.config.water_mark:
                 socket.setsockopt(zmq.SNDHWM, self.config.water_mark)
+        what = "%s %s at %s" % (node.role.name.lower(), "?" if node.id == K_EMPTY else node.id,
+                                node.address)
         if self._curve is not None:
-            self._curve.make_client(socket, "%s %s at %s" % (
-                node.role.name.lower(), "?" if node.id == K_EMPTY else node.id, node.address))
+            self._curve.make_client(socket, what)
+        elif self._forming:
+            self._keyless.watch(socket, what)
         socket.connect(self._address(node.hostname, node.port))
         with self._senders_lock:
             lock = self._locks.setdefault(node.id, threading.Lock())
@@ -140,6 +147,8 @@ class ZMQVan(Van):
                     break
             if self._curve is not None:
                 self._check_handshakes()
+            elif self._keyless is not None:
+                self._check_keyless()
             on_tick()
 
     def on_ready(self) -> None:
@@ -155,6 +164,15 @@ class ZMQVan(Van):
         if self._forming:
             raise failure
         self._peer_log.error(str(failure), "%s", failure)
+
+    def _check_keyless(self) -> None:
+        """While the cluster forms, a peer that requires a key stops this keyless node."""
+        if not self._forming:
+            self._keyless.close()      # and any socket connected later is not watched
+            return
+        failure = self._keyless.failure()
+        if failure is not None:
+            raise failure
 
     def _receive_one(self) -> Optional[Message]:
         frames = self.receiver.recv_multipart(copy=False)
@@ -185,4 +203,6 @@ class ZMQVan(Van):
             self.receiver.close(0)
         if self._curve is not None:
             self._curve.close()
+        if self._keyless is not None:
+            self._keyless.close()
         self.context.term()

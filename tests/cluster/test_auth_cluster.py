@@ -42,6 +42,8 @@ def test_with_auth_on_strangers_cannot_join_or_send_and_training_stays_exact(van
     for name, (code, out) in rogues.items():
         assert code != 0 and "ROUNDS OK" not in out, (name, out)
     assert "different BYTEPS_AUTH_KEY" in rogues["otherkey"][1], rogues["otherkey"][1][-6000:]
+    assert "requires authentication (it has BYTEPS_AUTH_KEY) but this node has no key" in \
+        rogues["keyless"][1], rogues["keyless"][1][-6000:]
     for name in ("scheduler0", "server0"):
         out = results[name][1]
         assert "refused a connection" in out, out

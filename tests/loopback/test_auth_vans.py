@@ -104,3 +104,24 @@ def test_a_node_with_another_key_stops_at_once_naming_the_scheduler(van):
     finally:
         scheduler.stop()
         intruder.stop()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("van", VANS, ids=lambda v: v.value)
+def test_a_node_without_a_key_stops_at_once_saying_the_scheduler_requires_one(van):
+    """The scheduler has the key (and, on auto, keeps to ZeroMQ under CURVE); the node has none:
+    ZeroMQ reports the mechanism mismatch only to a monitor, byteps_tcp in its hello."""
+    port = free_port()
+    scheduler = Postoffice(config(Role.SCHEDULER, port, van, KEY))
+    keyless = Postoffice(config(Role.WORKER, port, van, None))
+    forming = threading.Thread(target=start_all, args=([scheduler], 25), daemon=True)
+    forming.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(AuthenticationError, match="scheduler.* requires authentication .*"
+                                                      "BYTEPS_AUTH_KEY_FILE"):
+            keyless.start()
+        assert time.monotonic() - started < 15        # at once, not at the deadline (20 s)
+    finally:
+        scheduler.stop()
+        keyless.stop()
