@@ -9,18 +9,20 @@ or MXNet's ``dist_sync`` / ``dist_async`` for comparison), with each
 step stretched to ``--step-time`` seconds (``--slow-factor`` times that on ``--slow-rank``) by
 sleeping, as the host is while an accelerator computes. Synchronous training, with backup
 workers (``BYTEPS_BACKUP_WORKERS``), or asynchronous (``BYTEPS_ENABLE_ASYNC=1`` with
-dist_byteps, or dist_async): with the last two the store updates. Every worker trains for as
-many steps as its speed allows in the time the others take: in plain synchronous training all
-take the same steps (rounds are in lock-step); otherwise the slow worker takes
-``1 / slow-factor`` of the epochs, so a job lasts about as long as its fast workers need.
+dist_byteps, or dist_async): with the last two the store updates. The natural script: every
+worker runs the same ``--epochs`` on its shard, the slow one too. With backup workers the job's
+training is over once all workers but the backups finished: a worker still training stops at
+its next step (``kvstore_byteps.TrainingOver``, caught here). Then every worker calls
+``kvstore_byteps.finish_training`` (the servers' final weights; nothing in sync mode).
 
-Rank 0 measures the test accuracy after every epoch. Prints ``STRAGGLER_RESULT {json}``:
-rank, samples trained, the wall-clock window of training (``time.time()``), and on rank 0
-``[seconds since start, test accuracy]`` per epoch.
+Rank 0 measures the test accuracy after every epoch and of the final weights. Prints
+``STRAGGLER_RESULT {json}``: rank, samples trained, whether TrainingOver ended its training,
+the wall-clock window from the store's creation to the end of finish_training
+(``time.time()``), on rank 0 ``[seconds since start, test accuracy]`` per epoch and the final
+accuracy.
 """
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -31,6 +33,8 @@ from mxnet import autograd, gluon, nd
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 import train_digits as demo  # noqa: E402  (the demo's data, model and accuracy)
+
+import kvstore_byteps  # noqa: E402
 
 RESULT_TAG = "STRAGGLER_RESULT "
 
@@ -54,9 +58,6 @@ def main(argv=None) -> int:
     on_store = demo.updates_on_store(kv)      # async, or backup workers: the store updates
     slow = kv.rank == args.slow_rank
     step_time = args.step_time * (args.slow_factor if slow else 1.0)
-    epochs = args.epochs
-    if on_store and slow:          # trains about as long as the others, not as many samples
-        epochs = max(1, math.ceil(args.epochs / args.slow_factor))
     x_train, y_train, x_test, y_test = demo.load_data()
     x_mine, y_mine = demo.shard(x_train, y_train, kv.rank, kv.num_workers)
     net = demo.build_net([mx.cpu()], 42)
@@ -67,28 +68,34 @@ def main(argv=None) -> int:
     rng = np.random.RandomState(kv.rank)
     steps = len(x_mine) // args.batch_size
     global_batch = args.batch_size * kv.num_workers
-    samples, log = 0, []
+    samples, log, ended = 0, [], False
     started = time.time()
-    for _ in range(epochs):
-        order = rng.permutation(len(x_mine))
-        for step in range(steps):
-            begin = time.perf_counter()
-            rows = order[step * args.batch_size:(step + 1) * args.batch_size]
-            with autograd.record():
-                loss = loss_fn(net(nd.array(x_mine[rows])), nd.array(y_mine[rows]))
-            loss.backward()
-            trainer.step(global_batch)
-            left = begin + step_time - time.perf_counter()
-            if left > 0:
-                time.sleep(left)
-            samples += len(rows)
-        if kv.rank == 0:
-            log.append([round(time.time() - started, 3),
-                        demo.accuracy(net, x_test, y_test, mx.cpu())])
+    try:
+        for _ in range(args.epochs):
+            order = rng.permutation(len(x_mine))
+            for step in range(steps):
+                begin = time.perf_counter()
+                rows = order[step * args.batch_size:(step + 1) * args.batch_size]
+                with autograd.record():
+                    loss = loss_fn(net(nd.array(x_mine[rows])), nd.array(y_mine[rows]))
+                loss.backward()
+                trainer.step(global_batch)
+                left = begin + step_time - time.perf_counter()
+                if left > 0:
+                    time.sleep(left)
+                samples += len(rows)
+            if kv.rank == 0:
+                log.append([round(time.time() - started, 3),
+                            demo.accuracy(net, x_test, y_test, mx.cpu())])
+    except kvstore_byteps.TrainingOver:      # backup workers: the job's training is over
+        ended = True
+    kvstore_byteps.finish_training(trainer)
     mx.nd.waitall()
-    print(RESULT_TAG + json.dumps({"rank": kv.rank, "samples": samples, "epochs": epochs,
-                                   "window": [started, time.time()], "accuracy": log}),
-          flush=True)
+    finished = time.time()
+    final = demo.accuracy(net, x_test, y_test, mx.cpu()) if kv.rank == 0 else None
+    print(RESULT_TAG + json.dumps({"rank": kv.rank, "samples": samples, "ended": ended,
+                                   "window": [started, finished], "accuracy": log,
+                                   "final_accuracy": final}), flush=True)
     return 0
 
 

@@ -12,18 +12,19 @@ the last worker's steps take F times as long (a straggler). Systems:
 
 * ``sync``: dist_byteps, synchronous (every round waits for every worker);
 * ``backup``: dist_byteps with ``BYTEPS_BACKUP_WORKERS=1`` (each round completes with the first
-  W - 1 workers' gradients; the straggler's late ones are dropped, and it trains 1/F of the
-  epochs, about as long as the others);
+  W - 1 workers' gradients; the straggler's late ones are dropped; once the W - 1 others
+  finished, the job's training is over and the straggler stops at its next step);
 * ``async``: dist_byteps with ``BYTEPS_ENABLE_ASYNC=1`` (each worker's change is added as it
-  comes; the straggler trains 1/F of the epochs, about as long as the others);
+  comes);
 * ``mxnet_sync``, ``mxnet_async``: MXNet's own ``dist_sync`` / ``dist_async`` (its C++
   scheduler and servers; the optimizer runs on the servers in async mode).
 
-Each system runs without and with the straggler. The table: samples per second over the job
-(every worker's samples over the wall time from the first worker's start to the last one's
-end), the ratio to the same system without the straggler and to its synchronous counterpart with
-the straggler, rank 0's test accuracy at the end,
-and the seconds until rank 0 first measured ``--target`` test accuracy (after an epoch).
+Every worker runs the same ``--epochs`` (the natural script: data sharded by rank, the
+straggler too), then ``kvstore_byteps.finish_training``. Each system runs without and with the
+straggler. The table: the job's wall time (from the first worker's start to the last one's
+end), with the straggler against its synchronous counterpart's, rank 0's test accuracy of the
+final weights (without and with the straggler), the seconds until rank 0 first measured
+``--target`` test accuracy (after an epoch), and the share of the samples the workers trained.
 A benchmark, never a test: it reports what it measured with the date, the commit and the load.
 """
 import argparse
@@ -104,12 +105,13 @@ def summarise(results: List[Dict], target: float) -> Dict:
     start = min(r["window"][0] for r in results)
     end = max(r["window"][1] for r in results)
     samples = sum(r["samples"] for r in results)
-    accuracy = next(r["accuracy"] for r in results if r["rank"] == 0)
-    reached = [seconds for seconds, acc in accuracy if acc >= target]
+    rank0 = next(r for r in results if r["rank"] == 0)
+    reached = [seconds for seconds, acc in rank0["accuracy"] if acc >= target]
     return {"samples_per_s": samples / (end - start), "seconds": end - start,
-            "samples": samples, "final_accuracy": accuracy[-1][1] if accuracy else None,
+            "samples": samples, "final_accuracy": rank0["final_accuracy"],
             "time_to_target_s": reached[0] if reached else None,
-            "epochs": {str(r["rank"]): r["epochs"] for r in results}}
+            "samples_by_rank": {str(r["rank"]): r["samples"] for r in results},
+            "ended_early": sorted(r["rank"] for r in results if r["ended"])}
 
 
 def table(args, found: Dict[str, Dict[str, Dict]]) -> List[str]:
@@ -119,25 +121,28 @@ def table(args, found: Dict[str, Dict[str, Dict]]) -> List[str]:
             "last worker %.1fx slower; time to %.0f%% test accuracy (rank 0)"
             % (args.workers, args.servers, where, 1000 * args.step_time, args.slow_factor,
                100 * args.target),
-            "| system | samples/s, no straggler | samples/s, straggler | kept | vs its sync "
-            "(straggler) | final accuracy (straggler) | time to target (straggler) |",
-            "|---|---|---|---|---|---|---|"]
+            "| system | wall time, no straggler | wall time, straggler | vs its sync "
+            "(straggler) | final accuracy, no straggler | final accuracy, straggler | time to "
+            "target (straggler) | samples trained (straggler) |",
+            "|---|---|---|---|---|---|---|---|"]
     for system, runs in found.items():
         base, slow = runs.get("none"), runs.get("straggler")
-        kept = ("%.0f%%" % (100 * slow["samples_per_s"] / base["samples_per_s"])
-                if base and slow else "-")
         sync = found.get(SYNC_OF.get(system, ""), {}).get("straggler")
-        ratio = "%.2fx" % (slow["samples_per_s"] / sync["samples_per_s"]) if slow and sync else "-"
-        rows.append("| %s | %s | %s | %s | %s | %s | %s |" % (
-            system, _rate(base), _rate(slow), kept, ratio,
-            "%.3f" % slow["final_accuracy"] if slow and slow["final_accuracy"] else "-",
+        ratio = "%.2fx" % (slow["seconds"] / sync["seconds"]) if slow and sync else "-"
+        rows.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            system, _seconds(base), _seconds(slow), ratio, _accuracy(base), _accuracy(slow),
             "%.1f s" % slow["time_to_target_s"] if slow and slow["time_to_target_s"]
-            else "not reached" if slow else "-"))
+            else "not reached" if slow else "-",
+            "%.0f%%" % (100 * slow["samples"] / base["samples"]) if slow and base else "-"))
     return rows
 
 
-def _rate(run: Optional[Dict]) -> str:
-    return "%.0f" % run["samples_per_s"] if run else "failed"
+def _seconds(run: Optional[Dict]) -> str:
+    return "%.1f s" % run["seconds"] if run else "failed"
+
+
+def _accuracy(run: Optional[Dict]) -> str:
+    return "%.3f" % run["final_accuracy"] if run and run["final_accuracy"] else "-"
 
 
 def main(argv=None) -> int:

@@ -13,9 +13,12 @@ workers check, through the store, that they all hold identical parameters.
 With ``BYTEPS_ENABLE_ASYNC=1`` (on every node) it trains asynchronously: the store takes the
 optimizer (gluon's ``update_on_kvstore=True``), each worker's update is scaled by the global
 batch as in synchronous training (so the same learning rate fits), the loss printed is rank 0's
-own, and the workers read the final weights from the servers before comparing them. With
-``BYTEPS_BACKUP_WORKERS=1`` it trains synchronously, each round without its slowest worker:
-the store takes the optimizer too (the servers run it), so the same holds.
+own, and ``kvstore_byteps.finish_training(trainer)`` leaves every worker with the servers' final
+weights before they are compared. With ``BYTEPS_BACKUP_WORKERS=1`` it trains synchronously,
+each round without its slowest worker: the store takes the optimizer too (the servers run it),
+so the same holds; and once all workers but one finished, the job's training is over: a worker
+still training stops at its next step (``kvstore_byteps.TrainingOver``, caught here so that it
+too reads the final weights and joins the comparison).
 
 Lines start with ``[digits]``; ``launch.py`` adds ``[worker 0]`` in front.
 """
@@ -28,6 +31,8 @@ import numpy as np
 
 import mxnet as mx
 from mxnet import autograd, gluon, nd
+
+import kvstore_byteps
 
 PREFIX = "[digits]"
 SPLIT_SEED = 1234          # the same shuffle (and so the same test split) on every worker
@@ -177,24 +182,23 @@ def main(argv=None) -> int:
     rng = np.random.RandomState(args.seed + kv.rank)    # each worker shuffles its shard its own way
     metrics_key = EXTRA_KEYS                             # [loss sum, samples] per epoch
     kv.init(metrics_key, nd.zeros(2, dtype=np.float64))
-    test_acc = 0.0
-    for epoch in range(1, args.epochs + 1):
-        tic = time.perf_counter()
-        loss_sum, seen = train_epoch(net, trainer, loss_fn, x_mine, y_mine, args, contexts, rng,
-                                     kv.num_workers)
-        if on_store:         # a push is an update of the weights: no sums through the store
-            loss_total, seen_total = loss_sum, seen
-        else:
-            loss_total, seen_total = global_sum(kv, metrics_key, [loss_sum, seen])
-        test_acc = accuracy(net, x_test, y_test, contexts[0])
-        say(kv, "epoch %d/%d  train loss %.4f  test accuracy %.4f  (%.2f s)"
-            % (epoch, args.epochs, loss_total / seen_total, test_acc, time.perf_counter() - tic))
-
-    if on_store:             # every worker's last changes are in: read the weights fresh
-        nd.waitall()
-        kv._barrier()
-        for index, param in enumerate(trainer._params):   # the Trainer's keys: its order
-            kv.pull(index, out=param.list_data())
+    try:
+        for epoch in range(1, args.epochs + 1):
+            tic = time.perf_counter()
+            loss_sum, seen = train_epoch(net, trainer, loss_fn, x_mine, y_mine, args, contexts,
+                                         rng, kv.num_workers)
+            if on_store:     # a push is an update of the weights: no sums through the store
+                loss_total, seen_total = loss_sum, seen
+            else:
+                loss_total, seen_total = global_sum(kv, metrics_key, [loss_sum, seen])
+            say(kv, "epoch %d/%d  train loss %.4f  test accuracy %.4f  (%.2f s)"
+                % (epoch, args.epochs, loss_total / seen_total,
+                   accuracy(net, x_test, y_test, contexts[0]), time.perf_counter() - tic))
+    except kvstore_byteps.TrainingOver:
+        pass                 # backup workers: the others finished the job's training
+    # async and backup workers: every worker reads the servers' final weights (sync: no-op)
+    kvstore_byteps.finish_training(trainer)
+    test_acc = accuracy(net, x_test, y_test, contexts[0])
     checksum = check_identical(kv, net, metrics_key + 1, None if on_store else metrics_key)
     say(kv, "parameters identical on all %d workers (sum |w| = %.4f)" % (kv.num_workers, checksum))
     if args.save_params and kv.rank == 0:

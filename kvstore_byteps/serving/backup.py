@@ -90,6 +90,8 @@ class BackupWorkers:
         if presence is Presence.DONE:
             self._finish(sender, keys)
             return
+        if sender in self._done:        # a barrier after its training: it stays done
+            return
         absent = presence is Presence.AWAY
         (self._absent.add if absent else self._absent.discard)(sender)
         for key in keys:

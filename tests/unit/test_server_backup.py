@@ -115,8 +115,10 @@ def test_once_two_of_three_finished_the_late_worker_hears_the_training_is_over()
         late = bpush(WORKER2, 1, 100.0, pull_too=True)          # round 0, waits for another
         srv.handle_request(late, fake)
         assert not fake.answered(late)
-        for sender in (WORKER0, WORKER1):
-            srv.handle_command(command(sender, ServerCommand.BYTEPS_ABSENT, b"2"), fake)
+        srv.handle_command(command(WORKER0, ServerCommand.BYTEPS_ABSENT, b"2"), fake)
+        for body in (b"1", b"0"):          # a barrier after its training: it stays done
+            srv.handle_command(command(WORKER0, ServerCommand.BYTEPS_ABSENT, body), fake)
+        srv.handle_command(command(WORKER1, ServerCommand.BYTEPS_ABSENT, b"2"), fake)
         assert fake.wait_for(late).error.startswith(TRAINING_OVER)   # not applied alone
         again = bpush(WORKER2, 1, 100.0, pull_too=True)
         srv.handle_request(again, fake)
