@@ -110,6 +110,7 @@ class Env:
     LOCAL_SIZE = "BYTEPS_LOCAL_SIZE"
     GLOBAL_RANK = "BYTEPS_GLOBAL_RANK"
     FORCE_DISTRIBUTED = "BYTEPS_FORCE_DISTRIBUTED"
+    LOCAL_GROUPS = "BYTEPS_LOCAL_GROUPS"  # what DMLC_NUM_WORKER counts: hosts (1) or processes (0)
     VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 
 
@@ -191,6 +192,15 @@ class Config:
     #: the cluster's shared secret (BYTEPS_AUTH_KEY or the BYTEPS_AUTH_KEY_FILE's content);
     #: None: no authentication. Kept out of repr so it never lands in a log.
     auth_key: Optional[bytes] = dataclasses.field(default=None, repr=False)
+    #: this process's place on its worker host (BYTEPS_LOCAL_RANK of BYTEPS_LOCAL_SIZE, set by
+    #: bpslaunch and launch.py): what the BytePS and Horovod APIs' local_rank()/local_size() say
+    local_rank: int = 0
+    local_size: int = 1
+    #: what DMLC_NUM_WORKER counts. True (BytePS's meaning, bpslaunch's, launch.py
+    #: --local-groups): worker hosts; the processes of a host with local_size > 1 form one local
+    #: group whose local rank 0 is its worker in the cluster (mxnet_patch/localgroup.py).
+    #: False (launch.py's default): processes, each a worker of its own
+    local_groups: bool = True
 
     @property
     def auth(self) -> bool:
@@ -198,8 +208,13 @@ class Config:
         return self.auth_key is not None
 
     @classmethod
-    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "Config":
-        """Build a config from ``environ`` (default ``os.environ``); raise ConfigError on bad values."""
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None,
+                 in_local_group: bool = False) -> "Config":
+        """Build a config from ``environ`` (default ``os.environ``); ConfigError on bad values.
+
+        A worker that is a :attr:`local_member` is refused unless ``in_local_group`` (the BytePS
+        and Horovod APIs, which join it to its group): anything else, e.g. a script's own
+        ``dist_byteps`` store, would join the cluster as one worker too many."""
         env = _EnvReader(os.environ if environ is None else environ)
         auth_key = _auth_key(env)
         # with a key the default stays on ZeroMQ, whose CURVE encrypts every message; byteps_tcp
@@ -258,7 +273,11 @@ class Config:
             keep_freed_memory=env.flag(Env.KEEP_FREED_MEMORY, True),
             server_recovery=env.flag(Env.SERVER_RECOVERY, False),
             auth_key=auth_key,
+            local_rank=env.get(Env.LOCAL_RANK, _nonnegative_int, 0),
+            local_size=env.get(Env.LOCAL_SIZE, _positive_int, 1),
+            local_groups=env.flag(Env.LOCAL_GROUPS, True),
         )
+        _check_local_place(config, in_local_group)
         if config.enable_async and config.backup_workers:
             raise ConfigError("%s and %s exclude each other: backup workers are a way to train "
                               "synchronously" % (Env.ENABLE_ASYNC, Env.BACKUP_WORKERS))
@@ -279,6 +298,28 @@ class Config:
     @property
     def is_scheduler(self) -> bool:
         return self.role is Role.SCHEDULER
+
+    @property
+    def local_member(self) -> bool:
+        """A process of a local group other than its local rank 0: no worker of the cluster
+        (it reduces through local rank 0 with the BytePS or Horovod API)."""
+        return self.local_groups and self.local_size > 1 and self.local_rank > 0
+
+
+def _check_local_place(config: Config, in_local_group: bool) -> None:
+    """A local rank inside its local size; no cluster worker made on a local member."""
+    if config.local_rank >= config.local_size:
+        raise ConfigError("%s=%d is outside [0, %s=%d)" % (Env.LOCAL_RANK, config.local_rank,
+                                                           Env.LOCAL_SIZE, config.local_size))
+    if config.role is Role.WORKER and config.local_member and not in_local_group:
+        raise ConfigError(
+            "%s=%d of a local group (%s=%d, %s on: DMLC_NUM_WORKER counts hosts, as bpslaunch and "
+            "launch.py --local-groups set it) is no worker of the cluster: only local rank 0 is, "
+            "and the others reduce through it with the BytePS or Horovod API "
+            "(kvstore_byteps.mxnet, kvstore_byteps.horovod). A script that creates its own "
+            "dist_byteps store needs a worker per process: launch.py without --local-groups"
+            % (Env.LOCAL_RANK, config.local_rank, Env.LOCAL_SIZE, config.local_size,
+               Env.LOCAL_GROUPS))
 
 
 def training_mode(enable_async: bool, backup_workers: int) -> str:

@@ -17,19 +17,28 @@ their names in different orders (layers built from a dict, parameters initialise
   their copy, which is read back: :meth:`Collective.share`), and a broadcast is the
   declaration of a key with rank 0's value, read back (:meth:`Collective.broadcast`).
 
-Ranks: ``BYTEPS_LOCAL_RANK`` / ``BYTEPS_LOCAL_SIZE`` (set by ``bpslaunch`` for each process it
-starts) give the local rank and size. With one process per host, that process is the host's
-``dist_byteps`` worker. With several, local rank 0 is, and the others reduce through it
-(:mod:`mxnet_patch.localgroup`); rank = worker rank x local size + local rank, size = workers x
-local size, as BytePS defines them.
+Ranks: ``BYTEPS_LOCAL_RANK`` / ``BYTEPS_LOCAL_SIZE`` (set by ``bpslaunch`` and ``launch.py``
+for each process they start) give the local rank and size. What a host's processes are depends
+on what ``DMLC_NUM_WORKER`` counts (``BYTEPS_LOCAL_GROUPS``, :attr:`Config.local_groups`):
+
+* hosts (BytePS's meaning: ``bpslaunch``, ``launch.py --local-groups``): with several processes
+  per host, local rank 0 is the host's ``dist_byteps`` worker and the others reduce through it
+  (:mod:`mxnet_patch.localgroup`): one flow per host; rank = worker rank x local size + local
+  rank, size = workers x local size, as BytePS defines them;
+* processes (``launch.py``'s default, as MXNet's launcher): every process is a ``dist_byteps``
+  worker of its own, rank and size are the store's, and the local rank and size only say
+  where on its host a process runs (``mx.gpu(local_rank())``).
 """
 import os
 import threading
 import zlib
+from typing import Optional
 
 import mxnet as mx
 
 from kvstore_byteps.config import Config, Env
+from kvstore_byteps.logs import announce
+from kvstore_byteps.words import count
 
 from .engine_async import host_view, push_async
 from .kvstore import close_at_exit
@@ -46,14 +55,9 @@ def key_of(name: str) -> int:
     return zlib.crc32(name.encode("utf-8")) % _KEY_SPACE
 
 
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    if value in (None, ""):
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError("%s=%r is not an integer" % (name, value)) from None
+def _config() -> Config:
+    """This process's settings, read as the BytePS and Horovod APIs' (a local member too)."""
+    return Config.from_env(in_local_group=True)
 
 
 class Collective:
@@ -62,7 +66,7 @@ class Collective:
     def __init__(self):
         self._kv = None
         self._group = None        # LocalRoot / LocalMember with several processes per host
-        self._host = None         # (worker rank, workers) of this host
+        self._ranks = None        # (rank, size) of this process in the job
         self._names = {}          # key -> name (collisions are refused)
         self._uses = {}           # name -> times this process reduced it (rounds of a group)
         self._auto = 0            # the count behind generated names
@@ -84,36 +88,57 @@ class Collective:
             return self._kv
 
     def _join(self) -> None:
-        local_rank, local_size = self.local_rank(), self.local_size()
-        if Config.from_env().backup_workers:
+        config = _config()
+        if config.backup_workers:
             raise ValueError("BYTEPS_BACKUP_WORKERS is a mode of the dist_byteps store "
                              "(gluon.Trainer, Module.fit), not of the BytePS and Horovod APIs, "
                              "whose push_pull and allreduce sum every worker's tensor")
-        self._asynchronous = Config.from_env().enable_async
-        if self._asynchronous and local_size > 1:
-            raise ValueError("BYTEPS_ENABLE_ASYNC with several processes per host "
-                             "(BYTEPS_LOCAL_SIZE=%d) is not supported: run one process per "
-                             "host, or train synchronously" % local_size)
-        if not 0 <= local_rank < local_size:
-            raise ValueError("BYTEPS_LOCAL_RANK=%d is outside [0, BYTEPS_LOCAL_SIZE=%d)"
-                             % (local_rank, local_size))
-        if local_size > 1:
-            config = Config.from_env()
-            address = group_address(os.environ.get(Env.ROOT_URI, ""),
-                                    os.environ.get(Env.ROOT_PORT, ""),
-                                    os.environ.get(Env.WORKER_ID, ""))
-            if local_rank > 0:      # not a worker of the cluster: local rank 0 is
-                self._group = LocalMember(address, local_rank, config.request_timeout)
-                self._kv = self._group
-                self._host = (self._group.welcome["rank"], self._group.welcome["workers"])
-                close_at_exit(self.shutdown)
-                return
-        kv = mx.kv.create("dist_byteps")
-        self._kv, self._host = kv, (kv.rank, kv.num_workers)
-        if local_size > 1:
-            self._group = LocalRoot(address, local_size, kv, config.request_timeout,
-                                    {"rank": kv.rank, "workers": kv.num_workers})
-            self._group.wait_members(config.start_timeout)
+        self._asynchronous = config.enable_async
+        if not self.grouped(config):        # every process is a worker of its own
+            kv = mx.kv.create("dist_byteps")
+            self._kv, self._ranks = kv, (kv.rank, kv.num_workers)
+        elif self._asynchronous:
+            raise ValueError("BYTEPS_ENABLE_ASYNC with several processes per host in one local "
+                             "group (BYTEPS_LOCAL_SIZE=%d) is not supported: run one process per "
+                             "host, or train synchronously" % config.local_size)
+        else:
+            self._join_group(config, group_address(os.environ.get(Env.ROOT_URI, ""),
+                                                   os.environ.get(Env.ROOT_PORT, ""),
+                                                   os.environ.get(Env.WORKER_ID, "")))
+
+    def _join_group(self, config: Config, address: str) -> None:
+        """Join the host's local group: as its root (local rank 0, the host's worker in the
+        cluster) or as a member that reduces through it."""
+        if config.local_member:
+            self._group = self._kv = LocalMember(address, config.local_rank,
+                                                 config.request_timeout)
+            self._set_group_ranks(config, self._group.welcome["rank"],
+                                  self._group.welcome["workers"])
+            close_at_exit(self.shutdown)
+            return
+        kv = self._kv = mx.kv.create("dist_byteps")
+        self._set_group_ranks(config, kv.rank, kv.num_workers)
+        self._group = LocalRoot(address, config.local_size, kv, config.request_timeout,
+                                {"rank": kv.rank, "workers": kv.num_workers})
+        if kv.rank == 0:
+            announce(config, "BytePS/Horovod API: %s x %s = %s (size()); local rank 0 of each "
+                     "host is its dist_byteps worker" % (
+                         count(kv.num_workers, "worker host"),
+                         count(config.local_size, "process", "processes"),
+                         count(kv.num_workers * config.local_size, "process", "processes")))
+        self._group.wait_members(config.start_timeout)
+
+    def _set_group_ranks(self, config: Config, host_rank: int, hosts: int) -> None:
+        """BytePS's ranks: host's worker rank x local size + local rank, hosts x local size."""
+        self._ranks = (host_rank * config.local_size + config.local_rank,
+                       hosts * config.local_size)
+
+    @staticmethod
+    def grouped(config: Optional[Config] = None) -> bool:
+        """Whether this host's processes form one local group (DMLC_NUM_WORKER counts hosts
+        and there are several processes here)."""
+        config = config or _config()
+        return config.local_groups and config.local_size > 1
 
     @property
     def started(self) -> bool:
@@ -145,25 +170,26 @@ class Collective:
 
     # ------------------------------------------------------------------ ranks
     def rank(self) -> int:
-        """worker rank x local size + local rank (BytePS's global rank)."""
-        return self._joined()[0] * self.local_size() + self.local_rank()
+        """This process's rank: the store's, or in a local group worker rank x local size +
+        local rank (BytePS's global rank)."""
+        return self._joined()[0]
 
     def size(self) -> int:
-        """workers x local size: every process of the job."""
-        return self._joined()[1] * self.local_size()
+        """Every process of the job."""
+        return self._joined()[1]
 
     def _joined(self):
-        """(this host's worker rank, workers); ValueError before init()."""
+        """(rank, size); ValueError before init()."""
         self.kv                      # raises before init()
-        return self._host
+        return self._ranks
 
     @staticmethod
     def local_rank() -> int:
-        return _env_int(Env.LOCAL_RANK, 0)
+        return _config().local_rank
 
     @staticmethod
     def local_size() -> int:
-        return _env_int(Env.LOCAL_SIZE, 1)
+        return _config().local_size
 
     # ------------------------------------------------------------------ names and keys
     def auto_name(self, prefix: str) -> str:

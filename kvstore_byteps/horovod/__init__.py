@@ -8,8 +8,9 @@ post-scaling), :func:`grouped_allreduce` / :func:`grouped_allreduce_`, :func:`br
 with deferred initialisation included), :class:`DistributedOptimizer`,
 :class:`DistributedTrainer`, :class:`Compression` (none, fp16). Operations a parameter server
 cannot do by summing (allgather, alltoall, reducescatter, Min, Max, Product) raise an error
-naming what to use instead. Every process is one ``dist_byteps`` worker; names become keys as
-in :mod:`mxnet_patch.collective`.
+naming what to use instead. Every process is a ``dist_byteps`` worker, or reduces through its
+host's local rank 0 in a local group; see :mod:`mxnet_patch.collective` for which, and for how
+names become keys.
 """
 import types
 import warnings
@@ -39,7 +40,7 @@ def init(comm=None, process_sets=None):
     if comm is not None or process_sets is not None:
         raise ValueError("kvstore_byteps.horovod has no MPI communicators or process sets: "
                          "call init() without arguments")
-    if Config.from_env().enable_async:
+    if Config.from_env(in_local_group=True).enable_async:
         raise NotImplementedError("Horovod trains synchronously (an allreduce is a sum over "
                                   "every process): unset BYTEPS_ENABLE_ASYNC, or use "
                                   "kvstore_byteps.mxnet's asynchronous mode")

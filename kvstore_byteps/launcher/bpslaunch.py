@@ -8,7 +8,8 @@ Run on every node with BytePS's environment, as BytePS's own ``bpslaunch``::
 * ``worker``: COMMAND runs once per local device, each process with ``BYTEPS_LOCAL_RANK`` and
   ``BYTEPS_LOCAL_SIZE``. The local size is ``BYTEPS_LOCAL_SIZE``, else the number of devices in
   ``NVIDIA_VISIBLE_DEVICES``, else 1. As in BytePS, local rank 0 is the host's worker in the
-  cluster and the others reduce through it (``mxnet_patch.localgroup``): one flow per host.
+  cluster and the others reduce through it (``mxnet_patch.localgroup``): one flow per host
+  (``BYTEPS_LOCAL_GROUPS=1``: ``DMLC_NUM_WORKER`` counts hosts).
 * ``scheduler`` / ``server``: our scheduler or server (``DMLC_NUM_WORKER`` counts hosts).
 * One worker host and no ``BYTEPS_FORCE_DISTRIBUTED`` (``1``, ``true``, ``yes`` or ``on``, as
   every flag is read; BytePS then needs no servers): the
@@ -122,7 +123,7 @@ def _workers(host: int, size: int, command: Sequence[str],
         raise UsageError("a worker needs the command to run: bpslaunch python train.py ...")
     return [ProcSpec(Role.WORKER, host * size + local, tuple(command),
                      dict(common, **{Env.LOCAL_RANK: str(local), Env.LOCAL_SIZE: str(size),
-                                     Env.WORKER_ID: str(host)}),
+                                     Env.WORKER_ID: str(host), Env.LOCAL_GROUPS: "1"}),
                      detail="worker host %d, local rank %d" % (host, local))
             for local in range(size)]
 

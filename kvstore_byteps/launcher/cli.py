@@ -5,7 +5,10 @@
     kvstore-byteps-launch --launcher netns --link-rate 1gbit -n 4 -s 4 python train.py
 
 (``python launch.py ...`` from a checkout is the same program.) Every node gets the DMLC
-environment that ps-lite, MXNet and BytePS read; workers get their rank as ``DMLC_WORKER_ID``.
+environment that ps-lite, MXNet and BytePS read; workers get their rank as ``DMLC_WORKER_ID``
+and their place on their host as ``BYTEPS_LOCAL_RANK`` of ``BYTEPS_LOCAL_SIZE`` (what the
+BytePS and Horovod APIs' local_rank() and local_size() say). ``DMLC_NUM_WORKER`` counts
+processes, as with MXNet's launcher; with ``--local-groups`` it counts hosts, as with BytePS.
 Output lines are prefixed ``[scheduler]``, ``[server 1]``, ``[worker 0]`` (the rank). The first
 node that fails stops the whole job and its exit status becomes the launcher's; so do Ctrl-C,
 SIGTERM and ``--timeout``. Nodes never outlive the launcher, even one killed with SIGKILL.
@@ -114,8 +117,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--p3", action="store_true",
                    help="use the P3 van on every node (DMLC_PS_VAN_TYPE=p3), as MXNet's "
                         "launcher's --p3 does")
+    p.add_argument("--local-groups", action="store_true",
+                   help="for BytePS/Horovod-API scripts: lay workers out as bpslaunch does "
+                        "(DMLC_NUM_WORKER counts worker hosts, DMLC_WORKER_ID numbers them; "
+                        "local rank 0 of each host is its worker in the cluster and the host's "
+                        "other processes reduce through it: one flow per host); every worker "
+                        "host needs the same number of workers, and a script that creates its "
+                        "own dist_byteps store is refused on local ranks > 0. Default: every "
+                        "process is a worker of its own")
     p.add_argument("--log-dir", metavar="DIR",
-                   help="also write each node's output to DIR/<role>-<rank>.log")
+                   help="also write each node's output to DIR/scheduler.log, "
+                        "DIR/server-<rank>.log and DIR/worker-<rank>.log")
     p.add_argument("--timeout", type=_positive(float), metavar="SECONDS",
                    help="stop everything and fail after this long")
     p.add_argument("--grace", type=_nonnegative_float, default=30.0, metavar="SECONDS",
@@ -203,7 +215,7 @@ def plan(args: argparse.Namespace, hosts: Sequence[Host], root_port: int,
     """The nodes the parsed command line asks for, on ``hosts``."""
     server_argv, server_env = server_program(ServerProgram(args.server), args.python)
     shape = JobShape(args.num_workers, args.num_servers, tuple(hosts), root_port,
-                     scheduler_host, first_host)
+                     scheduler_host, first_host, args.local_groups)
     return plan_job(shape, args.command,
                     scheduler_cmd=args.scheduler_cmd or scheduler_argv(
                         SchedulerProgram(args.scheduler), args.python),

@@ -204,9 +204,9 @@ class Job:
             if failed is not None:
                 code = failed.proc.returncode
                 where = "on " + self._starter.where(failed.spec)
+                about = "; ".join(filter(None, (failed.spec.detail, where)))
                 self._log("%s (%s) %s; stopping all processes"
-                          % (failed.spec.label, "; ".join(filter(None, (failed.spec.detail, where))),
-                             describe_exit(code)))
+                          % (failed.spec.label, about, describe_exit(code)))
                 return exit_status(code)
             running = [c for c in self._children if c.running]
             if not running:

@@ -4,7 +4,10 @@ The conventions are MXNet's (``tools/launch.py`` and dmlc's ssh tracker) where t
 servers, then workers, placed round-robin over the hosts of a hostfile; ``--env NAME:VALUE``;
 ``-s`` defaults to ``-n``. A worker's ``DMLC_WORKER_ID`` is its rank: our scheduler honours it
 (BytePS reads it as the rank too), so the ``[worker R]`` output prefix is the rank the worker gets.
+Every worker also gets its place on its host (``BYTEPS_LOCAL_RANK`` of ``BYTEPS_LOCAL_SIZE``), and
+``BYTEPS_LOCAL_GROUPS`` says what ``DMLC_NUM_WORKER`` counts (:func:`lay_out_workers`).
 """
+import collections
 import dataclasses
 import enum
 import re
@@ -19,7 +22,7 @@ LOCALHOST = "127.0.0.1"
 DEFAULT_SSH_PORT = 22
 #: Variables the launcher sets itself; ``--env`` may not override them.
 RESERVED = (Env.ROLE, Env.NUM_WORKER, Env.NUM_SERVER, Env.ROOT_URI, Env.ROOT_PORT,
-            Env.NODE_HOST, WORKER_ID)
+            Env.NODE_HOST, WORKER_ID, Env.LOCAL_RANK, Env.LOCAL_SIZE, Env.LOCAL_GROUPS)
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _HOST = re.compile(r"^[A-Za-z0-9_.@\-:]+$")
 
@@ -197,6 +200,55 @@ def place_nodes(hosts: Sequence[Host], num_servers: int, num_workers: int,
     return scheduler_host, servers, workers
 
 
+# ---------------------------------------------------------------------- worker layout
+@dataclasses.dataclass(frozen=True)
+class WorkerPlace:
+    """A worker's numbers: its rank (the output prefix), ``DMLC_WORKER_ID``, and its local rank
+    and size on its host."""
+
+    rank: int
+    worker_id: int
+    local_rank: int
+    local_size: int
+
+
+def lay_out_workers(worker_hosts: Sequence[int],
+                    local_groups: bool = False) -> Tuple[int, List[WorkerPlace]]:
+    """``(DMLC_NUM_WORKER, places)`` of workers placed on ``worker_hosts`` (a host index per
+    worker, in placement order). Local ranks number each host's workers in that order.
+
+    * per process (default, MXNet's meaning): ``DMLC_NUM_WORKER`` counts processes and each
+      worker's ``DMLC_WORKER_ID`` is its rank, its place in the placement order;
+    * ``local_groups`` (BytePS's meaning, as ``bpslaunch``): ``DMLC_NUM_WORKER`` counts the
+      hosts with workers, numbered (``DMLC_WORKER_ID``) in the order of their first worker, and
+      rank = worker id x local size + local rank. Every such host must hold the same number of
+      workers (BytePS's size() is hosts x local size): LaunchError otherwise.
+    """
+    sizes = collections.Counter(worker_hosts)
+    seen: Dict[int, int] = collections.Counter()
+    local_ranks = []
+    for host in worker_hosts:
+        local_ranks.append(seen[host])
+        seen[host] += 1
+    if not local_groups:
+        return len(worker_hosts), [WorkerPlace(i, i, local, sizes[host]) for i, (host, local)
+                                   in enumerate(zip(worker_hosts, local_ranks))]
+    hosts = list(dict.fromkeys(worker_hosts))
+    if len(set(sizes.values())) > 1:
+        raise LaunchError("--local-groups needs the same number of workers on every worker "
+                          "host (BytePS's size() is hosts x local size); the placement gives "
+                          "%s" % ", ".join("host %d: %d" % (h, sizes[h]) for h in hosts))
+    size = sizes[hosts[0]] if hosts else 1
+    return len(hosts), [WorkerPlace(hosts.index(host) * size + local, hosts.index(host), local,
+                                    size) for host, local in zip(worker_hosts, local_ranks)]
+
+
+def worker_env(place: WorkerPlace, local_groups: bool) -> Dict[str, str]:
+    """The variables a worker gets for its place (besides :func:`role_env`'s)."""
+    return {Env.LOCAL_RANK: str(place.local_rank), Env.LOCAL_SIZE: str(place.local_size),
+            Env.LOCAL_GROUPS: "1" if local_groups else "0"}
+
+
 # ------------------------------------------------------------------------- environments
 def role_env(role: Role, rank: Optional[int], num_workers: int, num_servers: int,
              root_uri: str, root_port: int, node_host: Optional[str],
@@ -229,6 +281,8 @@ class JobShape:
     root_port: int
     scheduler_host: int = 0
     first_host: int = 0  # where the first server goes (1: the scheduler gets a host of its own)
+    #: lay workers out as bpslaunch does (DMLC_NUM_WORKER counts hosts): :func:`lay_out_workers`
+    local_groups: bool = False
 
 
 def plan_job(shape: JobShape, worker_argv: Sequence[str], scheduler_cmd: Sequence[str],
@@ -236,24 +290,31 @@ def plan_job(shape: JobShape, worker_argv: Sequence[str], scheduler_cmd: Sequenc
              env_all: Optional[Mapping[str, str]] = None,
              env_server: Optional[Mapping[str, str]] = None,
              env_worker: Optional[Mapping[str, str]] = None) -> List[ProcSpec]:
-    """Every node of the job, scheduler first, then servers, then workers, each on its host."""
+    """Every node of the job, scheduler first, then servers, then workers by rank, each on its
+    host."""
     sched_host, server_hosts, worker_hosts = place_nodes(
         shape.hosts, shape.num_servers, shape.num_workers, shape.scheduler_host, shape.first_host)
+    num_workers, places = lay_out_workers(worker_hosts, shape.local_groups)
     root_uri = shape.hosts[sched_host].address
 
-    def spec(role, rank, host, argv, *layers):
+    def spec(role, rank, host, argv, *layers, worker_id=None, detail=""):
         extra = {}
         for layer in layers:
             extra.update(layer or {})
-        env = role_env(role, rank, shape.num_workers, shape.num_servers, root_uri,
-                       shape.root_port, shape.hosts[host].address, extra)
-        return ProcSpec(role, rank, tuple(argv), env, host)
+        env = role_env(role, rank if worker_id is None else worker_id, num_workers,
+                       shape.num_servers, root_uri, shape.root_port, shape.hosts[host].address,
+                       extra)
+        return ProcSpec(role, rank, tuple(argv), env, host, detail)
 
     specs = [spec(Role.SCHEDULER, None, sched_host, scheduler_cmd, env_all)]
     specs += [spec(Role.SERVER, i, h, server_cmd, env_all, env_server, server_env)
               for i, h in enumerate(server_hosts)]
-    specs += [spec(Role.WORKER, i, h, worker_argv, env_all, env_worker)
-              for i, h in enumerate(worker_hosts)]
+    workers = sorted(zip(places, worker_hosts), key=lambda pair: pair[0].rank)
+    specs += [spec(Role.WORKER, p.rank, h, worker_argv, env_all, env_worker,
+                   worker_env(p, shape.local_groups), worker_id=p.worker_id,
+                   detail="worker host %d, local rank %d" % (p.worker_id, p.local_rank)
+                   if shape.local_groups else "")
+              for p, h in workers]
     return specs
 
 

@@ -5,8 +5,8 @@ Names, signatures and semantics follow BytePS's module: :func:`init`, :func:`shu
 :func:`byteps_declare_tensor`, :func:`byteps_push_pull` (asynchronous, in place: the sum over
 all processes, divided by ``size()`` when averaging), :func:`broadcast_parameters`,
 :class:`DistributedOptimizer`, :class:`DistributedTrainer`, :class:`Compression`. Underneath,
-every process is one ``dist_byteps`` worker (see :mod:`mxnet_patch.collective` for how names
-become keys). What differs from BytePS, and what is refused, is in docs/migrating.md.
+every process is a ``dist_byteps`` worker, or reduces through its host's local rank 0 in a
+local group (see :mod:`mxnet_patch.collective` for which, and for how names become keys). What differs from BytePS, and what is refused, is in docs/migrating.md.
 
 Asynchronous training (``BYTEPS_ENABLE_ASYNC=1``, one process per host), as BytePS's: an
 update is made locally and its change of the weights is pushed to ``weight_<index>``, whose
@@ -32,11 +32,12 @@ __all__ = ["init", "shutdown", "suspend", "resume", "size", "rank", "local_rank"
 
 # ---------------------------------------------------------------------------- basics
 def init(lazy=True):
-    """Join the job (``BYTEPS_GLOBAL_RANK``, if set, is the rank a process alone on its host
-    asks for). ``lazy`` is accepted for BytePS's signature: the store starts now either way."""
+    """Join the job (``BYTEPS_GLOBAL_RANK``, if set, is the rank a process that is a worker of
+    its own asks for). ``lazy`` is accepted for BytePS's signature: the store starts now either
+    way."""
     global_rank = os.environ.get(Env.GLOBAL_RANK)
     if (global_rank not in (None, "") and not os.environ.get(Env.WORKER_ID)
-            and COLLECTIVE.local_size() == 1):
+            and not COLLECTIVE.grouped()):
         os.environ[Env.WORKER_ID] = global_rank
     COLLECTIVE.start()
 
@@ -58,12 +59,12 @@ def resume(num_workers, num_servers, global_rank=None, context=None):
 
 
 def size():
-    """The number of processes (workers x local size)."""
+    """The number of processes of the job."""
     return COLLECTIVE.size()
 
 
 def rank():
-    """This process's rank: worker id x local size + local rank."""
+    """This process's rank (in a local group: worker id x local size + local rank)."""
     return COLLECTIVE.rank()
 
 
@@ -134,7 +135,7 @@ def broadcast_parameters(params, root_rank=0):
 
 
 def _asynchronous() -> bool:
-    return Config.from_env().enable_async      # parsed as every node parses it
+    return Config.from_env(in_local_group=True).enable_async   # as every node parses it
 
 
 def _check_async_root(root_rank) -> None:

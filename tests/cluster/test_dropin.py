@@ -117,3 +117,47 @@ def test_every_role_under_bpslaunch_outlives_the_grace_with_local_groups(spawn, 
     assert [line.split(" STEPS")[0] for line in finals] == [
         "RANK %d/4 LOCAL %d/2" % (rank, rank % 2) for rank in range(4)], everything
     assert len({line.split(" STEPS ")[1] for line in finals}) == 1, finals
+
+
+LOCAL_RANKS = os.path.join(APPS, "local_ranks.py")
+
+
+def launch_local(spawn, mode, *options, workers=4):
+    return run(spawn, [sys.executable, LAUNCH, "-n", str(workers), "-s", "1", "--timeout",
+                       str(TIMEOUT - 10)] + list(options) + [sys.executable, LOCAL_RANKS, mode],
+               {})
+
+
+def lines_of(output, marker):
+    return sorted(line.split("] ", 1)[1] for line in output.splitlines()
+                  if line.split("] ", 1)[-1].startswith(marker))
+
+
+def test_launch_n4_on_one_host_gives_each_process_its_local_rank(spawn):
+    """``launch.py -n 4`` on one machine: the Horovod API's local_rank() is 0-3 of
+    local_size() 4 (so ``mx.gpu(hvd.local_rank())`` picks four devices), and a plain
+    dist_byteps script still sees MXNet's meaning: kv.rank 0-3 of num_workers 4."""
+    code, output = launch_local(spawn, "hvd")
+    assert code == 0, output
+    assert lines_of(output, "HVD ") == ["HVD rank %d size 4 local_rank %d local_size 4"
+                                        % (rank, rank) for rank in range(4)], output
+    code, output = launch_local(spawn, "kv")
+    assert code == 0, output
+    assert lines_of(output, "KV ") == ["KV rank %d num_workers 4" % r for r in range(4)], output
+
+
+def test_launch_local_groups_is_one_worker_host_of_four_processes(spawn):
+    """``--local-groups``: as bpslaunch, the host is one worker of the cluster whose local
+    rank 0 reduces for all four processes; a script's own dist_byteps store on local rank 1
+    is refused with a message saying what to do."""
+    code, output = launch_local(spawn, "hvd", "--local-groups")
+    assert code == 0, output
+    assert lines_of(output, "HVD ") == ["HVD rank %d size 4 local_rank %d local_size 4"
+                                        % (rank, rank) for rank in range(4)], output
+    assert "dist_byteps: 1 worker," in output, output
+    assert "1 worker host x 4 processes = 4 processes (size())" in output, output
+    code, output = launch_local(spawn, "kv", "--local-groups", workers=2)
+    assert code != 0, output
+    assert [line for line in output.splitlines() if line.startswith("[worker 1] ")
+            and "BYTEPS_LOCAL_RANK=1 of a local group" in line], output
+    assert "launch.py without --local-groups" in output, output
