@@ -140,23 +140,28 @@ class KeylessWatch:
     ``BYTEPS_AUTH_KEY`` speaks CURVE, and ZeroMQ reports the mechanism mismatch only to a socket
     monitor (the node would otherwise wait out ``BYTEPS_START_TIMEOUT`` not knowing why). The
     van raises :meth:`failure`. :meth:`watch` may be called from any thread, the rest only from
-    the van's receive thread."""
+    the van's receive thread.
+
+    A monitor must be read or switched off: libzmq's I/O thread blocks on a monitor whose
+    reading end is gone. So :meth:`close` switches each one off, under the lock the van
+    holds while using that socket, before closing the reading end."""
 
     def __init__(self, zmq):
         self._zmq = zmq
-        self._new: "queue.SimpleQueue[Tuple[object, str]]" = queue.SimpleQueue()
-        self._monitors: List[Tuple[object, str]] = []
+        self._new: "queue.SimpleQueue[tuple]" = queue.SimpleQueue()
+        self._monitors: List[tuple] = []     # (monitor, what, socket, the socket's lock)
 
-    def watch(self, socket, what: str) -> None:
-        """Before connect: watch the handshakes of ``socket`` (to the peer ``what``)."""
-        self._new.put((socket.get_monitor_socket(), what))
+    def watch(self, socket, what: str, lock: threading.Lock) -> None:
+        """Before connect: watch the handshakes of ``socket`` (to the peer ``what``), which the
+        van uses under ``lock``."""
+        self._new.put((socket.get_monitor_socket(), what, socket, lock))
 
     def failure(self) -> Optional[AuthenticationError]:
         """The first peer found to require a key, if one was."""
         from zmq.utils.monitor import recv_monitor_message
         zmq = self._zmq
         self._take_new()
-        for monitor, what in self._monitors:
+        for monitor, what, _, _ in self._monitors:
             while monitor.poll(0):
                 event = recv_monitor_message(monitor)
                 if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and \
@@ -170,7 +175,13 @@ class KeylessWatch:
     def close(self) -> None:
         """Stop watching (the cluster formed, or the van closes): close the monitors' ends."""
         self._take_new()
-        for monitor, _ in self._monitors:
+        for monitor, _, socket, lock in self._monitors:
+            with lock:
+                try:
+                    if not socket.closed:
+                        socket.disable_monitor()
+                except self._zmq.ZMQError:      # closed meanwhile: its monitor ended with it
+                    pass
             monitor.close(0)
         self._monitors = []
 

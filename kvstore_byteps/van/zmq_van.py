@@ -105,13 +105,13 @@ class ZMQVan(Van):
                 socket.setsockopt(zmq.SNDHWM, self.config.water_mark)
         what = "%s %s at %s" % (node.role.name.lower(), "?" if node.id == K_EMPTY else node.id,
                                 node.address)
+        with self._senders_lock:
+            lock = self._locks.setdefault(node.id, threading.Lock())
         if self._curve is not None:
             self._curve.make_client(socket, what)
         elif self._forming:
-            self._keyless.watch(socket, what)
+            self._keyless.watch(socket, what, lock)
         socket.connect(self._address(node.hostname, node.port))
-        with self._senders_lock:
-            lock = self._locks.setdefault(node.id, threading.Lock())
         with lock:
             old = self._senders.get(node.id)
             self._senders[node.id] = socket
