@@ -97,6 +97,8 @@ def register_dist_byteps():
     if "dist_byteps" not in KVStoreBase.kv_registry:
         from mxnet_patch.kvstore import KVStoreBytePS
         KVStoreBase.kv_registry["dist_byteps"] = KVStoreBytePS
+    from mxnet_patch.profiler import wrap_profiler
+    wrap_profiler()           # server profiling through a dist_byteps store too, as MXNet's
 
 
 def _register_or_warn():

@@ -120,6 +120,7 @@ class KVStoreBytePS(KVStoreBase):
         from kvstore_byteps.config import Config
         from kvstore_byteps.engine.worker import WorkerEngine
         from kvstore_byteps.logs import config_errors_in_one_line, setup_library_logging
+        from mxnet_patch.profiler import make_current
         config_errors_in_one_line()    # a bad setting ends the script with one line
         config = Config.from_env()
         setup_library_logging(config, "[worker]")  # PS_VERBOSE / BYTEPS_LOG_LEVEL reach workers too
@@ -127,6 +128,7 @@ class KVStoreBytePS(KVStoreBase):
             from kvstore_byteps.memory import keep_freed_memory
             keep_freed_memory()
         self._engine = WorkerEngine(config).start()
+        make_current(self._engine)     # mx.profiler's server commands go through this store
         self._str_keys = {}
         self._key_kind = None
         self._push_results = {}       # key -> NDArray holding the last push's sum (push/pull API)

@@ -113,11 +113,13 @@ def test_a_refused_optimizer_of_mxnets_workers_ends_the_job_non_zero_saying_why(
     assert time.monotonic() - started < 60
 
 
-@pytest.mark.parametrize("server", ["ours", "mxnet"])
-def test_server_profiling_writes_a_chrome_trace_per_server(server, tmp_path):
+@pytest.mark.parametrize("server,worker", [("ours", "dist_sync"), ("mxnet", "dist_sync"),
+                                           ("ours", "dist_byteps"), ("mxnet", "dist_byteps")])
+def test_server_profiling_writes_a_chrome_trace_per_server(server, worker, tmp_path):
     """MXNet's server profiling (mx.profiler with profile_process='server'), as MXNet's
-    nightly test drives it: each server writes rank<R>_<filename> in its directory; ours with
-    its own stages (requests, summation, optimizer updates) in it."""
+    nightly test drives it, from MXNet's workers and from dist_byteps workers: each server
+    writes rank<R>_<filename> in its directory; ours with its own stages (requests, summation,
+    optimizer updates) in it."""
     import json
     argv, server_env = SERVERS[server]
     with Cluster(num_workers=2, num_servers=2) as cluster:
@@ -125,16 +127,18 @@ def test_server_profiling_writes_a_chrome_trace_per_server(server, tmp_path):
         for _ in range(2):
             cluster.start("server", argv, env=server_env, cwd=str(tmp_path))
         for _ in range(2):
-            cluster.start("worker", app("server_profiling.py"))
+            cluster.start("worker", app("server_profiling.py", worker))
         results = cluster.wait_all(150)
         assert_all_ok(results, cluster)
     for rank in range(2):
         trace = json.loads((tmp_path / ("rank%d_server_profile.json" % rank)).read_text())
         assert trace["traceEvents"], trace
-        if server == "ours":
-            names = {event["name"] for event in trace["traceEvents"]}
+        names = {event["name"] for event in trace["traceEvents"]}
+        if server == "ours" and worker == "dist_sync":
             assert {"push", "pull"} <= names, names
             assert any(name.startswith("update key") for name in names), names
+        elif server == "ours":          # the BytePS data path: pushes and pulls, summed
+            assert {"push", "pull"} & names, names
 
 
 @pytest.mark.parametrize("scheduler,servers", [
