@@ -183,3 +183,25 @@ def test_sigkill_of_the_launcher_stops_every_remote_node(ssh_cluster, spawn, tmp
     wait_until(lambda: not [p for p in pids if pid_alive(p)], 30,
                "every remote node to die after the launcher was SIGKILLed")
     proc.wait(timeout=10)
+
+
+@requires_sshd
+@pytest.mark.timeout(120)
+def test_slots_give_each_hosts_workers_their_local_ranks_over_ssh(ssh_cluster, spawn, tmp_path):
+    """``-n 4`` on two hosts of ``slots=2``: the variables reach the workers over ssh, and each
+    host's two workers are local ranks 0 and 1 of 2 (``mx.gpu(hvd.local_rank())``)."""
+    cluster = ssh_cluster(num_hosts=2)
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("%s slots=2\n%s slots=2\n" % (cluster.net.address(0),
+                                                      cluster.net.address(1)))
+    show = [sys.executable, "-c", "import os; print('PLACE', *(os.environ[n] for n in ("
+            "'DMLC_NODE_HOST', 'DMLC_WORKER_ID', 'BYTEPS_LOCAL_RANK', 'BYTEPS_LOCAL_SIZE', "
+            "'DMLC_NUM_WORKER')))"]
+    proc = spawn(_launcher(cluster, hostfile, "-n", "4", "-s", "2", "--timeout", "60",
+                           "--scheduler-cmd", "true", "--server-cmd", "true", "--", *show),
+                 cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 0, out
+    places = sorted(line.split("PLACE ")[1] for line in out.splitlines() if "PLACE " in line)
+    assert places == ["198.18.0.1 0 0 2 4", "198.18.0.1 2 1 2 4",
+                      "198.18.0.2 1 0 2 4", "198.18.0.2 3 1 2 4"], out
