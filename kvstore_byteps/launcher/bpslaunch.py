@@ -94,8 +94,8 @@ def plan_bpslaunch(environ: Mapping[str, str], command: Sequence[str],
         role_name = "worker"      # one machine: the worker is the only command to run
     if role_name not in ("scheduler", "server", "worker"):
         raise UsageError("DMLC_ROLE must be scheduler, server or worker, got %r%s"
-                         % (role_name, "" if role_name else " (it is unset, and DMLC_NUM_WORKER "
-                            "says several worker hosts)"))
+                         % (role_name, "" if role_name else " (it is unset, and the job is "
+                            "distributed: DMLC_NUM_WORKER > 1 or BYTEPS_FORCE_DISTRIBUTED)"))
     role, size = Role[role_name.upper()], local_size(environ)
     title = role_name if environ.get(Env.ROLE, "").strip() else "worker (DMLC_ROLE unset)"
     if alone:
@@ -133,9 +133,8 @@ def _describe_host(host: int, hosts: int, size: int) -> str:
     DMLC_NUM_WORKER counts hosts while size() counts processes."""
     first, last = host * size, host * size + size - 1
     ranks = "rank %d" % first if size == 1 else "ranks %d-%d" % (first, last)
-    return "worker host %d of %d: %s, %s of %d" % (host, hosts, count(size, "process",
-                                                                      "processes"),
-                                                   ranks, hosts * size)
+    processes = count(size, "process", "processes")
+    return "worker host %d of %d: %s, %s of %d" % (host, hosts, processes, ranks, hosts * size)
 
 
 def _single_host(title: str, size: int, command: Sequence[str], python: str, port: int):
