@@ -317,7 +317,8 @@ def _check_local_place(config: Config, in_local_group: bool) -> None:
             "launch.py --local-groups set it) is no worker of the cluster: only local rank 0 is, "
             "and the others reduce through it with the BytePS or Horovod API "
             "(kvstore_byteps.mxnet, kvstore_byteps.horovod). A script that creates its own "
-            "dist_byteps store needs a worker per process: launch.py without --local-groups"
+            "dist_byteps store needs a worker per process: kvstore-byteps-launch (launch.py) "
+            "without --local-groups"
             % (Env.LOCAL_RANK, config.local_rank, Env.LOCAL_SIZE, config.local_size,
                Env.LOCAL_GROUPS))
 

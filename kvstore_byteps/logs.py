@@ -5,7 +5,7 @@ import sys
 import threading
 
 from .config import Config
-from .errors import ConfigError
+from .errors import ClusterStartError, ConfigError
 
 _LEVELS = {"TRACE": logging.DEBUG, "DEBUG": logging.DEBUG, "INFO": logging.INFO,
            "WARNING": logging.WARNING, "ERROR": logging.ERROR, "FATAL": logging.CRITICAL}
@@ -57,8 +57,8 @@ def announce(config: Config, text: str) -> None:
 
 
 def config_errors_in_one_line() -> None:
-    """In a user's process (a worker): a ConfigError of ours that nothing caught ends the process
-    with one line on stderr (and exit code 1, as any uncaught exception), not a traceback: it
+    """In a user's process (a worker): a ConfigError or ClusterStartError of ours that nothing
+    caught ends the process with one line on stderr (and exit code 1, as any uncaught exception), not a traceback: it
     says what to set, and the traceback through the user's script and ours says nothing more.
     Every other exception still reaches the hook that was there before. Idempotent."""
     previous = sys.excepthook
@@ -68,6 +68,9 @@ def config_errors_in_one_line() -> None:
     def hook(kind, error, traceback):
         if isinstance(error, ConfigError):
             print("[kvstore_byteps] configuration error: %s" % error, file=sys.stderr, flush=True)
+        elif isinstance(error, ClusterStartError):     # it names the peer and what to check
+            print("[kvstore_byteps] the cluster did not form: %s" % error, file=sys.stderr,
+                  flush=True)
         else:
             previous(kind, error, traceback)
     hook._kvstore_byteps = True

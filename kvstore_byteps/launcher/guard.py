@@ -1,7 +1,8 @@
 """Runs one node's command and ties its life to the launcher's: ``python -m kvstore_byteps.launcher.guard``.
 
-The launcher starts every node through this guard with a pipe as the guard's standard input and
-never writes to it. When the launcher dies, however it dies (SIGKILL included), the kernel closes
+The launcher starts every node through this guard with a pipe as the guard's standard input, and
+writes to it only :data:`STOP_WORD` when it stops the job on purpose (the guard then stops its
+node without a word: the launcher has said why). When the launcher dies, however it dies (SIGKILL included), the kernel closes
 the pipe; over ssh the remote sshd closes the channel when the ssh client dies. Either way the
 guard reads end-of-file and stops the node's whole process group (SIGTERM, then SIGKILL after a
 grace), so no scheduler, server or worker outlives its launcher, locally or on a remote host.
@@ -21,6 +22,8 @@ from typing import List, Mapping, Optional, Sequence
 from .procs import EXIT_CANNOT_START, die_with_parent, exit_status
 
 KILL_GRACE_S = 3.0
+#: What the launcher writes on the pipe before closing it when it stops the job itself.
+STOP_WORD = b"stop\n"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -94,8 +97,9 @@ class Guard:
                     data = os.read(watch_fd, 4096)
                 except OSError:
                     data = b""
-                if not data:  # the launcher is gone
-                    _say("the launcher stopped or went away; stopping %s" % self.proc.args[0])
+                if not data or STOP_WORD in data:
+                    if STOP_WORD not in data:  # no word: the launcher died
+                        _say("the launcher went away; stopping %s" % self.proc.args[0])
                     self.stop()
                     return
             elif watch_fd is None:

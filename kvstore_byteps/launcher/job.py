@@ -17,6 +17,7 @@ from typing import IO, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from kvstore_byteps.config import Role
 
+from .guard import STOP_WORD
 from .procs import die_with_parent, exit_status
 from .plan import LaunchError, ProcSpec
 
@@ -133,7 +134,13 @@ class _Child:
         return self.proc.poll() is None
 
     def close_pipe(self) -> None:
-        """End-of-file on the guard's watch: it stops its node."""
+        """The stop word, then end-of-file on the guard's watch: it stops its node quietly."""
+        try:
+            if self.proc.poll() is None:
+                self.proc.stdin.write(STOP_WORD)
+                self.proc.stdin.flush()
+        except OSError:
+            pass
         try:
             self.proc.stdin.close()
         except OSError:

@@ -498,8 +498,9 @@ class NodeMembership:
         if not self.ready:
             if now > self.start_deadline:
                 return [Fail(ClusterStartError(
-                    "%s: no ADD_NODE reply from the scheduler at %s before the start-up "
-                    "deadline (is the scheduler running and reachable?)"
+                    "%s: the scheduler at %s did not answer this node's registration (ADD_NODE) "
+                    "before the start-up deadline, BYTEPS_START_TIMEOUT (is the scheduler "
+                    "running and reachable, and did every node of the job start?)"
                     % (self.my_node.describe(), self.scheduler.address)))]
             return []
         if (self.heartbeat_timeout > 0 and self.last_heartbeat_reply is not None

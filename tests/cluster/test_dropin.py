@@ -160,4 +160,4 @@ def test_launch_local_groups_is_one_worker_host_of_four_processes(spawn):
     assert code != 0, output
     assert [line for line in output.splitlines() if line.startswith("[worker 1] ")
             and "BYTEPS_LOCAL_RANK=1 of a local group" in line], output
-    assert "launch.py without --local-groups" in output, output
+    assert "(launch.py) without --local-groups" in output, output

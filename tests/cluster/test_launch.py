@@ -264,6 +264,8 @@ def test_failing_worker_sets_exit_code_and_kills_everyone(run_launch):
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 3, err
     assert "[launch] worker 1 (on this machine) exited with code 3; stopping all processes" in err
+    # the launcher said why it stops the others; their guards do not add "the launcher went away"
+    assert "[guard]" not in err, err
     pids = registered_pids(piddir)
     assert len(pids) == 5
     assert [p for p in pids if pid_alive(p)] == []

@@ -52,3 +52,13 @@ def test_an_uncaught_config_error_is_one_line_and_others_reach_the_old_hook(hook
     other = RuntimeError("a bug")
     excepthook(RuntimeError, other, None)
     assert seen == [other] and capsys.readouterr().err == ""
+
+
+def test_a_cluster_that_did_not_form_is_one_line(hook, capsys):
+    from kvstore_byteps.errors import ClusterStartError
+    excepthook, seen = hook
+    excepthook(ClusterStartError, ClusterStartError("worker: the scheduler at 127.0.0.1:9 did "
+                                                    "not answer"), None)
+    assert capsys.readouterr().err == ("[kvstore_byteps] the cluster did not form: worker: the "
+                                       "scheduler at 127.0.0.1:9 did not answer\n")
+    assert seen == []

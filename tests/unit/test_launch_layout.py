@@ -77,7 +77,7 @@ def test_the_layout_variables_are_the_launchers(name, capsys):
 
 def test_a_local_member_makes_no_worker_of_the_cluster():
     member = {Env.ROLE: "worker", Env.LOCAL_RANK: "1", Env.LOCAL_SIZE: "2"}
-    with pytest.raises(ConfigError, match="launch.py without --local-groups"):
+    with pytest.raises(ConfigError, match=r"\(launch.py\) without --local-groups"):
         Config.from_env(member)                  # e.g. a script's own dist_byteps store
     assert Config.from_env(member, in_local_group=True).local_member    # the APIs' group
     assert not Config.from_env(dict(member, BYTEPS_LOCAL_GROUPS="0")).local_member
