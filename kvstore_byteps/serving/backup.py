@@ -5,7 +5,8 @@ The servers keep the weights and run the optimizer, as MXNet's ``dist_sync`` ser
 A round of a key closes when ``W - b`` workers pushed it (:mod:`.backup_rounds`); the sum of
 those ``c`` gradients is scaled by ``W / c``, so an update has the size of a full round's
 (the optimizer's ``rescale_grad`` is set for ``W`` workers' batches, as in ``dist_sync``), and
-applied once; the round's pulls get the new weights. A late push is dropped and counted; a
+applied once; the round's pulls get the new weights. A late push (computed on weights a few
+rounds old) joins the open round as one more gradient, a later one is dropped and counted; a
 worker that waits in a barrier or finished (``BYTEPS_ABSENT``) is not waited for. Once
 ``W - b`` workers finished training, the job's training is over: no round closes any more, and
 a late worker's pulls are answered with an error that tells it so (``errors.TRAINING_OVER``;
@@ -71,7 +72,7 @@ class BackupWorkers:
 
     def _sum(self, key, r, values: np.ndarray) -> None:
         if r is None:
-            log.debug("key %d: a stale push dropped (%d so far)", key.ps_key, key.rounds.dropped)
+            log.debug("key %d: a push dropped (%d so far)", key.ps_key, key.rounds.dropped)
             return
         self._server.summing.submit(key.thread, lambda: self._add(key, r, values))
 
@@ -144,12 +145,15 @@ class BackupWorkers:
 
     @staticmethod
     def close(keys) -> None:
-        """Say how many late pushes were dropped (the server is done)."""
+        """Say how many pushes joined a later round or were dropped (the server is done)."""
         keys = list(keys)
-        log.info("backup workers: %s dropped over %s, %s; %s after the end of training",
-                 count(sum(key.rounds.dropped for key in keys), "late push", "late pushes"),
-                 count(len(keys), "key"), count(sum(key.rounds.version for key in keys), "round"),
-                 count(sum(key.rounds.dropped_after_end for key in keys), "push", "pushes"))
+
+        def total(field, noun, plural):
+            return count(sum(getattr(key.rounds, field) for key in keys), noun, plural)
+        log.info("backup workers over %s, %s: %s joined a later round, %s dropped, %s after "
+                 "the end of training", count(len(keys), "key"), total("version", "round", ""),
+                 total("joined_late", "late push", "late pushes"),
+                 total("dropped", "push", "pushes"), total("dropped_after_end", "push", "pushes"))
 
     def _add(self, key, r: int, values: np.ndarray) -> None:
         self._close(key, key.rounds.add(r, values))

@@ -11,15 +11,19 @@ of the initial value. A worker's push belongs to the round of the version it las
 last answer), so it needs no round number on the wire:
 
 * the round is still open and has fewer than ``W - b`` pushes: the push counts;
-* otherwise (the round closed, or is closing with enough pushes) the push is stale: dropped
-  and counted, never summed into a later round (rounds never mix);
-* a pull is answered with the first weights newer than the round the worker last pushed:
-  at once if that round already closed (a straggler skips ahead to the current weights), or
-  when it closes.
+* the round closed, at most :data:`MAX_LATE_ROUNDS` rounds ago, and the open round has fewer
+  than ``W - b`` pushes: the push is late and joins the open round as one more gradient (a
+  stale one), not counted towards its ``W - b``: a straggler's data still reaches the model
+  (its shard, where data is sharded by rank) while nobody waits for it;
+* otherwise (the round is closing with enough pushes, or the push is later than that) it is
+  dropped and counted;
+* a pull is answered with the first weights newer than the round the worker's push joined:
+  when it closes, or at once if the push was dropped (the worker skips ahead to the current
+  weights).
 
 Workers that wait in a barrier (:meth:`BackupRounds.set_absent`) or finished training
 (:meth:`BackupRounds.finish`) are not waited for: a round needs ``min(W - b, workers
-present)`` pushes. Once ``W - b`` workers finished, the job's training is over: no round closes
+present)`` pushes, or every present worker's (late ones included). Once ``W - b`` workers finished, the job's training is over: no round closes
 any more (a late worker's rounds would be one or two gradients scaled by ``W / c``, outsized
 updates of a model the quorum already trained), later pushes are dropped, and a late worker's
 pulls are answered :data:`ENDED` (the server tells it the training is over).
@@ -42,6 +46,9 @@ __all__ = ["BackupRounds", "ENDED"]
 
 #: what :meth:`BackupRounds.request_pull` returns once the job's training is over
 ENDED = -1
+#: a push computed on weights at most this many rounds old joins the open round; older ones
+#: are dropped (a 2x straggler's are 2-3 rounds old)
+MAX_LATE_ROUNDS = 4
 
 
 class BackupRounds:
@@ -59,6 +66,7 @@ class BackupRounds:
         self._lock = threading.Lock()
         self.version = 0                    # rounds closed so far
         self._contributors: Set[int] = set()   # senders of the open round's counted pushes
+        self._late: Set[int] = set()        # senders of late pushes that joined it
         self._summed = 0
         self._buffer: Optional[np.ndarray] = None
         self._read: Dict[int, int] = {}     # sender -> version of its last answer
@@ -68,9 +76,11 @@ class BackupRounds:
         self._done: Set[int] = set()        # workers that finished training
         #: the job's training is over (W - b workers finished): no round closes any more
         self.ended = False
-        #: stale pushes dropped so far (counted, never summed); those after the end apart
+        #: pushes dropped so far (counted, never summed); those after the end apart
         self.dropped = 0
         self.dropped_after_end = 0
+        #: late pushes that joined a later round
+        self.joined_late = 0
 
     @property
     def needed(self) -> int:
@@ -79,8 +89,8 @@ class BackupRounds:
                           self.num_workers - len(self._absent)))
 
     def begin_push(self, sender: int) -> Optional[int]:
-        """Register ``sender``'s push: its round if it counts, None if it is stale (dropped).
-        ProtocolError for a second push before the first was answered."""
+        """Register ``sender``'s push: the open round if it counts or joins it late, None if
+        it is dropped. ProtocolError for a second push before the first was answered."""
         with self._lock:
             if sender in self._pushed:
                 raise ProtocolError("node %d pushed key %d again before its pull of round %d "
@@ -89,12 +99,15 @@ class BackupRounds:
                 self.dropped_after_end += 1
                 return None
             r = self._read.get(sender, 0)
-            self._pushed[sender] = r
-            if r != self.version or len(self._contributors) >= self.needed:
+            late = self.version - r
+            if len(self._contributors) >= self.needed or late > MAX_LATE_ROUNDS:
+                self._pushed[sender] = r
                 self.dropped += 1
                 return None
-            self._contributors.add(sender)
-            return r
+            (self._late if late else self._contributors).add(sender)
+            self.joined_late += bool(late)
+            self._pushed[sender] = self.version
+            return self.version
 
     def request_pull(self, sender: int, token) -> Optional[int]:
         """Register ``sender``'s pull: the version to answer with now (the current weights),
@@ -170,9 +183,11 @@ class BackupRounds:
             return self._complete()
 
     def _complete(self) -> Optional[Tuple[np.ndarray, int]]:
-        pushed = len(self._contributors)
-        if self.ended or pushed == 0 or pushed < self.needed or self._summed < pushed:
+        fresh, pushed = len(self._contributors), len(self._contributors) + len(self._late)
+        if self.ended or pushed == 0 or self._summed < pushed:
             return None
+        if fresh < self.needed and pushed < self.num_workers - len(self._absent):
+            return None         # neither W - b on time nor every present worker's push yet
         return self._buffer, pushed
 
     def close(self) -> List[object]:
@@ -180,7 +195,7 @@ class BackupRounds:
         round, and return the tokens of the pulls to answer with the new weights."""
         with self._lock:
             self.version += 1
-            self._contributors, self._summed = set(), 0
+            self._contributors, self._late, self._summed = set(), set(), 0
             ready = [item for item in self._pending if item[1] < self.version]
             self._pending = [item for item in self._pending if item[1] >= self.version]
             for sender, _, _ in ready:

@@ -8,10 +8,10 @@ sleeps 60 ms more), so which workers make each round differs from round to round
 * ``kv``: the store's API with plain SGD (learning rate 1) on one float64 vector of
   ``workers x STEPS`` entries: worker r's gradient at step s is 1 at entry ``r * STEPS + s``
   and 0 elsewhere, so the servers' final weights say which pushes were counted, and with
-  which scale: ``-W / c`` where c workers made the round, 0 for a dropped push. Checked: every
-  entry is 0 or ``-W / c`` with c in [W - b, ..., 1] (c < W - b only once workers left),
-  the entries sum to ``-W`` times a whole number of rounds, and the pushes counted in full
-  rounds are a multiple of W - b.
+  which scale: ``-W / c`` where c pushes made the round, 0 for a dropped push. Checked: every
+  entry is 0 or ``-W / c`` with c in [1, ..., W] (c < W - b only once workers left, c > W - b
+  when late pushes joined the round), the entries sum to ``-W`` times a whole number of rounds,
+  and the pushes counted in rounds of exactly W - b are a multiple of W - b.
 * ``gluon`` / ``module``: gluon.Trainer and Module.fit on a least-squares problem; the
   workers end with the same weights (a zero-gradient round after a barrier reads the final
   ones) and the loss went down.
@@ -57,7 +57,7 @@ def run_kv(kv, steps, slow_rank, rng):
 
 def check_kv(final, workers, backup, steps):
     counted = final[final != 0]
-    allowed = {workers / c for c in range(1, workers - backup + 1)}
+    allowed = {workers / c for c in range(1, workers + 1)}
     bad = [v for v in counted if not any(abs(v - a) < 1e-12 for a in allowed)]
     rounds = final.sum() / workers
     problems = []

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kvstore_byteps.errors import ProtocolError
-from kvstore_byteps.serving.backup_rounds import ENDED, BackupRounds
+from kvstore_byteps.serving.backup_rounds import ENDED, MAX_LATE_ROUNDS, BackupRounds
 
 
 def rounds(workers=3, backup=1):
@@ -18,27 +18,41 @@ def push(r, sender, value):
     return n, (None if n is None else r.add(n, np.full(2, float(value))))
 
 
-def test_a_round_closes_at_w_minus_b_pushes_and_the_late_push_is_dropped():
+def test_a_round_closes_at_w_minus_b_pushes_and_a_late_push_joins_the_next():
     r = rounds()
     assert push(r, 9, 1) == (0, None)
     n, complete = push(r, 11, 2)
     assert n == 0 and complete[1] == 2 and list(complete[0]) == [3.0, 3.0]
     assert r.request_pull(9, "pull9") is None          # waits for the close
     assert r.close() == ["pull9"] and r.version == 1
-    assert push(r, 13, 100) == (None, None) and r.dropped == 1   # round 0 closed: stale
-    assert r.request_pull(13, "pull13") == 1           # skips ahead to the current weights
+    assert push(r, 13, 100) == (1, None)               # computed on round 0's weights: late
+    assert r.request_pull(13, "pull13") is None        # waits for the round it joined
     assert r.request_pull(11, "pull11") == 1           # its round closed already
+    assert push(r, 9, 1) == (1, None)                  # one on time: W - b = 2 not reached
+    n, complete = push(r, 11, 2)                       # two on time, and the late one
+    assert complete[1] == 3 and list(complete[0]) == [103.0, 103.0]
+    assert r.close() == ["pull13"] and r.joined_late == 1 and r.dropped == 0
 
 
-def test_a_stale_worker_counts_again_once_it_read_the_current_weights():
+def test_a_push_later_than_max_late_rounds_is_dropped_and_its_worker_skips_ahead():
     r = rounds()
+    for _ in range(MAX_LATE_ROUNDS + 1):
+        push(r, 9, 1), push(r, 11, 1)
+        r.request_pull(9, "t9"), r.request_pull(11, "t11")
+        r.close()
+    assert push(r, 13, 5) == (None, None) and r.dropped == 1     # read version 0
+    assert r.request_pull(13, "t13") == MAX_LATE_ROUNDS + 1      # the current weights
+    assert push(r, 13, 5)[0] == MAX_LATE_ROUNDS + 1              # on time again
+
+
+def test_a_round_closes_once_every_present_worker_pushed_late_ones_included():
+    r = rounds(workers=3, backup=1)
     push(r, 9, 1), push(r, 11, 1)
-    r.request_pull(9, "t9"), r.request_pull(11, "t11")
-    assert r.close() == ["t9", "t11"]
-    push(r, 13, 5)                                     # stale (read version 0)
-    assert r.request_pull(13, "t13") == 1
-    assert push(r, 13, 5)[0] == 1                       # now it is in round 1
-    assert push(r, 9, 1)[1][1] == 2                     # 13 and 9 complete round 1
+    r.request_pull(9, "t9")
+    r.close()
+    r.set_absent(11, True)                             # present: 9 and 13
+    assert push(r, 9, 1) == (1, None)                  # needs 2 on time, or every present
+    assert push(r, 13, 1)[1][1] == 2                   # 13's late push was the last one
     assert r.request_pull(13, "t13") is None and r.close() == ["t13"]
 
 
