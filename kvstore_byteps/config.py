@@ -1,8 +1,16 @@
 """The one place that reads the environment.
 
 ``Config.from_env()`` parses and validates every variable kvstore-byteps understands and
-returns a frozen object; nothing else in the package reads ``os.environ``. A bad value raises
-:class:`~kvstore_byteps.errors.ConfigError` quoting the variable and the value.
+returns a frozen object; nothing else in the package reads ``os.environ`` (the launcher only
+copies it into the environments of the processes it starts; tests/unit/test_layers.py checks
+both). A bad value raises :class:`~kvstore_byteps.errors.ConfigError` quoting the variable and
+the value.
+
+Two small doors for code that needs less than a whole Config: :func:`env_flag` and
+:func:`env_int` read one variable of a given mapping as Config reads it (bpslaunch reads the
+environment it will hand to its children), and :func:`set_default` lets an API of this
+process choose the default of a setting for the stores it creates (the BytePS and Horovod
+APIs' ``djb2`` placement) without writing into ``os.environ``.
 
 The variable names are the ones MXNet, ps-lite and BytePS users already know; they are
 collected as constants in :class:`Env` so the launcher and the tests spell them one way.
@@ -10,7 +18,7 @@ collected as constants in :class:`Env` so the launcher and the tests spell them 
 import dataclasses
 import enum
 import os
-from typing import Callable, Mapping, Optional, TypeVar
+from typing import Callable, Dict, Mapping, Optional, Sequence, TypeVar
 
 from .errors import ConfigError
 from .words import count
@@ -196,6 +204,9 @@ class Config:
     #: bpslaunch and launch.py): what the BytePS and Horovod APIs' local_rank()/local_size() say
     local_rank: int = 0
     local_size: int = 1
+    #: BYTEPS_GLOBAL_RANK: the rank a process that is a worker of its own asks for in the BytePS
+    #: API's init() (kvstore_byteps/mxnet/__init__.py), unless DMLC_WORKER_ID says one
+    global_rank: Optional[int] = None
     #: what DMLC_NUM_WORKER counts. True (BytePS's meaning, bpslaunch's, launch.py
     #: --local-groups): worker hosts; the processes of a host with local_size > 1 form one local
     #: group whose local rank 0 is its worker in the cluster (mxnet_patch/localgroup.py).
@@ -209,13 +220,18 @@ class Config:
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None,
-                 in_local_group: bool = False) -> "Config":
-        """Build a config from ``environ`` (default ``os.environ``); ConfigError on bad values.
+                 in_local_group: bool = False,
+                 only: Optional[Sequence[str]] = None) -> "Config":
+        """Build a config from ``environ`` (default: ``os.environ``, with this process's
+        :func:`set_default` choices for what it leaves unset); ConfigError on bad values.
 
         A worker that is a :attr:`local_member` is refused unless ``in_local_group`` (the BytePS
         and Horovod APIs, which join it to its group): anything else, e.g. a script's own
-        ``dist_byteps`` store, would join the cluster as one worker too many."""
-        env = _EnvReader(os.environ if environ is None else environ)
+        ``dist_byteps`` store, would join the cluster as one worker too many.
+
+        ``only``: read just these variables, the others keep their defaults (the start-up
+        hook's routing, which must not validate variables a plain MXNet process ignores)."""
+        env = _EnvReader(*_source(environ, only))
         auth_key = _auth_key(env)
         # with a key the default stays on ZeroMQ, whose CURVE encrypts every message; byteps_tcp
         # only authenticates its connections (docs/failures-and-security.md)
@@ -276,6 +292,7 @@ class Config:
             local_rank=env.get(Env.LOCAL_RANK, _nonnegative_int, 0),
             local_size=env.get(Env.LOCAL_SIZE, _positive_int, 1),
             local_groups=env.flag(Env.LOCAL_GROUPS, True),
+            global_rank=env.get(Env.GLOBAL_RANK, _nonnegative_int, None),
         )
         _check_local_place(config, in_local_group)
         if config.enable_async and config.backup_workers:
@@ -331,14 +348,43 @@ def training_mode(enable_async: bool, backup_workers: int) -> str:
     return "sync with %s" % count(backup_workers, "backup worker") if backup_workers else "sync"
 
 
+#: This process's own defaults (:func:`set_default`): name -> text, read as if the variable
+#: were set whenever the environment leaves it unset or empty.
+_process_defaults: Dict[str, str] = {}
+
+
+def set_default(name: str, text: str) -> None:
+    """From now on this process's configs read ``name`` as ``text`` where ``os.environ`` leaves
+    it unset or empty: what an API chooses for the ``dist_byteps`` store it creates (the store
+    reads its own Config). Nothing is written into ``os.environ``, so the processes this one
+    starts see the environment it was given. Validated as every value is, when read."""
+    _process_defaults[name] = text
+
+
+def _source(environ: Optional[Mapping[str, str]], only: Optional[Sequence[str]]):
+    """``(environ, defaults)`` for an :class:`_EnvReader`: this process's environment with its
+    own defaults, or the given mapping alone; just the ``only`` names if given."""
+    if environ is None:
+        environ, defaults = os.environ, dict(_process_defaults)
+    else:
+        defaults = {}
+    if only is not None:
+        environ = {name: environ[name] for name in only if name in environ}
+        defaults = {name: defaults[name] for name in only if name in defaults}
+    return environ, defaults
+
+
 class _EnvReader:
     """Reads one variable at a time, turning parse failures into ConfigError."""
 
-    def __init__(self, environ: Mapping[str, str]):
+    def __init__(self, environ: Mapping[str, str], defaults: Optional[Mapping[str, str]] = None):
         self._environ = environ
+        self._defaults = defaults or {}
 
     def get(self, name: str, parse: Callable[[str], T], default: T) -> T:
         text = self._environ.get(name)
+        if text is None or text.strip() == "":
+            text = self._defaults.get(name)
         if text is None or text.strip() == "":
             return default
         try:
@@ -385,6 +431,15 @@ def env_flag(environ: Mapping[str, str], name: str, default: bool) -> bool:
     ``on``, ``0``/``false``/``no``/``off``, any case; unset or empty: ``default``), for the
     few readers outside Config (bpslaunch). ConfigError quotes a bad value."""
     return _EnvReader(environ).flag(name, default)
+
+
+def env_int(environ: Mapping[str, str], name: str, default: Optional[int] = None,
+            minimum: int = 0) -> Optional[int]:
+    """The integer ``name`` of ``environ`` read as Config reads its integers (``minimum`` 0:
+    as DMLC_WORKER_ID, 1: as DMLC_NUM_WORKER; unset or empty: ``default``), for the few
+    readers outside Config (bpslaunch). ConfigError quotes a bad value."""
+    parse = {0: _nonnegative_int, 1: _positive_int}[minimum]
+    return _EnvReader(environ).get(name, parse, default)
 
 
 def _flag(text: str) -> bool:

@@ -28,7 +28,6 @@ This module imports nothing of ours at start-up; the routing imports
 ``mxnet`` package itself loads, ``kvstore_byteps.cuda_libs`` loads the CUDA libraries of pip's
 ``nvidia-*`` packages when the installed MXNet is a GPU build (nothing otherwise).
 """
-import os
 import sys
 
 _SERVER_MODULE = "mxnet.kvstore.kvstore_server"
@@ -41,27 +40,21 @@ _pending_route = None
 _package_wrapped = False
 
 
-def _routing_environ(names):
-    """The raw text of just ``names``, for ``Config.from_env`` to parse and validate.
-
-    The one read of ``os.environ`` outside config.py: routing must not validate variables that a
-    plain MXNet process does not care about, so it hands over only the two it needs.
-    """
-    return {name: os.environ[name] for name in names if name in os.environ}
-
-
 def _route():
-    """``None`` (upstream behaviour) or ``(role, config)`` to run our server/scheduler."""
+    """``None`` (upstream behaviour) or ``(role, config)`` to run our server/scheduler.
+
+    Routing must not validate variables that a plain MXNet process does not care about, so it
+    reads only the two it needs (``Config.from_env(only=...)``) until the route is ours."""
     from kvstore_byteps.config import Config, Env, Role, ServerKind
     from kvstore_byteps.errors import ConfigError
     try:
-        role = Config.from_env(_routing_environ((Env.ROLE,))).role
+        role = Config.from_env(only=(Env.ROLE,)).role
     except ConfigError:
         return None                      # a bad DMLC_ROLE is upstream's to report, as before
     if role is Role.WORKER:
         return None
     names = (Env.ROLE, Env.KVSTORE_SERVER)
-    if Config.from_env(_routing_environ(names)).kvstore_server is not ServerKind.BYTEPS:
+    if Config.from_env(only=names).kvstore_server is not ServerKind.BYTEPS:
         return None
     try:
         return role, Config.from_env()   # asked for us: now every variable must be valid

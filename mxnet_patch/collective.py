@@ -29,14 +29,13 @@ on what ``DMLC_NUM_WORKER`` counts (``BYTEPS_LOCAL_GROUPS``, :attr:`Config.local
   worker of its own, rank and size are the store's, and the local rank and size only say
   where on its host a process runs (``mx.gpu(local_rank())``).
 """
-import os
 import threading
 import zlib
 from typing import Optional
 
 import mxnet as mx
 
-from kvstore_byteps.config import Config, Env
+from kvstore_byteps.config import Config, Env, set_default
 from kvstore_byteps.logs import announce
 from kvstore_byteps.words import count
 
@@ -78,17 +77,19 @@ class Collective:
         """Join the job (once; later calls do nothing). Returns the store."""
         with self._lock:
             if self._kv is None:
-                placement = os.environ.setdefault(Env.KEY_HASH_FN, "djb2")
-                if placement == "balanced":
+                # the default of this process's stores, the one this creates included (each
+                # store reads its own Config); os.environ stays as the user set it
+                set_default(Env.KEY_HASH_FN, "djb2")
+                config = _config()
+                if config.key_hash_fn == "balanced":
                     raise ValueError(
                         "BYTEPS_KEY_HASH_FN=balanced places partitions in the order tensors "
                         "are first used, which the BytePS and Horovod APIs do not fix; use "
                         "djb2 (BytePS's default), sdbm or built_in")
-                self._join()
+                self._join(config)
             return self._kv
 
-    def _join(self) -> None:
-        config = _config()
+    def _join(self, config: Config) -> None:
         if config.backup_workers:
             raise ValueError("BYTEPS_BACKUP_WORKERS is a mode of the dist_byteps store "
                              "(gluon.Trainer, Module.fit), not of the BytePS and Horovod APIs, "
@@ -102,9 +103,9 @@ class Collective:
                              "group (BYTEPS_LOCAL_SIZE=%d) is not supported: run one process per "
                              "host, or train synchronously" % config.local_size)
         else:
-            self._join_group(config, group_address(os.environ.get(Env.ROOT_URI, ""),
-                                                   os.environ.get(Env.ROOT_PORT, ""),
-                                                   os.environ.get(Env.WORKER_ID, "")))
+            self._join_group(config, group_address(
+                config.root_uri, str(config.root_port),
+                "" if config.worker_id is None else str(config.worker_id)))
 
     def _join_group(self, config: Config, address: str) -> None:
         """Join the host's local group: as its root (local rank 0, the host's worker in the

@@ -27,7 +27,7 @@ import os
 import sys
 from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
-from ..config import Env, Role, env_flag
+from ..config import Env, Role, env_flag, env_int
 from ..errors import ConfigError
 from ..words import count
 from ..ports import free_port
@@ -48,29 +48,27 @@ class UsageError(Exception):
 
 def local_size(environ: Mapping[str, str]) -> int:
     """Processes per worker host: BYTEPS_LOCAL_SIZE, else NVIDIA_VISIBLE_DEVICES' count, else 1."""
-    value = environ.get(Env.LOCAL_SIZE, "").strip()
-    if value:
-        try:
-            size = int(value)
-        except ValueError:
-            raise UsageError("BYTEPS_LOCAL_SIZE=%r is not an integer" % value) from None
-        if size < 1:
-            raise UsageError("BYTEPS_LOCAL_SIZE must be at least 1, got %d" % size)
+    size = _int(environ, Env.LOCAL_SIZE, None, minimum=1)
+    if size is not None:
         return size
     devices = environ.get(Env.VISIBLE_DEVICES, "").strip()
     return len(devices.split(",")) if devices else 1
 
 
-def _int(environ, name: str, default: Optional[int] = None) -> int:
-    value = environ.get(name, "").strip()
-    if not value:
-        if default is None:
-            raise UsageError("%s is not set (bpslaunch reads BytePS's environment)" % name)
-        return default
+def _int(environ: Mapping[str, str], name: str, default: Optional[int],
+         minimum: int = 0) -> Optional[int]:
+    """``name`` of ``environ`` read as Config reads it; UsageError quotes a bad value."""
     try:
-        return int(value)
-    except ValueError:
-        raise UsageError("%s=%r is not an integer" % (name, value)) from None
+        return env_int(environ, name, default, minimum)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _required_int(environ: Mapping[str, str], name: str, minimum: int = 0) -> int:
+    value = _int(environ, name, None, minimum)
+    if value is None:
+        raise UsageError("%s is not set (bpslaunch reads BytePS's environment)" % name)
+    return value
 
 
 def single_host(environ: Mapping[str, str]) -> bool:
@@ -79,7 +77,7 @@ def single_host(environ: Mapping[str, str]) -> bool:
         forced = env_flag(environ, Env.FORCE_DISTRIBUTED, False)
     except ConfigError as exc:
         raise UsageError(str(exc)) from None
-    return _int(environ, Env.NUM_WORKER, 1) == 1 and not forced
+    return _int(environ, Env.NUM_WORKER, 1, minimum=1) == 1 and not forced
 
 
 def plan_bpslaunch(environ: Mapping[str, str], command: Sequence[str],
@@ -103,7 +101,7 @@ def plan_bpslaunch(environ: Mapping[str, str], command: Sequence[str],
             return ("%s: nothing to do (one worker host and no BYTEPS_FORCE_DISTRIBUTED: that "
                     "host's bpslaunch starts a scheduler and a server)" % title), []
         return _single_host(title, size, command, python, port_of())
-    hosts = _int(environ, Env.NUM_WORKER)     # a distributed job must say how many
+    hosts = _required_int(environ, Env.NUM_WORKER, minimum=1)   # a distributed job says how many
     if role is Role.SCHEDULER:
         return "%s: our scheduler, for %s" % (title, count(hosts, "worker host")), [ProcSpec(
             role, None, tuple(scheduler_argv(SchedulerProgram.BYTEPS, python)), {})]

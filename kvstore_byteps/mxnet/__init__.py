@@ -14,14 +14,13 @@ servers' copy (every process's changes added into the initial weights) is read b
 weights; ``byteps_push_pull`` adds the tensor into the servers' copy of its name and reads that
 back (a running total, as in BytePS); broadcasts take rank 0's value.
 """
-import os
 import warnings
 
 import mxnet as mx
 
 import numpy as np
 
-from kvstore_byteps.config import Config, Env
+from kvstore_byteps.config import Config, Env, set_default
 from mxnet_patch.collective import COLLECTIVE
 from mxnet_patch.wrapped_optimizer import ReducingOptimizer
 
@@ -35,10 +34,10 @@ def init(lazy=True):
     """Join the job (``BYTEPS_GLOBAL_RANK``, if set, is the rank a process that is a worker of
     its own asks for). ``lazy`` is accepted for BytePS's signature: the store starts now either
     way."""
-    global_rank = os.environ.get(Env.GLOBAL_RANK)
-    if (global_rank not in (None, "") and not os.environ.get(Env.WORKER_ID)
-            and not COLLECTIVE.grouped()):
-        os.environ[Env.WORKER_ID] = global_rank
+    config = Config.from_env(in_local_group=True)
+    if (config.global_rank is not None and config.worker_id is None
+            and not COLLECTIVE.grouped(config)):
+        set_default(Env.WORKER_ID, str(config.global_rank))   # for the store start() creates
     COLLECTIVE.start()
 
 

@@ -126,3 +126,46 @@ def test_grace_is_our_one_option_before_the_command():
     for bad in (["--grace"], ["--grace", "x"], ["--grace", "-1"], ["--grace", "nan"]):
         with pytest.raises(UsageError, match="--grace takes a number of seconds"):
             split_options(bad)
+
+
+def test_counts_are_read_as_config_reads_them():
+    """bpslaunch reads its integers with config's reader: what a node would refuse, it refuses
+    before starting any (a job of 0 hosts, a negative worker id)."""
+    with pytest.raises(UsageError, match="DMLC_NUM_WORKER='0' is invalid"):
+        plan_bpslaunch(dict(DIST, DMLC_ROLE="scheduler", DMLC_NUM_WORKER="0"), [])
+    with pytest.raises(UsageError, match="DMLC_WORKER_ID='-1' is invalid"):
+        plan_bpslaunch(dict(DIST, DMLC_ROLE="worker", DMLC_WORKER_ID="-1"), ["x"])
+    with pytest.raises(UsageError, match="DMLC_NUM_WORKER is not set"):
+        plan_bpslaunch({"DMLC_ROLE": "worker", "BYTEPS_FORCE_DISTRIBUTED": "1"}, ["x"])
+
+
+@pytest.fixture
+def own_defaults(monkeypatch):
+    import kvstore_byteps.config as config
+    monkeypatch.setattr(config, "_process_defaults", {})
+    for name in ("DMLC_WORKER_ID", "BYTEPS_KEY_HASH_FN", "BYTEPS_LOCAL_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_the_apis_choose_their_stores_settings_without_writing_the_environment(
+        own_defaults, monkeypatch):
+    """init() asks for BYTEPS_GLOBAL_RANK and the collective for djb2 placement: the store
+    start() creates reads them from its Config, os.environ stays as the user set it."""
+    import os
+    import kvstore_byteps.mxnet as bps
+    from kvstore_byteps.config import Config
+    from mxnet_patch import collective
+
+    class Store:
+        rank, num_workers = 3, 4
+
+    seen = []
+    monkeypatch.setattr(collective.mx.kv, "create",
+                        lambda name: seen.append(Config.from_env()) or Store())
+    monkeypatch.setattr(collective, "COLLECTIVE", collective.Collective())
+    monkeypatch.setattr(bps, "COLLECTIVE", collective.COLLECTIVE)
+    monkeypatch.setenv("BYTEPS_GLOBAL_RANK", "3")
+    bps.init()
+    assert [(c.worker_id, c.key_hash_fn) for c in seen] == [(3, "djb2")]
+    assert "DMLC_WORKER_ID" not in os.environ and "BYTEPS_KEY_HASH_FN" not in os.environ
+    assert bps.rank() == 3

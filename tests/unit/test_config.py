@@ -90,3 +90,55 @@ def test_a_trace_that_ends_before_it_starts_is_refused_naming_both_steps():
     assert "BYTEPS_TRACE_START_STEP=30" in str(info.value)
     assert "BYTEPS_TRACE_END_STEP=20" in str(info.value)
     assert Config.from_env(dict(env, BYTEPS_TRACE_ON="0")).trace_start_step == 30
+
+
+@pytest.fixture
+def own_defaults(monkeypatch):
+    """An empty set of this process's defaults, restored afterwards."""
+    import kvstore_byteps.config as config
+    monkeypatch.setattr(config, "_process_defaults", {})
+    return config
+
+
+def test_a_process_default_fills_what_the_environment_leaves_unset(own_defaults, monkeypatch):
+    monkeypatch.delenv("BYTEPS_KEY_HASH_FN", raising=False)
+    own_defaults.set_default("BYTEPS_KEY_HASH_FN", "djb2")
+    assert Config.from_env().key_hash_fn == "djb2"
+    assert "BYTEPS_KEY_HASH_FN" not in __import__("os").environ     # never written there
+    monkeypatch.setenv("BYTEPS_KEY_HASH_FN", "")                     # empty reads as unset
+    assert Config.from_env().key_hash_fn == "djb2"
+    monkeypatch.setenv("BYTEPS_KEY_HASH_FN", "sdbm")                 # the user's choice wins
+    assert Config.from_env().key_hash_fn == "sdbm"
+    # a given mapping is read alone; a default is validated as every value is
+    assert Config.from_env({}).key_hash_fn == "balanced"
+    own_defaults.set_default("BYTEPS_KEY_HASH_FN", "md5")
+    monkeypatch.delenv("BYTEPS_KEY_HASH_FN")
+    with pytest.raises(ConfigError, match="BYTEPS_KEY_HASH_FN='md5'"):
+        Config.from_env()
+
+
+def test_only_reads_just_the_named_variables():
+    env = {"DMLC_ROLE": "server", "MXNET_KVSTORE_SERVER": "byteps", "PS_DROP_MSG": "101"}
+    with pytest.raises(ConfigError, match="PS_DROP_MSG"):
+        Config.from_env(env)
+    config = Config.from_env(env, only=("DMLC_ROLE",))
+    assert config.role is Role.SERVER and config.kvstore_server is ServerKind.MXNET
+
+
+def test_env_int_reads_one_integer_as_config_does():
+    from kvstore_byteps.config import env_int
+    assert env_int({"DMLC_NUM_WORKER": " 3 "}, "DMLC_NUM_WORKER", minimum=1) == 3
+    assert env_int({}, "DMLC_NUM_WORKER", 1, minimum=1) == 1
+    assert env_int({"DMLC_WORKER_ID": ""}, "DMLC_WORKER_ID") is None
+    assert env_int({"DMLC_WORKER_ID": "0"}, "DMLC_WORKER_ID") == 0
+    with pytest.raises(ConfigError, match="DMLC_NUM_WORKER='0' is invalid"):
+        env_int({"DMLC_NUM_WORKER": "0"}, "DMLC_NUM_WORKER", minimum=1)
+    with pytest.raises(ConfigError, match="DMLC_WORKER_ID='x' is invalid: expected an integer"):
+        env_int({"DMLC_WORKER_ID": "x"}, "DMLC_WORKER_ID")
+
+
+def test_the_global_rank_a_process_asks_for():
+    assert Config.from_env({}).global_rank is None
+    assert Config.from_env({"BYTEPS_GLOBAL_RANK": "3"}).global_rank == 3
+    with pytest.raises(ConfigError, match="BYTEPS_GLOBAL_RANK='-1'"):
+        Config.from_env({"BYTEPS_GLOBAL_RANK": "-1"})
