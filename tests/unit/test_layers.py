@@ -155,3 +155,55 @@ def test_the_byteps_and_horovod_apis_build_on_the_collective_only():
             ours = {n for n in imported(module, path)
                     if n.startswith(("kvstore_byteps.", "mxnet_patch"))}
             assert all(n.startswith(allowed) for n in ours), (module, ours)
+
+
+#: The files that may touch the process environment besides config.py, and why: each builds
+#: the environment of the processes the launcher starts (a copy of its own, plus what the plan
+#: adds), which is what a launcher is for; none reads a setting from it.
+ENVIRONMENT_USERS = {
+    "kvstore_byteps/config.py": "the one reader: Config.from_env()",
+    "kvstore_byteps/launcher/job.py": "a Job's children start from this process's environment",
+    "kvstore_byteps/launcher/bpslaunch.py": "main(): the environment bpslaunch plans from and "
+                                            "hands to its children",
+    "kvstore_byteps/launcher/cli.py": "--env NAME passes the launcher's value on to the nodes "
+                                      "(and the key check sees what they will get)",
+    "kvstore_byteps/launcher/guard.py": "the node's environment with PATH extended",
+}
+_ENVIRONMENT = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
+
+
+def environment_uses(path):
+    """``line`` of every use of ``os.environ`` / ``os.getenv`` / ``os.putenv`` ... in ``path``
+    (under whatever name ``os`` was imported as, or imported from it)."""
+    tree = ast.parse(open(path).read())
+    names_of_os = {alias.asname or alias.name for node in ast.walk(tree)
+                   if isinstance(node, ast.Import) for alias in node.names if alias.name == "os"}
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and node.attr in _ENVIRONMENT
+                and isinstance(node.value, ast.Name) and node.value.id in names_of_os):
+            found.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module == "os" and any(
+                alias.name in _ENVIRONMENT for alias in node.names):
+            found.append(node.lineno)
+    return found
+
+
+def test_environment_uses_are_found_however_os_is_spelled(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("import os as o\nfrom os import getenv\nx = o.environ.get('A')\n"
+                      "y = dict(environ={})\n")
+    assert sorted(environment_uses(str(source))) == [2, 3]
+
+
+def test_only_config_reads_the_environment():
+    """Issue 47, config read once: settings come from Config.from_env(); only the launcher's
+    builders of its children's environments touch os.environ besides (ENVIRONMENT_USERS)."""
+    paths = [p for _, p in CASES] + [p for _, p in modules(os.path.join(REPO, "mxnet_patch"))]
+    paths.append(os.path.join(REPO, "launch.py"))
+    users = {os.path.relpath(p, REPO).replace(os.sep, "/"): environment_uses(p) for p in paths}
+    users = {path: lines for path, lines in users.items() if lines}
+    assert set(users) <= set(ENVIRONMENT_USERS), {
+        path: lines for path, lines in users.items() if path not in ENVIRONMENT_USERS}
+    assert set(ENVIRONMENT_USERS) <= set(users), "allowed, but no longer needed: %s" % sorted(
+        set(ENVIRONMENT_USERS) - set(users))
