@@ -17,13 +17,14 @@ last answer), so it needs no round number on the wire:
   (its shard, where data is sharded by rank) while nobody waits for it;
 * otherwise (the round is closing with enough pushes, or the push is later than that) it is
   dropped and counted;
-* a pull is answered with the first weights newer than the round the worker's push joined:
-  when it closes, or at once if the push was dropped (the worker skips ahead to the current
-  weights).
+* a pull is answered with the first weights newer than the round the worker's push belonged
+  to: when it closes, or at once if that round already closed (a late or dropped push: the
+  worker skips ahead to the current weights, as it would had it been dropped, so a late
+  worker never waits for a round, and rounds close exactly when they would without it).
 
 Workers that wait in a barrier (:meth:`BackupRounds.set_absent`) or finished training
 (:meth:`BackupRounds.finish`) are not waited for: a round needs ``min(W - b, workers
-present)`` pushes, or every present worker's (late ones included). Once ``W - b`` workers finished, the job's training is over: no round closes
+present)`` pushes. Once ``W - b`` workers finished, the job's training is over: no round closes
 any more (a late worker's rounds would be one or two gradients scaled by ``W / c``, outsized
 updates of a model the quorum already trained), later pushes are dropped, and a late worker's
 pulls are answered :data:`ENDED` (the server tells it the training is over).
@@ -106,7 +107,7 @@ class BackupRounds:
                 return None
             (self._late if late else self._contributors).add(sender)
             self.joined_late += bool(late)
-            self._pushed[sender] = self.version
+            self._pushed[sender] = r        # a late one's pull is answered at once
             return self.version
 
     def request_pull(self, sender: int, token) -> Optional[int]:
@@ -183,11 +184,10 @@ class BackupRounds:
             return self._complete()
 
     def _complete(self) -> Optional[Tuple[np.ndarray, int]]:
+        # a worker's late push and its next one (on time) may both be in: two gradients
         fresh, pushed = len(self._contributors), len(self._contributors) + len(self._late)
-        if self.ended or pushed == 0 or self._summed < pushed:
+        if self.ended or fresh == 0 or fresh < self.needed or self._summed < pushed:
             return None
-        if fresh < self.needed and pushed < self.num_workers - len(self._absent):
-            return None         # neither W - b on time nor every present worker's push yet
         return self._buffer, pushed
 
     def close(self) -> List[object]:

@@ -51,12 +51,12 @@ def test_a_round_of_two_of_three_pushes_updates_once_and_the_late_push_joins_the
         assert values(fake, a) == values(fake, b) == [5.5] * 4
         late = bpush(WORKER2, 1, 100.0, pull_too=True)          # computed on version 0
         srv.handle_request(late, fake)
-        assert not fake.answered(late)                          # joined round 1: waits
+        assert values(fake, late) == [5.5] * 4                  # joined round 1; no wait
         on_time = [bpush(s, 1, 1.0, pull_too=True) for s in (WORKER0, WORKER1)]
         for req in on_time:
             srv.handle_request(req, fake)
         # (100 + 1 + 1) scaled by 3 workers / 3 pushes -> 5.5 - 102
-        assert values(fake, late) == values(fake, on_time[0]) == [-96.5] * 4
+        assert values(fake, on_time[0]) == values(fake, on_time[1]) == [-96.5] * 4
         assert srv._keys[1].rounds.joined_late == 1 and srv._keys[1].rounds.dropped == 0
         current = pull(WORKER2, 1)                              # a default pull reads them too
         srv.handle_request(current, fake)
@@ -76,7 +76,9 @@ def test_an_absent_worker_is_not_waited_for():
         srv.handle_request(again, fake)
         assert not fake.answered(again)                         # worker 1 is back: 2 needed
         srv.handle_request(bpush(WORKER1, 1, 1.0), fake)        # read version 0: late
-        # every present worker pushed (worker 2 is away): (1 + 1) x 3 / 2 -> 7 - 3
+        assert not fake.answered(again)                         # not counted towards the 2
+        srv.handle_command(command(WORKER1, ServerCommand.BYTEPS_ABSENT, b"1"), fake)
+        # worker 0's push and worker 1's late one: (1 + 1) x 3 / 2 -> 7 - 3
         assert values(fake, again) == [4.0] * 4
 
 
