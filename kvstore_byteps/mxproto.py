@@ -1,4 +1,4 @@
-"""MXNet's application protocol on top of ps-lite, in one place (spec/pslite-wire.md §5). Pure.
+"""MXNet's application protocol on top of ps-lite, in one place (docs/pslite-wire.md §5). Pure.
 
 What a KV request's ``head`` means and which commands a worker sends its servers:
 

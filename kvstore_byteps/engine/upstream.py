@@ -1,4 +1,4 @@
-"""Upstream MXNet 1.9.1's key layout (spec pslite-wire.md 5.1). Pure.
+"""Upstream MXNet 1.9.1's key layout (docs/pslite-wire.md §5.1). Pure.
 
 Against an unmodified upstream C++ server our worker must send exactly what an upstream worker
 sends: one request per MXNet key, the ps keys and lens of ``EncodeDefaultKey`` (and the cmd of

@@ -2,7 +2,7 @@
 
 Driven by two callbacks of the KV layer (``handle_request`` / ``handle_command``, each given
 the request and an object with ``respond(req, keys=None, vals=None, lens=None, error=None)``),
-so it is tested with a fake responder and no sockets. Semantics (spec/pslite-wire.md §5.3-5.6):
+so it is tested with a fake responder and no sockets. Semantics (docs/pslite-wire.md §5.3-5.6):
 
 * the first push of a key initialises it (a 1-D array in the pushed dtype) and is acked at once;
 * sync mode (after kSyncMode): pushes of a round are summed until ``num_workers`` of them

@@ -1,6 +1,6 @@
 """Meta <-> PBMeta bytes, byte-compatible with MXNet 1.9.1's ps-lite. Pure.
 
-Encoding mirrors upstream's ``Van::PackMeta`` field by field (spec/pslite-wire.md §2), so our
+Encoding mirrors upstream's ``Van::PackMeta`` field by field (docs/pslite-wire.md §2), so our
 metas are byte-identical to what a C++ node would send. Decoding accepts everything upstream
 emits, including 10-byte negative varints in fields holding uninitialised memory.
 """

@@ -4,7 +4,7 @@ Both machines are driven by ``handle(message, now)`` and ``tick(now)`` and answe
 actions (connect to a node, send a message, mark ready, release barriers, stop) that a thin I/O
 loop executes. Nothing here touches a socket or sleeps, so every rule is unit-testable.
 
-Rules (spec/pslite-wire.md §3), kept in the order the protocol runs:
+Rules (docs/pslite-wire.md §3), kept in the order the protocol runs:
 
 * A node registers with an ADD_NODE sent from an identity-less DEALER. The scheduler counts only
   anonymous ADD_NODEs; once ``num_workers + num_servers`` have arrived it sorts them by hostname

@@ -2,7 +2,7 @@
 
 The schema is declared here as a ``FileDescriptorProto`` instead of generated code so the package
 needs no ``protoc`` step and works with any protobuf runtime. Field numbers and types follow
-spec/pslite-wire.md §2. Fields numbered 100 and up are BytePS extensions: optional, so upstream
+docs/pslite-wire.md §2. Fields numbered 100 and up are BytePS extensions: optional, so upstream
 peers skip them as unknown fields.
 """
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory

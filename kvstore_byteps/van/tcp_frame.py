@@ -16,7 +16,7 @@ gets a clear error instead of a silent hang.
 Then messages, each::
 
     header: meta length u32 | data frame count u16 | reserved u16 | frame length u64 * count
-    meta:   the PBMeta of spec/pslite-wire.md (the codec of the zmq van, extension fields too)
+    meta:   the PBMeta of docs/pslite-wire.md (the codec of the zmq van, extension fields too)
     data:   the frames, back to back
 
 All integers little-endian. The lengths come first so the receiver can pick each frame's landing

@@ -1,4 +1,4 @@
-"""ZeroMQ van speaking MXNet 1.9.1 ps-lite's wire format (spec/pslite-wire.md §1).
+"""ZeroMQ van speaking MXNet 1.9.1 ps-lite's wire format (docs/pslite-wire.md §1).
 
 One ROUTER socket receives; one DEALER per peer sends, with identity ``ps<my id>`` once the id is
 known. A message is ``[PBMeta] + data frames``; data frames go out without copying (pyzmq keeps the
