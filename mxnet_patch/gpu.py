@@ -11,7 +11,7 @@ has finished producing the inputs) does
 
 cupy (and its NCCL) is imported only here, lazily, through ``kvstore_byteps.engine.reduce``;
 without it a GPU array fails with a message naming ``pip install kvstore-byteps[gpu]``.
-Not verified on a GPU machine in this repository's CI (it has none): see tests/test_gpu.py.
+Not verified on a GPU machine in this repository's CI (it has none): see tests/cluster/test_gpu.py.
 """
 import ctypes
 import threading

@@ -1,4 +1,5 @@
-"""The import arrows of DESIGN.md, checked on the source (module-level and lazy imports alike)."""
+"""The layers of docs/design.md (who may import whom) and its other structural rules, checked on the
+source (module-level and lazy imports alike)."""
 import ast
 import os
 
@@ -34,7 +35,7 @@ def imported(module, path):
 
 
 def forbidden(module):
-    """Prefixes ``module`` must not import, per DESIGN.md's layers."""
+    """Prefixes ``module`` must not import, per docs/design.md's layers."""
     server = ["kvstore_byteps.server", "kvstore_byteps.serving"]
     ours_below = ["kvstore_byteps.van", "kvstore_byteps.engine"] + server + [
         "kvstore_byteps.scheduler", "mxnet_patch"]
