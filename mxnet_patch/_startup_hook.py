@@ -56,11 +56,7 @@ def _route():
     names = (Env.ROLE, Env.KVSTORE_SERVER)
     if Config.from_env(only=names).kvstore_server is not ServerKind.BYTEPS:
         return None
-    try:
-        return role, Config.from_env()   # asked for us: now every variable must be valid
-    except ConfigError as exc:           # one line, as python -m kvstore_byteps.server says it
-        print("[kvstore_byteps] configuration error: %s" % exc, file=sys.stderr, flush=True)
-        sys.exit(2)
+    return role, Config.from_env()       # asked for us: now every variable must be valid
 
 
 def _run_route(route):
@@ -126,7 +122,12 @@ class _WrappedLoader:
 
 def _exec_server_module(loader, module):
     global _pending_route
-    route = _route()
+    from kvstore_byteps.errors import ConfigError
+    try:
+        route = _route()
+    except ConfigError as exc:     # this process is a node: one line, as `python -m` says it
+        print("[kvstore_byteps] configuration error: %s" % exc, file=sys.stderr, flush=True)
+        sys.exit(2)
     if route is None:
         loader.exec_module(module)
         _register_or_warn()
