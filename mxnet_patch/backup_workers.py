@@ -4,8 +4,11 @@ A round of a key closes when ``W - b`` of the ``W`` workers have pushed their gr
 the slowest ``b`` do not hold the others up (Chen et al., "Revisiting Distributed Synchronous
 SGD", 2016). A worker that fell behind does not apply the rounds it missed one by one: the
 servers keep the weights and run the optimizer, as MXNet's ``dist_sync`` servers do with
-``update_on_kvstore``, and a late worker's pull reads the current weights (its late gradient
-is dropped and counted by the servers, see ``kvstore_byteps/serving/backup.py``).
+``update_on_kvstore``, and a late worker's pull reads the current weights at once (its late
+gradient joins the open round if it is at most a few rounds late, else it is dropped, see
+``kvstore_byteps/serving/backup.py``). Once ``W - b`` workers finished training the job's
+training is over: a worker still training stops at its next step (``TrainingOver``, raised by
+the store) and ``kvstore_byteps.finish_training`` leaves every worker with the final weights.
 
 So in this mode the ``dist_byteps`` store is optimizer-capable, as ``dist_sync`` is:
 ``gluon.Trainer`` and ``Module.fit`` hand it the optimizer (rank 0 sends it to the servers,

@@ -6,7 +6,8 @@ A round of a key closes when ``W - b`` workers pushed it (:mod:`.backup_rounds`)
 those ``c`` gradients is scaled by ``W / c``, so an update has the size of a full round's
 (the optimizer's ``rescale_grad`` is set for ``W`` workers' batches, as in ``dist_sync``), and
 applied once; the round's pulls get the new weights. A late push (computed on weights a few
-rounds old) joins the open round as one more gradient, a later one is dropped and counted; a
+rounds old) joins the open round as one more gradient (its pull is answered at once with the
+current weights), a later one is dropped and counted; a
 worker that waits in a barrier or finished (``BYTEPS_ABSENT``) is not waited for. Once
 ``W - b`` workers finished training, the job's training is over: no round closes any more, and
 a late worker's pulls are answered with an error that tells it so (``errors.TRAINING_OVER``;

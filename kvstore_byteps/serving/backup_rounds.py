@@ -30,9 +30,8 @@ updates of a model the quorum already trained), later pushes are dropped, and a 
 pulls are answered :data:`ENDED` (the server tells it the training is over).
 
 Threads: ``begin_push``, ``request_pull``, ``set_absent`` and ``finish`` run on the receive
-thread; ``add``,
-``recheck`` and ``close`` on the one summing thread the key is bound to (only it writes the
-sum buffer, outside the lock, and only it closes a round).
+thread; ``add``, ``recheck`` and ``close`` on the one summing thread the key is bound to (only
+it writes the sum buffer, outside the lock, and only it closes a round).
 """
 import threading
 from typing import Dict, List, Optional, Set, Tuple
