@@ -37,6 +37,7 @@ from typing import Dict, List, Optional
 
 from bench_pushpull import child_env
 from bench_replay import git_commit
+from kvstore_byteps.words import count
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -123,9 +124,10 @@ def summarise(results: List[Dict], target: float) -> Dict:
 def table(args, found: Dict[str, Dict[str, Dict]]) -> List[str]:
     where = ("emulated network, %s links" % args.link_rate if args.network == "netns"
              else "loopback")
-    rows = ["digits MLP, %d workers x %d servers, %s; %.0f ms per step, straggler: rank %d "
+    rows = ["digits MLP, %s x %s, %s; %.0f ms per step, straggler: rank %d "
             "%.1fx slower; time to %.0f%% test accuracy (rank 0)"
-            % (args.workers, args.servers, where, 1000 * args.step_time, _slow_rank(args),
+            % (count(args.workers, "worker"), count(args.servers, "server"), where,
+               1000 * args.step_time, _slow_rank(args),
                args.slow_factor, 100 * args.target),
             "| system | wall time, no straggler | wall time, straggler | vs its sync "
             "(straggler) | final accuracy, no straggler | final accuracy, straggler | time to "

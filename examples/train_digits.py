@@ -66,6 +66,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def count(number: int, noun: str) -> str:
+    """``1 worker``, ``2 workers``."""
+    return "%d %s%s" % (number, noun, "" if number == 1 else "s")
+
+
 def say(kv, text: str) -> None:
     """Print from rank 0 only, so the launcher's output has one copy of each line."""
     if kv.rank == 0:
@@ -164,8 +169,9 @@ def main(argv=None) -> int:
     contexts = [mx.cpu(i) for i in range(args.contexts)]
     x_train, y_train, x_test, y_test = load_data()
     x_mine, y_mine = shard(x_train, y_train, kv.rank, kv.num_workers)
-    say(kv, "%d workers x %d contexts, kvstore %s; %d training samples (%d per worker), %d test"
-        % (kv.num_workers, len(contexts), kv.type, len(x_train), len(x_mine), len(x_test)))
+    say(kv, "%s x %s, kvstore %s; %d training samples (%d per worker), %d test"
+        % (count(kv.num_workers, "worker"), count(len(contexts), "context"), kv.type,
+           len(x_train), len(x_mine), len(x_test)))
 
     net = build_net(contexts, args.seed)
     on_store = updates_on_store(kv)
@@ -200,11 +206,13 @@ def main(argv=None) -> int:
     kvstore_byteps.finish_training(trainer)
     test_acc = accuracy(net, x_test, y_test, contexts[0])
     checksum = check_identical(kv, net, metrics_key + 1, None if on_store else metrics_key)
-    say(kv, "parameters identical on all %d workers (sum |w| = %.4f)" % (kv.num_workers, checksum))
+    say(kv, "parameters identical on %s (sum |w| = %.4f)"
+        % ("all %d workers" % kv.num_workers if kv.num_workers > 1 else "the one worker",
+           checksum))
     if args.save_params and kv.rank == 0:
         net.save_parameters(args.save_params)
-    say(kv, "final test accuracy %.4f after %d epochs in %.1f s"
-        % (test_acc, args.epochs, time.perf_counter() - started))
+    say(kv, "final test accuracy %.4f after %s in %.1f s"
+        % (test_acc, count(args.epochs, "epoch"), time.perf_counter() - started))
     return 0
 
 
