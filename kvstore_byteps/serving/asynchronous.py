@@ -16,12 +16,13 @@ from typing import Callable
 
 import numpy as np
 
+from .kept import KeptWeights
 from .store import publish
 
 __all__ = ["AsyncAdds"]
 
 
-class AsyncAdds:
+class AsyncAdds(KeptWeights):
     """The BytePS server's data path in asynchronous training (plugged into BytePSServer)."""
 
     #: why a pull cannot ride along with a push here (it is answered at once instead)
@@ -62,16 +63,6 @@ class AsyncAdds:
         """Answer at once with the weights as they are."""
         key.rounds.note_read(sender)
         self._server.deliver(token, key.value)
-
-    @staticmethod
-    def note_read(sender: int, key) -> None:
-        """``sender`` read ``key``'s weights with a plain pull."""
-        key.rounds.note_read(sender)
-
-    @staticmethod
-    def stale(sender: int, keys) -> int:
-        """How many of ``keys`` ``sender`` last read before their latest change."""
-        return sum(1 for key in keys if key.rounds.stale(sender))
 
     def absent(self, sender: int, presence, keys) -> None:
         """Nothing waits for a worker in asynchronous training."""

@@ -23,6 +23,7 @@ from ..mxproto import Presence
 from ..van.kv_keys import PARTITION_BITS
 from ..words import count
 from .backup_rounds import ENDED, BackupRounds
+from .kept import KeptWeights
 from .store import publish
 
 __all__ = ["BackupWorkers"]
@@ -30,7 +31,7 @@ __all__ = ["BackupWorkers"]
 log = logging.getLogger(__name__)
 
 
-class BackupWorkers:
+class BackupWorkers(KeptWeights):
     """The BytePS server's data path with backup workers (plugged into BytePSServer)."""
 
     riding_pull_refusal = None      # a riding pull is answered when its round closes
@@ -122,16 +123,6 @@ class BackupWorkers:
             "%s of %d finished training (BYTEPS_BACKUP_WORKERS=%d), so the job's training is "
             "over; this worker's late gradient was not applied"
             % (len(self._done), self._server.num_workers, self.backup_workers))
-
-    @staticmethod
-    def note_read(sender: int, key) -> None:
-        """``sender`` read ``key``'s weights with a plain pull."""
-        key.rounds.note_read(sender)
-
-    @staticmethod
-    def stale(sender: int, keys) -> int:
-        """How many of ``keys`` ``sender`` last read before their latest update."""
-        return sum(1 for key in keys if key.rounds.stale(sender))
 
     def _index(self, ps_key: int) -> int:
         """The index the optimizer keeps ``ps_key``'s state under: ``-1 - local key`` (unique
