@@ -441,7 +441,10 @@ class WorkerEngine:
         """One line if this worker's weights differ from the servers' final weights."""
         stale, keys = self.stale_keys()
         if stale:
+            # ended by TrainingOver, the script's own finish_training (after its loop) never ran
+            advice = ("catch kvstore_byteps.TrainingOver around the training loop, then call "
+                      "kvstore_byteps.finish_training(trainer or module)" if self.training_over
+                      else "call kvstore_byteps.finish_training(trainer or module) after training")
             log.warning("worker rank %d ends with weights that differ from the servers' final "
                         "weights (%d of %d partitions read before their last change, training "
-                        "%s): call kvstore_byteps.finish_training(trainer or module) after "
-                        "training", self.rank, stale, keys, self.mode.name)
+                        "%s): %s", self.rank, stale, keys, self.mode.name, advice)
