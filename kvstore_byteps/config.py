@@ -45,10 +45,10 @@ class Role(enum.IntEnum):
 class VanType(enum.Enum):
     """Which transport a node uses (``DMLC_PS_VAN_TYPE``)."""
 
-    #: the default: ZeroMQ with every peer, byteps_tcp between our nodes (van/auto_van.py)
+    #: the default: ZeroMQ with every peer, byteps_tcp between our nodes (van/auto/van.py)
     AUTO = "auto"
     ZMQ = "zmq"
-    #: ps-lite's P3 van: ZeroMQ's wire, sends ordered by priority (van/p3_van.py)
+    #: ps-lite's P3 van: ZeroMQ's wire, sends ordered by priority (van/p3/van.py)
     P3 = "p3"
     BYTEPS_TCP = "byteps_tcp"
     BYTEPS_RDMA = "byteps_rdma"
@@ -147,17 +147,17 @@ class Config:
     #: the device's port (ibverbs counts from 1)
     rdma_port: int = 1
     #: the port's GID index; None: chosen (RoCE v2 with an IPv4 address, see
-    #: van/verbs/pyverbs_provider.py)
+    #: van/rdma/verbs/pyverbs_provider.py)
     rdma_gid_index: Optional[int] = None
     #: register each buffer that cannot move or vanish unseen once and reuse the registration
-    #: (van/rdma_regions.py); False: every message's memory is registered for it alone
+    #: (van/rdma/regions.py); False: every message's memory is registered for it alone
     rdma_registration_cache: bool = True
     water_mark: Optional[int] = None
     verbose: int = 0
     heartbeat_interval: float = 3.0
     heartbeat_timeout: float = 30.0
     resend: bool = False
-    #: PS_RESEND_TIMEOUT: a fixed retransmission timeout; None: adaptive (van/resend.py)
+    #: PS_RESEND_TIMEOUT: a fixed retransmission timeout; None: adaptive (van/runtime/resend.py)
     resend_timeout_ms: Optional[int] = None
     drop_msg_percent: int = 0
     start_timeout: float = 60.0

@@ -9,8 +9,8 @@ from typing import Optional
 
 from .config import Config, Role
 from .errors import KVStoreBytePSError
-from .van.message import ALL_GROUP
-from .van.postoffice import Postoffice
+from .van.wire.message import ALL_GROUP
+from .van.runtime.postoffice import Postoffice
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import numpy as np
 from ..config import Config, ServerKind
 from ..errors import KVStoreBytePSError
 from ..mxproto import PROBE_ANSWER, RequestType, encode_cmd
-from ..van.kv_keys import server_of_key
+from ..van.wire.keys import server_of_key
 from .partition import KeyLayoutError, Partition, Partitioner
 from .upstream import dtype_code, encode_default_key
 

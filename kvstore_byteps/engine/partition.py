@@ -29,7 +29,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ..config import Config
 from ..errors import KVStoreBytePSError
-from ..van.kv_keys import K_MAX_KEY, PARTITION_BITS, server_key_range, server_of_key
+from ..van.wire.keys import K_MAX_KEY, PARTITION_BITS, server_key_range, server_of_key
 from .keyhash import KeyHash, server_for_key
 
 __all__ = ["K_MAX_KEY", "PARTITION_BITS", "MAX_PARTITIONS", "MAX_USER_KEY", "KeyLayoutError",

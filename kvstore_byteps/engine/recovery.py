@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import PeerError
 from ..mxproto import SERVER_DTYPES, RequestType, encode_cmd
 from ..recovery_report import REPORT_CMD, KeyReport, encode_report
-from ..van.message import Node, id_to_rank
+from ..van.wire.message import Node, id_to_rank
 
 __all__ = ["KeptRounds", "RecoveryKeeper", "Unrestorable"]
 

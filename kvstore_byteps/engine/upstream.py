@@ -15,7 +15,7 @@ import dataclasses
 from typing import Tuple
 
 from ..mxproto import MShadowType, mshadow_code
-from ..van.kv_keys import server_key_range
+from ..van.wire.keys import server_key_range
 from .partition import KeyLayoutError
 
 __all__ = ["PSKV", "dtype_code", "mxnet_server_for_key", "encode_default_key",

@@ -28,9 +28,9 @@ from ..config import Config, ServerKind
 from ..errors import ConfigError, KVStoreBytePSError, PeerError, training_over
 from ..logs import announce
 from ..mxproto import Presence, RequestType, ServerCommand, encode_cmd
-from ..van.kv import KVWorker
-from ..van.message import ALL_GROUP, SERVER_GROUP, WORKER_GROUP
-from ..van.postoffice import Postoffice
+from ..van.kv.app import KVWorker
+from ..van.wire.message import ALL_GROUP, SERVER_GROUP, WORKER_GROUP
+from ..van.runtime.postoffice import Postoffice
 from ..words import count
 from .modes import TrainingMode
 from . import sizing

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import TRAINING_OVER, ProtocolError
 from ..mxproto import Presence
-from ..van.kv_keys import PARTITION_BITS
+from ..van.wire.keys import PARTITION_BITS
 from ..words import count
 from .backup_rounds import ENDED, BackupRounds
 from .kept import KeptWeights

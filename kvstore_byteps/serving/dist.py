@@ -35,7 +35,7 @@ from .profiler import ServerProfiler
 from .protocol import CompressedPush, parse_compressed, parse_dense, parse_row_sparse
 from .store import Entry, StorageKind, check_rows, dense_rows
 from .updater import RowSparseGrad, Updater, load_mxnet_updater
-from ..van.message import id_to_rank, is_worker_id, worker_rank_to_id
+from ..van.wire.message import id_to_rank, is_worker_id, worker_rank_to_id
 
 __all__ = ["KVStoreDistServer"]
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import ProtocolError
 from ..recovery_report import KeyReport
-from ..van.message import worker_rank_to_id
+from ..van.wire.message import worker_rank_to_id
 
 __all__ = ["RecoveryGate"]
 

@@ -8,7 +8,7 @@ if it had been sent right after the push.
 import dataclasses
 from typing import Optional
 
-from ..van.kv import KVPairs, KVRequest
+from ..van.kv.app import KVPairs, KVRequest
 
 __all__ = ["why_no_riding_pull", "attached_pull"]
 

@@ -3,7 +3,7 @@
 Every node of an authenticated cluster holds one shared secret. From it each van derives what
 it needs, so the secret itself never travels and one van's keys say nothing about another's:
 
-- the zmq van: one CURVE key pair (zmq_auth.py). Every node is a CURVE server with that pair,
+- the zmq van: one CURVE key pair (van/zmq/auth.py). Every node is a CURVE server with that pair,
   connects with it as client, and admits (ZAP) only clients proving they hold its secret half.
   CURVE encrypts and authenticates every message after the handshake.
 - the byteps_tcp van: an HMAC-SHA256 key for a mutual challenge-response in the connection's

@@ -1,8 +1,8 @@
 """The transport interface every van implements.
 
-A van moves :class:`~kvstore_byteps.van.message.Message` s between nodes and knows nothing of
-membership or key-value semantics (those live in membership.py, postoffice.py and kv.py). It has
-ps-lite's four hooks plus a receive loop:
+A van moves :class:`~kvstore_byteps.van.wire.message.Message` s between nodes and knows nothing of
+membership or key-value semantics (those live in van/runtime/membership.py,
+van/runtime/postoffice.py and van/kv/app.py). It has ps-lite's four hooks plus a receive loop:
 
 * ``bind(node, max_retry)``: listen at the node's address, return the port actually bound;
 * ``connect(node, my_id)``: open the channel used to send to ``node`` (``my_id=None``: anonymous);
@@ -18,7 +18,7 @@ cannot do that (ZeroMQ) ignores it and delivers data in its own buffers.
 import abc
 from typing import Any, Callable, Optional
 
-from .message import Message, Node
+from .wire.message import Message, Node
 
 
 class Van(abc.ABC):

@@ -11,8 +11,8 @@ import sys
 
 import zmq
 
-from kvstore_byteps.van.codec import encode_meta
-from kvstore_byteps.van.message import ControlCommand, Control, Meta, Node, Role
+from kvstore_byteps.van.wire.codec import encode_meta
+from kvstore_byteps.van.wire.message import ControlCommand, Control, Meta, Node, Role
 
 IDENTITIES = [b"ps99", b"ps12345", b"junk", b"ps-3", b"\xff\xfe\xfd"]
 

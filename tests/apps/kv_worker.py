@@ -10,9 +10,9 @@ import sys
 import numpy as np
 
 from kvstore_byteps.config import Config
-from kvstore_byteps.van.kv import KVWorker
-from kvstore_byteps.van.message import WORKER_GROUP
-from kvstore_byteps.van.postoffice import Postoffice
+from kvstore_byteps.van.kv.app import KVWorker
+from kvstore_byteps.van.wire.message import WORKER_GROUP
+from kvstore_byteps.van.runtime.postoffice import Postoffice
 
 K_STOP_SERVER, K_SYNC_MODE = 2, 3
 

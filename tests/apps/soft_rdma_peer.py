@@ -11,8 +11,8 @@ import time
 
 import numpy as np
 
-from kvstore_byteps.van.verbs.api import SGE, Access, Endpoint, QPCaps, RecvWR
-from kvstore_byteps.van.verbs.soft_fabric import UnixFabric
+from kvstore_byteps.van.rdma.verbs.api import SGE, Access, Endpoint, QPCaps, RecvWR
+from kvstore_byteps.van.rdma.verbs.soft_fabric import UnixFabric
 
 
 def main() -> int:

@@ -1,15 +1,15 @@
 """Claims worker rank 0's node id (9) without any key and sends kStopServer to a server, as a
 process on the network could: ``spoof_stop.py VAN HOST:PORT``. Keeps the connection open 5 s,
 then prints ``SPOOF SENT``. A cluster must ignore it (zmq: ROUTER keeps the first identity;
-byteps_tcp: claims.py)."""
+byteps_tcp: van/tcp/claims.py)."""
 import socket
 import sys
 import time
 
 from kvstore_byteps.mxproto import ServerCommand
-from kvstore_byteps.van import tcp_frame
-from kvstore_byteps.van.codec import encode_meta
-from kvstore_byteps.van.message import Meta
+from kvstore_byteps.van.tcp import frame as tcp_frame
+from kvstore_byteps.van.wire.codec import encode_meta
+from kvstore_byteps.van.wire.message import Meta
 
 WORKER0 = 9
 

@@ -6,8 +6,8 @@ import sys
 import numpy as np
 import pytest
 
-from kvstore_byteps.van.verbs.api import SGE, Access, Endpoint, Opcode, SendWR, WCStatus
-from kvstore_byteps.van.verbs.soft_fabric import UnixFabric
+from kvstore_byteps.van.rdma.verbs.api import SGE, Access, Endpoint, Opcode, SendWR, WCStatus
+from kvstore_byteps.van.rdma.verbs.soft_fabric import UnixFabric
 from tests.support.paths import REPO
 
 PEER = REPO + "/tests/apps/soft_rdma_peer.py"

@@ -1,4 +1,4 @@
-"""The default van (auto_van.py), in-process nodes on 127.0.0.1: our nodes reach each other over
+"""The default van (van/auto/van.py), in-process nodes on 127.0.0.1: our nodes reach each other over
 byteps_tcp; a node that does not announce a byteps_tcp port (an upstream MXNet node, or ours
 with DMLC_PS_VAN_TYPE=zmq) is reached over ZeroMQ; sums and in-place landing stay right."""
 import numpy as np

@@ -5,11 +5,11 @@ import pytest
 
 from kvstore_byteps.config import Config, VanType
 from kvstore_byteps.errors import ProtocolError
-from kvstore_byteps.van import zmq_van
-from kvstore_byteps.van.membership import terminate_message
-from kvstore_byteps.van.message import K_EMPTY, Message, Meta
-from kvstore_byteps.van.p3_van import P3Van
-from kvstore_byteps.van.postoffice import make_van
+from kvstore_byteps.van.zmq import van as zmq_van
+from kvstore_byteps.van.runtime.membership import terminate_message
+from kvstore_byteps.van.wire.message import K_EMPTY, Message, Meta
+from kvstore_byteps.van.p3.van import P3Van
+from kvstore_byteps.van.registry import make_van
 
 
 def test_p3_is_a_van_type_of_its_own():

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from kvstore_byteps.config import Config, Role, VanType
-from kvstore_byteps.van import rdma_van, tcp_frame
-from kvstore_byteps.van.message import K_EMPTY
+from kvstore_byteps.van.rdma import van as rdma_van
+from kvstore_byteps.van.tcp import frame as tcp_frame
+from kvstore_byteps.van.wire.message import K_EMPTY
 from tests.support.kv_nodes import start_trio, stop_all, summing_handler
 from tests.support.procs import free_port, wait_until
 

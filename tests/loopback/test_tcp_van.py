@@ -11,11 +11,11 @@ import pytest
 
 from kvstore_byteps.config import Config, Role, VanType
 from kvstore_byteps.errors import ClusterStartError, ConfigError, PeerError
-from kvstore_byteps.van import tcp_frame
-from kvstore_byteps.van.codec import encode_meta
-from kvstore_byteps.van.message import K_EMPTY, DataType, Meta
-from kvstore_byteps.van.postoffice import Postoffice
-from kvstore_byteps.van.tcp_van import TcpVan, _Inbound
+from kvstore_byteps.van.tcp import frame as tcp_frame
+from kvstore_byteps.van.wire.codec import encode_meta
+from kvstore_byteps.van.wire.message import K_EMPTY, DataType, Meta
+from kvstore_byteps.van.runtime.postoffice import Postoffice
+from kvstore_byteps.van.tcp.van import TcpVan, _Inbound
 from tests.support.procs import free_port, wait_until
 from tests.support.kv_nodes import start_all, start_trio, stop_all
 
@@ -243,7 +243,7 @@ def test_the_low_water_mark_stays_below_a_quarter_of_the_receive_buffer():
 
 
 def test_a_full_socket_queues_the_rest_and_keeps_the_order():
-    from kvstore_byteps.van.tcp_outbound import Outbound, advance
+    from kvstore_byteps.van.tcp.outbound import Outbound, advance
     views = [memoryview(b"abc"), memoryview(b"defg")]
     advance(views, 4)
     assert [bytes(v) for v in views] == [b"efg"]

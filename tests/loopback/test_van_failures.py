@@ -7,9 +7,9 @@ import pytest
 
 from kvstore_byteps.config import Config, Role, VanType
 from kvstore_byteps.errors import ClusterStartError, ConfigError, PeerError
-from kvstore_byteps.van.codec import encode_meta
-from kvstore_byteps.van.message import Meta
-from kvstore_byteps.van.postoffice import Postoffice
+from kvstore_byteps.van.wire.codec import encode_meta
+from kvstore_byteps.van.wire.message import Meta
+from kvstore_byteps.van.runtime.postoffice import Postoffice
 from tests.support.procs import free_port, wait_until
 from tests.support.kv_nodes import held_port, start_trio, stop_all, summing_handler
 

@@ -1,4 +1,4 @@
-"""The soft provider's fabric (van/verbs/soft_fabric.py): devices joined by Unix sockets."""
+"""The soft provider's fabric (van/rdma/verbs/soft_fabric.py): devices joined by Unix sockets."""
 import os
 import socket
 import threading
@@ -7,10 +7,10 @@ import time
 import numpy as np
 import pytest
 
-from kvstore_byteps.van.verbs.api import (SGE, Access, Opcode, QPCaps, RecvWR, SendWR,
+from kvstore_byteps.van.rdma.verbs.api import (SGE, Access, Opcode, QPCaps, RecvWR, SendWR,
                                           VerbsError, WCStatus)
-from kvstore_byteps.van.verbs.soft import Packet
-from kvstore_byteps.van.verbs.soft_fabric import UnixFabric, decode_header, encode
+from kvstore_byteps.van.rdma.verbs.soft import Packet
+from kvstore_byteps.van.rdma.verbs.soft_fabric import UnixFabric, decode_header, encode
 
 RW = Access.LOCAL_WRITE | Access.REMOTE_WRITE
 

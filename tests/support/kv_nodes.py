@@ -5,8 +5,8 @@ import threading
 
 import numpy as np
 
-from kvstore_byteps.van.kv import KVServer, KVWorker
-from kvstore_byteps.van.postoffice import Postoffice
+from kvstore_byteps.van.kv.app import KVServer, KVWorker
+from kvstore_byteps.van.runtime.postoffice import Postoffice
 
 
 def start_all(nodes, join=15):

@@ -5,8 +5,8 @@ import time
 import numpy as np
 
 from kvstore_byteps.mxproto import RequestType, encode_cmd
-from kvstore_byteps.van.kv import KVPairs, KVRequest
-from kvstore_byteps.van.message import Meta
+from kvstore_byteps.van.kv.app import KVPairs, KVRequest
+from kvstore_byteps.van.wire.message import Meta
 
 WORKER0, WORKER1, WORKER2 = 9, 11, 13
 _timestamps = iter(range(10 ** 9))
@@ -106,9 +106,9 @@ def vector_request(name, sender=WORKER0):
     """The golden vector ``name`` (a captured upstream request) as a server handler sees it."""
     import os
 
-    from kvstore_byteps.van.codec import decode_meta
-    from kvstore_byteps.van.kv import parse_kv_frames
-    from kvstore_byteps.van.message import Message
+    from kvstore_byteps.van.wire.codec import decode_meta
+    from kvstore_byteps.van.kv.app import parse_kv_frames
+    from kvstore_byteps.van.wire.message import Message
     from tests.support import vectors
 
     meta = decode_meta(vectors.read(name + ".meta.bin"), sender=sender)

@@ -1,7 +1,7 @@
-"""Which byteps_tcp connection speaks for which node id (van/claims.py), pure."""
+"""Which byteps_tcp connection speaks for which node id (van/tcp/claims.py), pure."""
 from kvstore_byteps.config import Role
-from kvstore_byteps.van.claims import HOLD, READ, RECONNECT_WINDOW_S, REFUSE, Claims
-from kvstore_byteps.van.message import K_EMPTY, Node
+from kvstore_byteps.van.tcp.claims import HOLD, READ, RECONNECT_WINDOW_S, REFUSE, Claims
+from kvstore_byteps.van.wire.message import K_EMPTY, Node
 
 NODES = [Node(Role.SERVER, 8, "10.0.0.1", 9000), Node(Role.WORKER, 9, "10.0.0.2", 9001),
          Node(Role.SCHEDULER, 1, "10.0.0.3", 9002)]

@@ -3,10 +3,10 @@ import pytest
 
 from kvstore_byteps.config import Role
 from kvstore_byteps.errors import ProtocolError
-from kvstore_byteps.van.codec import decode_meta, encode_meta
-from kvstore_byteps.van.membership import (VanClock, barrier_request, control_message,
+from kvstore_byteps.van.wire.codec import decode_meta, encode_meta
+from kvstore_byteps.van.runtime.membership import (VanClock, barrier_request, control_message,
                                            terminate_message)
-from kvstore_byteps.van.message import (K_EMPTY, ControlCommand, DataType, Meta, Node)
+from kvstore_byteps.van.wire.message import (K_EMPTY, ControlCommand, DataType, Meta, Node)
 from tests.support import vectors
 
 MESSAGE_VECTORS = vectors.message_vectors()
@@ -123,7 +123,7 @@ def test_malformed_meta_raises_protocol_error(raw):
 
 
 def test_a_node_whose_hostname_is_not_utf8_is_a_protocol_error():
-    from kvstore_byteps.van.message import ControlCommand, Control, Node, Role
+    from kvstore_byteps.van.wire.message import ControlCommand, Control, Node, Role
     meta = Meta(control=Control(cmd=ControlCommand.ADD_NODE,
                                 nodes=[Node(Role.WORKER, hostname="AAAA", port=5)]))
     raw = encode_meta(meta).replace(b"AAAA", b"\xff\xfe\xfd\xfc")

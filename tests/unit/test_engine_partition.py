@@ -11,7 +11,7 @@ from kvstore_byteps.engine import keyhash, partition, upstream
 from kvstore_byteps.engine.keyhash import KeyHash
 from kvstore_byteps.engine.partition import KeyLayoutError
 from kvstore_byteps.errors import ConfigError
-from kvstore_byteps.van.kv_keys import server_key_range, server_of_key
+from kvstore_byteps.van.wire.keys import server_key_range, server_of_key
 from tests.support.vectors import VECTOR_DIR
 from tests.support.paths import DATA
 

@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from kvstore_byteps.van.kv_keys import as_keys, key_range_of, server_key_ranges, slice_request
+from kvstore_byteps.van.wire.keys import key_range_of, server_key_ranges
+from kvstore_byteps.van.kv.slicing import as_keys, slice_request
 
 
 def test_ranges_match_upstream_for_two_servers():

@@ -34,6 +34,33 @@ def imported(module, path):
     return names
 
 
+VAN = "kvstore_byteps.van"
+#: one package per transport; only the registry names them (as strings, imported when chosen)
+TRANSPORTS = ["%s.%s" % (VAN, name) for name in ("tcp", "rdma", "zmq", "p3", "auto", "loopback")]
+#: the interface every van implements, the registry of transports, the transports' shared auth
+SEAM = ["%s.%s" % (VAN, name) for name in ("base", "registry", "auth")]
+#: ps-lite's layers inside van/, bottom up, and what each may not import (docs/design.md)
+VAN_FORBIDDEN = {
+    "wire": SEAM + [VAN + ".runtime", VAN + ".kv"] + TRANSPORTS,
+    "seam": [VAN + ".runtime", VAN + ".kv"] + TRANSPORTS,
+    "runtime": [VAN + ".kv"] + TRANSPORTS,
+    "kv": TRANSPORTS,
+    "transport": [VAN + ".runtime", VAN + ".kv"],
+}
+
+
+def van_layer(module):
+    """The layer of a module under van/ (None: a module no layer holds)."""
+    if module in (VAN, VAN + ".__init__") or any(matches(module, p) for p in SEAM):
+        return "seam"
+    if any(matches(module, prefix) for prefix in TRANSPORTS):
+        return "transport"
+    for layer in ("wire", "runtime", "kv"):
+        if matches(module, "%s.%s" % (VAN, layer)):
+            return layer
+    return None
+
+
 def forbidden(module):
     """Prefixes ``module`` must not import, per docs/design.md's layers."""
     server = ["kvstore_byteps.server", "kvstore_byteps.serving"]
@@ -47,7 +74,7 @@ def forbidden(module):
         return ours_below + ["kvstore_byteps.mxproto", "mxnet", "zmq"]
     if module.startswith("kvstore_byteps.van"):    # the transport knows nothing of MXNet
         return ["kvstore_byteps.engine"] + server + ["kvstore_byteps.mxproto", "mxnet_patch",
-                                                    "mxnet"]
+                                                    "mxnet"] + VAN_FORBIDDEN[van_layer(module)]
     if module.startswith("kvstore_byteps.engine"):
         return server + ["mxnet_patch", "mxnet"]
     if module.startswith(tuple(server)):
@@ -94,7 +121,32 @@ def test_launcher_uses_only_config():
 def test_zmq_imported_by_the_zmq_van_only():
     users = {m for m, p in CASES if any(n == "zmq" or n.startswith("zmq.")
                                         for n in imported(m, p))}
-    assert users == {"kvstore_byteps.van.zmq_van", "kvstore_byteps.van.zmq_auth"}, users
+    assert users == {"kvstore_byteps.van.zmq.van", "kvstore_byteps.van.zmq.auth"}, users
+
+
+def test_every_module_of_the_van_is_in_one_layer():
+    """van/ holds ps-lite's layers one package each (wire, node runtime, KV layer, one per
+    transport) and the seam between runtime and transports; no module sits outside them."""
+    assert not [m for m, _ in CASES if m.startswith(VAN + ".") and van_layer(m) is None]
+    assert {van_layer(m) for m, _ in CASES if matches(m, VAN)} == set(VAN_FORBIDDEN)
+
+
+def test_the_layers_above_the_van_never_import_a_transport():
+    """The engine, the server, the scheduler and the MXNet store speak to the KV layer and the
+    node runtime (with the wire's names: groups, node ids, key ranges); the runtime gets its van
+    from the registry, so none of them imports a transport, the seam or the registry."""
+    allowed = tuple(VAN + "." + layer for layer in ("kv", "runtime", "wire"))
+    cases = CASES + list(modules(os.path.join(REPO, "mxnet_patch")))
+    users = {}
+    for module, path in cases:
+        if not matches(module, VAN):
+            bad = {n for n in imported(module, path)
+                   if matches(n, VAN) and not any(matches(n, a) for a in allowed)}
+            if bad:
+                users[module] = sorted(bad)
+    assert not users, users
+    assert any(matches(n, VAN + ".kv") for n in imported(
+        "kvstore_byteps.engine.worker", os.path.join(PKG, "engine", "worker.py")))
 
 
 def uses_of(attribute, prefixes, cases):
@@ -137,7 +189,7 @@ def test_node_id_arithmetic_lives_in_the_message_module():
     pattern = re.compile(r"(id|recver|sender)\w*\s*%\s*2|\b[89] \+ 2 \*")
     found = []
     for module, path in CASES:
-        if module == "kvstore_byteps.van.message":
+        if module == "kvstore_byteps.van.wire.message":
             continue
         for number, line in enumerate(open(path), 1):
             if pattern.search(line):

@@ -9,10 +9,10 @@ import pytest
 
 from kvstore_byteps.config import Config, Role
 from kvstore_byteps.errors import DeadlineError, PeerError
-from kvstore_byteps.van.kv import KVPairs, KVRequest, KVServer, KVWorker, Request
-from kvstore_byteps.van.loopback import LoopbackNetwork, LoopbackVan
-from kvstore_byteps.van.message import Meta
-from kvstore_byteps.van.postoffice import Postoffice
+from kvstore_byteps.van.kv.app import KVPairs, KVRequest, KVServer, KVWorker, Request
+from kvstore_byteps.van.loopback.van import LoopbackNetwork, LoopbackVan
+from kvstore_byteps.van.wire.message import Meta
+from kvstore_byteps.van.runtime.postoffice import Postoffice
 from tests.support.kv_nodes import finalize_all, start_all
 
 pytestmark = pytest.mark.timeout(60)

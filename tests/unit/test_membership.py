@@ -3,13 +3,13 @@ import pytest
 
 from kvstore_byteps.config import Role
 from kvstore_byteps.errors import ClusterStartError, JobAbortedError
-from kvstore_byteps.van.membership import (ABORT_GRACE_S, Connect, Fail, NodeDead, NodeMembership,
+from kvstore_byteps.van.runtime.membership import (ABORT_GRACE_S, Connect, Fail, NodeDead, NodeMembership,
                                            NodeRecovered, abort_request,
                                            Ready, Refused,
                                            ReleaseBarrier, SchedulerMembership, Send, Stop,
                                            assign_ids, barrier_request, control_message,
                                            group_members, terminate_message, VanClock)
-from kvstore_byteps.van.message import K_EMPTY, ControlCommand, Message, Meta, Node, Control
+from kvstore_byteps.van.wire.message import K_EMPTY, ControlCommand, Message, Meta, Node, Control
 
 
 def node(role, host, port, node_id=K_EMPTY):
@@ -430,7 +430,7 @@ def test_the_restarted_server_learns_its_epoch_from_the_reply():
 
 
 def test_a_node_forwards_its_own_posted_barrier_and_refuses_others():
-    from kvstore_byteps.van.membership import barrier_post
+    from kvstore_byteps.van.runtime.membership import barrier_post
     worker = formed_worker()
     post = barrier_post(4, 0, 9, worker.clock)
     before = worker.clock.tick()

@@ -1,14 +1,14 @@
-"""The byteps_rdma van's connection logic (van/rdma_channel.py, rdma_wire.py) over the strict
+"""The byteps_rdma van's connection logic (van/rdma/channel.py, van/rdma/wire.py) over the strict
 soft provider in one process: inline and rendezvous messages, order, credits, failures."""
 import numpy as np
 import pytest
 
 from kvstore_byteps.errors import PeerError, ProtocolError
-from kvstore_byteps.van import rdma_wire as wire
-from kvstore_byteps.van.rdma_channel import Channel
-from kvstore_byteps.van.rdma_regions import RegistrationCache
-from kvstore_byteps.van.recv_buffers import RecvBufferPool
-from kvstore_byteps.van.verbs.soft import InProcessFabric
+from kvstore_byteps.van.rdma import wire
+from kvstore_byteps.van.rdma.channel import Channel
+from kvstore_byteps.van.rdma.regions import RegistrationCache
+from kvstore_byteps.van.tcp.recv_buffers import RecvBufferPool
+from kvstore_byteps.van.rdma.verbs.soft import InProcessFabric
 
 
 class Link:

@@ -1,4 +1,4 @@
-"""The byteps_rdma van's registration cache (van/rdma_regions.py) on the strict soft provider:
+"""The byteps_rdma van's registration cache (van/rdma/regions.py) on the strict soft provider:
 one registration per numpy-owned buffer, reused; none kept past the buffer's life; none for
 memory numpy does not own; the receive pool's reuse unchanged."""
 import ctypes
@@ -10,10 +10,10 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from kvstore_byteps.van.rdma_regions import RegistrationCache, root_of
-from kvstore_byteps.van.recv_buffers import RecvBufferPool
-from kvstore_byteps.van.verbs.api import Access
-from kvstore_byteps.van.verbs.soft import InProcessFabric
+from kvstore_byteps.van.rdma.regions import RegistrationCache, root_of
+from kvstore_byteps.van.tcp.recv_buffers import RecvBufferPool
+from kvstore_byteps.van.rdma.verbs.api import Access
+from kvstore_byteps.van.rdma.verbs.soft import InProcessFabric
 from mxnet_patch.engine_async import host_view
 
 LANDING = Access.LOCAL_WRITE | Access.REMOTE_WRITE

@@ -3,7 +3,7 @@ the repository: a reader who follows one finds the file (issue 47, the design in
 
 Pragmatic: a path is a token that starts with one of the repository's top-level folders
 (``kvstore_byteps/engine/sizing.py``, ``docs/design.md``, ``tests/cluster``), one of the
-package's own folders as the package's docstrings write them (``van/resend.py``, read under
+package's own folders as the package's docstrings write them (``van/runtime/resend.py``, read under
 ``kvstore_byteps/``), or a Markdown file at the top (``README.md``). Globs
 (``benchmarks/results/*.json``) must match something. Paths of other projects (MXNet's
 ``tools/launch.py``, ps-lite's ``src/van.cc``) start with none of these and are not read."""

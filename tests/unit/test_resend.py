@@ -2,9 +2,9 @@
 import pytest
 
 from kvstore_byteps.errors import PeerError
-from kvstore_byteps.van.codec import decode_meta, encode_meta
-from kvstore_byteps.van.message import Control, ControlCommand, Message, Meta
-from kvstore_byteps.van.resend import (INITIAL_RTO_S, MAX_RETRIES, MAX_RTO_S, MIN_RTO_S,
+from kvstore_byteps.van.wire.codec import decode_meta, encode_meta
+from kvstore_byteps.van.wire.message import Control, ControlCommand, Message, Meta
+from kvstore_byteps.van.runtime.resend import (INITIAL_RTO_S, MAX_RETRIES, MAX_RTO_S, MIN_RTO_S,
                                        Resender, RetransmitTimer, signature)
 from tests.support import vectors
 
@@ -163,7 +163,7 @@ class _GoneVan:
 
 def _postoffice_receiving_with_resend(leaving):
     from kvstore_byteps.config import Config, Role
-    from kvstore_byteps.van.postoffice import Postoffice
+    from kvstore_byteps.van.runtime.postoffice import Postoffice
     office = Postoffice(Config(role=Role.WORKER), van=_GoneVan())
     office._resender = Resender(my_id=9, timeout_ms=1000)
     if leaving:

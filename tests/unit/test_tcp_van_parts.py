@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from kvstore_byteps.errors import ProtocolError
-from kvstore_byteps.van import tcp_frame
-from kvstore_byteps.van.message import K_EMPTY
-from kvstore_byteps.van.recv_buffers import RecvBufferPool
+from kvstore_byteps.van.tcp import frame as tcp_frame
+from kvstore_byteps.van.wire.message import K_EMPTY
+from kvstore_byteps.van.tcp.recv_buffers import RecvBufferPool
 
 
 ZMTP_GREETING = b"\xff" + b"\x00" * 8 + b"\x7f" + b"\x03\x00NULL" + b"\x00" * 48
@@ -131,7 +131,7 @@ def chunked(data, sizes):
 
 @pytest.mark.parametrize("sizes", [[1], [7, 3], [65536], [1 << 20]], ids=str)
 def test_the_reader_rebuilds_messages_from_any_chunking(sizes):
-    from kvstore_byteps.van.tcp_reader import MessageReader
+    from kvstore_byteps.van.tcp.reader import MessageReader
     keys = struct.pack("<Q", 42)
     big = bytes(range(256)) * 1024                 # 256 KiB: lands in a pooled buffer
     messages = [(b"m1", [keys, b"small", b"\x01\x02\x03\x04"]), (b"m2", []),
@@ -151,7 +151,7 @@ def test_the_reader_rebuilds_messages_from_any_chunking(sizes):
 
 
 def test_the_reader_reports_eof_mid_message_and_bad_framing_after_good_messages():
-    from kvstore_byteps.van.tcp_reader import MessageReader
+    from kvstore_byteps.van.tcp.reader import MessageReader
     whole = stream_of((b"ok", [b"abc"]))
     for tail, failure in [(b"", EOFError), (stream_of((b"cut", [b"xyz"]))[:-1], EOFError),
                           (struct.pack("<IHH", 0, 0, 0), ProtocolError)]:
@@ -173,7 +173,7 @@ def test_the_reader_reports_eof_mid_message_and_bad_framing_after_good_messages(
 
 
 def test_an_expected_frame_lands_in_the_consumers_array_and_other_frames_do_not():
-    from kvstore_byteps.van.tcp_reader import MessageReader
+    from kvstore_byteps.van.tcp.reader import MessageReader
     big = np.arange(1 << 17, dtype=np.uint32).view(np.uint8)        # 512 KiB
     pool = RecvBufferPool(min_bytes=65536)
     output = np.zeros(3 * big.nbytes, np.uint8)
@@ -202,7 +202,7 @@ def test_an_expected_frame_lands_in_the_consumers_array_and_other_frames_do_not(
 
 
 def test_a_revoked_landing_gets_no_byte_more_even_mid_frame():
-    from kvstore_byteps.van.tcp_reader import MessageReader
+    from kvstore_byteps.van.tcp.reader import MessageReader
     big = np.full(1 << 18, 7, np.uint8)
     pool = RecvBufferPool(min_bytes=65536)
     target = np.zeros(big.nbytes, np.uint8)
@@ -226,7 +226,7 @@ def test_a_revoked_landing_gets_no_byte_more_even_mid_frame():
 
 
 def test_the_reader_says_how_much_of_a_large_frame_is_missing():
-    from kvstore_byteps.van.tcp_reader import MessageReader
+    from kvstore_byteps.van.tcp.reader import MessageReader
     big = bytes(200000)
     stream = stream_of((b"big", [struct.pack("<Q", 1), big]), (b"small", [b"x" * 1000]))
     head = len(stream) - len(big) - len(stream_of((b"small", [b"x" * 1000]))) + 5000

@@ -1,4 +1,4 @@
-"""The pyverbs provider (van/verbs/pyverbs_provider.py) without an RDMA device.
+"""The pyverbs provider (van/rdma/verbs/pyverbs_provider.py) without an RDMA device.
 
 Against a recording stand-in (tests/support/fake_pyverbs.py): what it asks of pyverbs for
 each verbs call of the van, the translations (access flags, QP attributes, work requests,
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from kvstore_byteps.errors import ConfigError
-from kvstore_byteps.van.verbs import pyverbs_provider as provider
-from kvstore_byteps.van.verbs.api import (SGE, Access, Endpoint, Opcode, QPCaps, QPState,
+from kvstore_byteps.van.rdma.verbs import pyverbs_provider as provider
+from kvstore_byteps.van.rdma.verbs.api import (SGE, Access, Endpoint, Opcode, QPCaps, QPState,
                                           RecvWR, SendWR, VerbsError, WCOpcode, WCStatus)
 from tests.support import fake_pyverbs
 

@@ -1,12 +1,12 @@
-"""The soft verbs provider (van/verbs/soft.py) enforces what the byteps_rdma van relies on.
+"""The soft verbs provider (van/rdma/verbs/soft.py) enforces what the byteps_rdma van relies on.
 
 Two devices joined in one process (InProcessFabric); every refusal a van bug would meet."""
 import numpy as np
 import pytest
 
-from kvstore_byteps.van.verbs.api import (SGE, Access, Opcode, QPCaps, QPState, RecvWR, SendWR,
+from kvstore_byteps.van.rdma.verbs.api import (SGE, Access, Opcode, QPCaps, QPState, RecvWR, SendWR,
                                           VerbsError, WCOpcode, WCStatus)
-from kvstore_byteps.van.verbs.soft import InProcessFabric
+from kvstore_byteps.van.rdma.verbs.soft import InProcessFabric
 
 RW = Access.LOCAL_WRITE | Access.REMOTE_WRITE
 

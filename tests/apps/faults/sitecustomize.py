@@ -8,8 +8,8 @@ _PERCENT = float(os.environ.get("KVSTORE_TEST_DROP_ACKS", "0") or 0)
 if _PERCENT > 0:
     import random
 
-    from kvstore_byteps.van import postoffice as _postoffice
-    from kvstore_byteps.van.message import ControlCommand
+    from kvstore_byteps.van.runtime import postoffice as _postoffice
+    from kvstore_byteps.van.wire.message import ControlCommand
 
     _deliver = _postoffice.Postoffice._on_message
     _rng = random.Random()

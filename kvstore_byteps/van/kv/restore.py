@@ -1,0 +1,116 @@
+"""Restarted servers as the KV worker sees them: a plug-in of :class:`~.kv.KVWorker`.
+
+With BYTEPS_SERVER_RECOVERY a server that died may be restarted under its node id. The worker
+then needs three things of the KV layer, all here (:class:`Restorer`):
+
+* requests keep the message sent to each server, so a part the dead process never answered can
+  be re-sent; a request to a server that is unreachable waits for its restart (its deadline and
+  the server's heartbeat timeout still hold);
+* requests to a restarted server carry its ``epoch``, and answers from the process it replaced
+  (which only seemed dead) are dropped;
+* :meth:`Restorer.restore` sends the restarted server the worker's report, then re-sends every
+  part it never answered, except those the report carries.
+
+Without recovery the KV worker plugs in :class:`NoRestore`: nothing is kept, stamped or parked.
+The hooks run under the KV worker's send lock (``stamp``, ``park``), or on its customer thread
+(``accepts``, ``restore``).
+"""
+import dataclasses
+import logging
+from typing import Callable, Dict, Optional
+
+from ...errors import PeerError
+from ...logs import PeerLog
+from ..wire.message import Message, Meta, is_server_id
+
+log = logging.getLogger(__name__)
+_PEER_LOG = PeerLog(log)
+
+__all__ = ["NoRestore", "Restorer"]
+
+
+class NoRestore:
+    """The KV worker's plug-in without BYTEPS_SERVER_RECOVERY: every hook lets things be."""
+
+    def __init__(self, kv):
+        self.kv = kv
+
+    def stamp(self, request, message: Message) -> Message:
+        """``message`` as it goes out now (called as it is sent)."""
+        return message
+
+    def park(self, request, message: Message, error: PeerError) -> bool:
+        """Whether a request whose send to ``message``'s receiver failed waits instead of
+        failing."""
+        return False
+
+    def accepts(self, meta: Meta) -> bool:
+        """Whether an answer is one to take."""
+        return True
+
+
+class Restorer(NoRestore):
+    """The KV worker's plug-in with BYTEPS_SERVER_RECOVERY."""
+
+    def __init__(self, kv):
+        super().__init__(kv)
+        self._epochs: Dict[int, int] = {}            # server id -> restarts (when > 0)
+        self._parked_logged: set = set()
+
+    def stamp(self, request, message: Message) -> Message:
+        """Keep ``message`` with its request (to re-send it to a restarted server); to a
+        restarted server it goes with its epoch, as a copy, so a copy kept for PS_RESEND still
+        says what it was (a restarted server drops it)."""
+        request.messages[message.meta.recver] = message
+        epoch = self._epochs.get(message.meta.recver)
+        if not epoch:
+            return message
+        meta = dataclasses.replace(message.meta, extra=dict(message.meta.extra or {},
+                                                            epoch=epoch))
+        return Message(meta, message.data)
+
+    def park(self, request, message: Message, error: PeerError) -> bool:
+        server = message.meta.recver
+        if not is_server_id(server) or self.kv.po.stopped:
+            return False
+        if server not in self._parked_logged:
+            self._parked_logged.add(server)
+            log.warning("%s: server node %d is unreachable (%s); requests to it wait for it to "
+                        "be restarted", request.what, server, error)
+        return True
+
+    def accepts(self, meta: Meta) -> bool:
+        epoch = self._epochs.get(meta.sender)
+        if epoch and (meta.extra or {}).get("epoch") != epoch:
+            # from the process a restarted server replaced (it only seemed dead): not its
+            # answer to give any more
+            _PEER_LOG.warning(meta.sender, "dropped an answer of server node %d from before "
+                              "its restart %d", meta.sender, epoch)
+            return False
+        return True
+
+    def restore(self, server: int, epoch: int, report: Optional[Callable[[], tuple]],
+                answered_by_report: Callable[[Meta], bool], callback=None):
+        """``server`` was restarted (its ``epoch``-th time): send it the push ``report()``
+        returns, ``(head, body, keys, vals, lens)`` (what it must rebuild; None: nothing), then,
+        for every request still waiting on it, count the part sent there as answered when
+        ``answered_by_report(meta)`` (a push the report carries) and re-send it otherwise.
+        Call on the customer thread. ``report()`` runs while no request is being sent: what
+        it reports was sent before it, the rest is sent after. Returns the report's request
+        (``callback`` runs when it is answered)."""
+        kv = self.kv
+        with kv.send_lock:
+            self._epochs[server] = epoch
+            sent = None
+            if report is not None:
+                sent = kv.send_push(server, *report(), what="recovery report to node %d"
+                                    % server, callback=callback)
+            for request in kv.waiting_on(server, but=sent):
+                message = request.messages.get(server)
+                if message is None:
+                    continue
+                if answered_by_report(message.meta):
+                    kv.count_answered(request, server)
+                else:
+                    kv.resend(request, message)
+        return sent

@@ -1,0 +1,507 @@
+"""The postoffice: one per process; joins the cluster and routes messages (ps-lite's Postoffice).
+
+It owns the van, runs the membership state machine on the van's receive thread, executes the
+machine's actions, and hands data messages to customers (the KV apps), each of which runs its
+handler on its own thread so a slow handler never stalls the receive loop.
+
+Thread-safety: ``start``, ``barrier`` and ``finalize`` are for the owning thread (the receive
+loop does their work: start runs the membership there, a barrier is posted to it through the
+node's connection to itself, finalize ends it with a TERMINATE to itself); ``send`` and
+``register_handler`` are thread-safe.
+"""
+import logging
+import queue
+import random
+import threading
+import time
+from typing import Callable, Dict, List, Optional, Tuple
+
+from ...config import Config, Role
+from ...errors import ConfigError, DeadlineError, PeerError, ProtocolError
+from ...logs import PeerLog
+from .membership import (Connect, Fail, NodeDead, NodeMembership, NodeRecovered, Ready, Refused,
+                         ReleaseBarrier,
+                         SchedulerMembership,
+                         Send, Stop, abort_request, barrier_post, group_members,
+                         terminate_message)
+from ..registry import make_van
+from ..wire.message import (ALL_GROUP, K_EMPTY, SCHEDULER_ID, Message, Node, id_to_rank)
+from ..wire.keys import KeyRange, server_key_ranges
+from ...ports import free_port
+from .netif import choose_host
+from .resend import Resender
+
+log = logging.getLogger(__name__)
+
+_TICK_SECONDS = 0.05
+_STOP_SECONDS = 10.0
+_PROGRESS_LOG_SECONDS = 30.0
+#: data messages kept while the node is not ready yet (a restarted server hears from workers
+#: that learnt of it before its own ADD_NODE answer arrived); more are dropped
+_EARLY_DATA_LIMIT = 10000
+
+
+class HandlerThread:
+    """Runs one app's message handler on a dedicated thread, in arrival order.
+
+    (ps-lite's Customer also tracks the app's requests; here the KV layer does that.)"""
+
+    def __init__(self, app_id: int, customer_id: int, handler: Callable[[Message], None]):
+        self.app_id, self.customer_id, self.handler = app_id, customer_id, handler
+        self._queue: "queue.SimpleQueue[Optional[Message]]" = queue.SimpleQueue()
+        self._peer_log = PeerLog(log)
+        self._thread = threading.Thread(target=self._loop, daemon=True,
+                                        name="customer-%d-%d" % (app_id, customer_id))
+        self._thread.start()
+
+    def accept(self, message: Message) -> None:
+        self._queue.put(message)
+
+    def post(self, work: Callable[[], None]) -> None:
+        """Run ``work()`` on this thread, after the messages already queued."""
+        self._queue.put(work)
+
+    def stop(self, timeout: float) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            message = self._queue.get()
+            if message is None:
+                return
+            if callable(message):
+                try:
+                    message()
+                except Exception:
+                    log.exception("app %d customer %d: posted work failed", self.app_id,
+                                  self.customer_id)
+                continue
+            try:
+                self.handler(message)
+            except Exception:  # a bad message must not kill the app
+                self._peer_log.warning(message.meta.sender,
+                                       "app %d customer %d failed on a message from node %s",
+                                       self.app_id, self.customer_id, message.meta.sender,
+                                       exc_info=True)
+
+
+class Postoffice:
+    """Cluster membership, barriers and message routing for one node."""
+
+    def __init__(self, config: Config, van=None):
+        self.config = config
+        self.van = van if van is not None else make_van(config)
+        self.my_node: Optional[Node] = None
+        self.nodes: List[Node] = []
+        self.membership = None
+        self._customers: Dict[Tuple[int, int], HandlerThread] = {}
+        self._early: Dict[Tuple[int, int], List[Message]] = {}
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._stopped = threading.Event()
+        self._barrier_cond = threading.Condition()
+        self._barrier_released = 0
+        self._error: Optional[BaseException] = None
+        self._thread: Optional[threading.Thread] = None
+        self._finalized = False
+        self._resender: Optional[Resender] = None     # PS_RESEND, once ready
+        self._member_ids: frozenset = frozenset()   # looked up per request: a set
+        self._failure_hooks: List[Callable[[BaseException], None]] = []
+        self._tick_hooks: List[Callable[[float], None]] = []
+        self._recovery_hooks: List[Callable[[Node, int], None]] = []
+        self._before_ready: List[Message] = []
+        #: > 0: this node is a restarted server, the epoch-th one to take over its id
+        self.recovery_epoch = 0
+        self._peer_log = PeerLog(log)
+        #: data messages dropped on purpose (PS_DROP_MSG)
+        self.dropped_messages = 0
+        self._loss_reported = False     # PS_DROP_MSG / PS_RESEND counts, logged at stop
+        self._drop_rng = random.Random() if config.drop_msg_percent else None
+        self._resend_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def role(self) -> Role:
+        return self.config.role
+
+    @property
+    def num_workers(self) -> int:
+        return self.config.num_workers
+
+    @property
+    def num_servers(self) -> int:
+        return self.config.num_servers
+
+    @property
+    def transport(self) -> str:
+        """How this node reaches its peers, as a start-up line names it (after ``start``)."""
+        return self.van.describe()
+
+    @property
+    def my_id(self) -> int:
+        return self.my_node.id if self.my_node else K_EMPTY
+
+    @property
+    def my_rank(self) -> int:
+        return id_to_rank(self.my_id)
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the receive loop ended (TERMINATE, or a fatal error: see ``error``)."""
+        return self._stopped.is_set()
+
+    @property
+    def error(self) -> Optional[BaseException]:
+        return self._error
+
+    def server_key_ranges(self) -> Tuple[KeyRange, ...]:
+        return server_key_ranges(self.num_servers)
+
+    def group_ids(self, group: int) -> List[int]:
+        return group_members(group, self.num_workers, self.num_servers)
+
+    # ------------------------------------------------------------------ start
+    def start(self) -> None:
+        """Bind, register with the scheduler and block until the cluster is formed.
+
+        Raises ClusterStartError (naming the scheduler address or the missing nodes) when the
+        cluster does not form within ``BYTEPS_START_TIMEOUT`` seconds.
+        """
+        cfg = self.config
+        deadline = time.monotonic() + cfg.start_timeout
+        scheduler = Node(Role.SCHEDULER, SCHEDULER_ID, cfg.root_uri, cfg.root_port)
+        if cfg.is_scheduler:
+            if not cfg.root_port:
+                raise ConfigError("DMLC_PS_ROOT_PORT must be set for the scheduler")
+            self.van.bind(scheduler, max_retry=0)
+            scheduler = self.my_node = self.van.advertise(scheduler)
+            self.membership = SchedulerMembership(scheduler, cfg.num_workers, cfg.num_servers,
+                                                  deadline,
+                                                  heartbeat_timeout=cfg.heartbeat_timeout)
+        else:
+            if not cfg.root_port:
+                raise ConfigError("DMLC_PS_ROOT_PORT must be set (the scheduler's port)")
+            host = choose_host(cfg.node_host, cfg.interface)
+            hint = cfg.worker_id if cfg.role is Role.WORKER else None
+            me = Node(cfg.role, K_EMPTY, host, cfg.port or free_port(""), rank_hint=hint)
+            if cfg.port:     # asked for by the user: another port would surprise them
+                try:
+                    me.port = self.van.bind(me, max_retry=0)
+                except ConfigError as exc:
+                    raise ConfigError("PORT=%d: %s (unset PORT to let the node pick a free one)"
+                                      % (cfg.port, exc)) from None
+            else:            # our pick may have been taken meanwhile: retry with others
+                me.port = self.van.bind(me, max_retry=40)
+            me = self.my_node = self.van.advertise(me)
+            self.membership = NodeMembership(me, scheduler, deadline, cfg.heartbeat_interval,
+                                             heartbeat_timeout=cfg.heartbeat_timeout)
+        self._thread = threading.Thread(target=self._receive_loop, daemon=True,
+                                        name="van-receive")
+        self._thread.start()      # it starts the membership: one thread owns that state
+        self._ready.wait(max(0.0, deadline - time.monotonic()) + 1.0)
+        if self._error is not None:
+            raise self._error
+        if not self._ready.is_set():
+            raise DeadlineError("cluster start-up did not finish")
+        log.info("%s is ready", self.my_node.describe())
+
+    # ------------------------------------------------------------------ receive side
+    def _receive_loop(self) -> None:
+        try:
+            self._execute(self.membership.start(time.monotonic()))
+            self.van.run(self._on_message, self._on_tick, _TICK_SECONDS)
+        except BaseException as exc:  # reaches start()/barrier() callers
+            if exc is not self._error:    # (a dead node was logged when it was declared)
+                self._error = self._error or exc
+                log.error("%s", exc)
+        finally:
+            self._stopped.set()
+            if self._error is not None:
+                for hook in list(self._failure_hooks):
+                    try:
+                        hook(self._error)
+                    except Exception:
+                        log.exception("a failure hook failed")
+            self._ready.set()
+            with self._barrier_cond:
+                self._barrier_cond.notify_all()
+            self.van.close()
+
+    def _on_tick(self) -> None:
+        now = time.monotonic()
+        if not self._execute(self.membership.tick(now)):
+            raise self._error or PeerError("the membership stopped this node")
+        for hook in self._tick_hooks:
+            try:
+                hook(now)
+            except Exception:   # a hook's bug must not stop the node
+                log.exception("a tick hook failed")
+        if self._resender is not None:
+            with self._resend_lock:       # sent in the order the resender recorded them
+                for message in self._resender.due(now):
+                    self._send_resend_traffic(message, "resend")
+
+    def _send_resend_traffic(self, message: Message, what: str) -> None:
+        """Send an ACK or a resend (PS_RESEND's own traffic). Once this node is leaving (its
+        shutdown barrier began), a peer that already left is not an error: a resend's ACK, or
+        a resent answer's sender, may be gone, and nobody waits for either any more."""
+        try:
+            self.van.send(message)
+        except (PeerError, ProtocolError):
+            if not self._resender.leaving:
+                raise               # a peer gone mid-job: the node stops, naming it
+            log.debug("%s to node %s after the shutdown barrier began not sent: it left",
+                      what, message.meta.recver)
+
+    def _on_message(self, message: Message) -> bool:
+        if message.meta.is_control:
+            log.debug("control %s from node %s", message.meta.control.cmd.name, message.meta.sender)
+        elif self._drop_rng is not None and self._ready.is_set() and \
+                self._drop_rng.randrange(100) < self.config.drop_msg_percent:
+            # PS_DROP_MSG: lose received data messages on purpose (to exercise PS_RESEND)
+            self.dropped_messages += 1
+            log.debug("PS_DROP_MSG: dropped a data message from node %s", message.meta.sender)
+            return True
+        if self._resender is not None:
+            with self._resend_lock:
+                ack, deliver = self._resender.on_receive(message, time.monotonic())
+            if ack is not None:
+                self._send_resend_traffic(ack, "ACK")
+            if not deliver:
+                return True
+        if message.meta.is_control:
+            return self._execute(self.membership.handle(message, time.monotonic()),
+                                 message.meta.sender)
+        if not self._ready.is_set():     # its sender may know this node before it does
+            if len(self._before_ready) < _EARLY_DATA_LIMIT:
+                self._before_ready.append(message)
+            return True
+        self._dispatch_data(message)
+        return True
+
+    def _execute(self, actions, peer=None) -> bool:
+        """Carry out membership's actions, each by its handler in ``_ACTIONS``; ``peer``: the
+        sender of the message that caused them (its refusals are logged once in full, then
+        counted). False once an action ended the node (the later ones still run)."""
+        keep_running = True
+        for action in actions:
+            keep_running = self._ACTIONS[type(action)](self, action, peer) and keep_running
+        return keep_running
+
+    def _connect(self, action: Connect, peer) -> bool:
+        self.van.connect(action.node, None if action.anonymous else self.membership.my_node.id)
+        return True
+
+    def _send(self, action: Send, peer) -> bool:
+        try:
+            self._transmit(action.message)
+        except (PeerError, ProtocolError) as exc:   # e.g. a stranger's address
+            self._peer_log.warning(action.message.meta.recver,
+                                   "could not send %s to node %s: %s",
+                                   action.message.meta.control.cmd.name,
+                                   action.message.meta.recver, exc)
+        return True
+
+    def _become_ready(self, action: Ready, peer) -> bool:
+        self.my_node, self.nodes = action.my_node, action.nodes
+        self.recovery_epoch = action.epoch
+        self._member_ids = frozenset(node.id for node in action.nodes)
+        if self.config.resend:
+            self._resender = Resender(self.my_node.id, self.config.resend_timeout_ms,
+                                      in_order=self.van.in_order)
+        self.van.on_nodes(self.nodes)
+        self.van.on_ready()
+        if action.epoch:     # before any request reaches the restarted server's app
+            self._run_recovery_hooks(self.my_node, action.epoch)
+        self._ready.set()
+        early, self._before_ready = self._before_ready, []
+        for message in early:
+            self._dispatch_data(message)
+        return True
+
+    def _node_recovered(self, action: NodeRecovered, peer) -> bool:
+        self.nodes = [action.node if n.id == action.node.id else n for n in self.nodes]
+        self.van.on_nodes(self.nodes)
+        log.warning("%s: %s restarted and rejoined (restart %d of that node id)",
+                    self.my_node.describe(), action.node.describe_rank(), action.epoch)
+        self._run_recovery_hooks(action.node, action.epoch)
+        return True
+
+    def _release_barrier(self, action: ReleaseBarrier, peer) -> bool:
+        with self._barrier_cond:
+            self._barrier_released += 1
+            self._barrier_cond.notify_all()
+        return True
+
+    def _stop(self, action: Stop, peer) -> bool:
+        return False
+
+    def _node_dead(self, action: NodeDead, peer) -> bool:
+        error = PeerError("%s is dead: %s" % (action.node.describe_rank(), action.reason))
+        log.error("%s: %s", self.my_node.describe() if self.my_node else "node", error)
+        self._error = self._error or error
+        return False
+
+    def _fail(self, action: Fail, peer) -> bool:
+        log.error("%s", action.error)
+        self._error = self._error or action.error
+        return False
+
+    def _refused(self, action: Refused, peer) -> bool:
+        self._peer_log.warning(("refused", peer), "%s: %s", self.my_node.describe()
+                               if self.my_node else "node", action.reason)
+        return True
+
+    #: membership's action type -> the method that carries it out
+    _ACTIONS = {Connect: _connect, Send: _send, Ready: _become_ready,
+                NodeRecovered: _node_recovered, ReleaseBarrier: _release_barrier, Stop: _stop,
+                NodeDead: _node_dead, Fail: _fail, Refused: _refused}
+
+    def _dispatch_data(self, message: Message) -> None:
+        meta = message.meta
+        if meta.sender == K_EMPTY or meta.app_id == K_EMPTY:
+            self._peer_log.warning(meta.sender, "dropped a data message without %s",
+                                   "sender identity" if meta.sender == K_EMPTY else "app_id")
+            return
+        customer_id = meta.customer_id if self.role is Role.WORKER else meta.app_id
+        key = (meta.app_id, customer_id)
+        with self._lock:
+            customer = self._customers.get(key)
+            if customer is None:   # the app is not registered yet: keep it for later
+                self._early.setdefault(key, []).append(message)
+                return
+        customer.accept(message)
+
+    # ------------------------------------------------------------------ apps
+    def register_handler(self, app_id: int, customer_id: int,
+                          handler: Callable[[Message], None]) -> HandlerThread:
+        """Route data messages of (app_id, customer_id) to ``handler`` on its own thread."""
+        customer = HandlerThread(app_id, customer_id, handler)
+        with self._lock:
+            if (app_id, customer_id) in self._customers:
+                raise ValueError("customer (%d, %d) is already registered" % (app_id, customer_id))
+            self._customers[(app_id, customer_id)] = customer
+            early = self._early.pop((app_id, customer_id), [])
+        for message in early:
+            customer.accept(message)
+        return customer
+
+    def is_member(self, node_id: int) -> bool:
+        """Whether ``node_id`` is a node of the cluster as the scheduler announced it."""
+        return node_id in self._member_ids
+
+    def on_failure(self, hook: Callable[[BaseException], None]) -> None:
+        """Call ``hook(error)`` once if the receive loop ends with an error (a dead node, a
+        broken van): the KV layer fails every pending request with it."""
+        self._failure_hooks.append(hook)
+
+    def on_recovery(self, hook: Callable[[Node, int], None]) -> None:
+        """Call ``hook(node, epoch)`` on the receive thread when a restarted server took over
+        ``node.id`` for the ``epoch``-th time: another node (already connected to; the KV
+        layer restores what the dead one held), or this one, as it becomes ready and before
+        any data message is handed on. Register before :meth:`start`."""
+        self._recovery_hooks.append(hook)
+
+    def _run_recovery_hooks(self, node: Node, epoch: int) -> None:
+        for hook in list(self._recovery_hooks):
+            try:
+                hook(node, epoch)
+            except Exception:
+                log.exception("a recovery hook failed")
+
+    def on_tick(self, hook: Callable[[float], None]) -> None:
+        """Call ``hook(monotonic now)`` on the receive thread at every tick (every 50 ms):
+        how the KV layer's deadlines are kept, with no thread of their own. Keep it short."""
+        self._tick_hooks.append(hook)
+
+    def send(self, message: Message) -> int:
+        """Send a message to ``message.meta.recver`` (thread-safe)."""
+        if self._stopped.is_set():
+            raise PeerError("cannot send to node %s: this node's van has stopped%s"
+                            % (message.meta.recver,
+                               " (%s)" % self._error if self._error else ""))
+        message.meta.sender = self.my_id
+        return self._transmit(message)
+
+    def _transmit(self, message: Message) -> int:
+        if self._resender is None:
+            return self.van.send(message)
+        # Kept for resending *before* it leaves: the ACK may come back before van.send
+        # returns, and an ACK for a message not kept yet was lost, so it was resent for nothing.
+        # Kept and sent under one lock, so the resender's order of sends is the wire's (fast
+        # retransmit reads an ACK as "everything sent before it arrived").
+        with self._resend_lock:
+            self._resender.on_send(message, time.monotonic())
+            return self.van.send(message)
+
+    # ------------------------------------------------------------------ barrier / stop
+    def barrier(self, group: int, customer_id: int = 0, timeout: Optional[float] = None) -> None:
+        """Block until every member of ``group`` called barrier. ``timeout=None`` waits as long
+        as the cluster is alive, logging progress; otherwise DeadlineError after ``timeout`` s."""
+        if len(self.group_ids(group)) <= 1:
+            return
+        with self._barrier_cond:
+            target = self._barrier_released + 1
+        # posted to the receive loop, which owns the membership and sends control messages
+        self.send(barrier_post(group, customer_id, self.my_id, self.membership.clock))
+        started = time.monotonic()
+        with self._barrier_cond:
+            while self._barrier_released < target:
+                if self._stopped.is_set():
+                    raise PeerError("barrier of group %d aborted: the van stopped (%s)"
+                                    % (group, self._error))
+                waited = time.monotonic() - started
+                if timeout is not None and waited > timeout:
+                    raise DeadlineError("%s: barrier of group %d (nodes %s) not complete after "
+                                        "%.0f s" % (self.my_node.describe(), group,
+                                                    self.group_ids(group), waited))
+                if not self._barrier_cond.wait(_PROGRESS_LOG_SECONDS if timeout is None
+                                               else min(timeout, _PROGRESS_LOG_SECONDS)):
+                    log.info("%s still waiting for barrier of group %d",
+                             self.my_node.describe(), group)
+
+    def end_job(self, reason: str) -> None:
+        """Ask the scheduler to end the job for every node, saying why (thread-safe). The
+        scheduler's notice then stops this node too (``error`` says why); with an upstream
+        scheduler, which ignores the request, nothing happens: the caller stops by itself."""
+        self.send(abort_request(reason, self.membership.clock))
+
+    def finalize(self, barrier: bool = True, timeout: Optional[float] = None) -> None:
+        """MXNet's shutdown: Barrier(7) (DeadlineError after ``timeout`` s; None waits as long
+        as the cluster lives), then TERMINATE to self; the van stops even if the barrier
+        fails. Idempotent."""
+        if self._finalized or self._thread is None:
+            return
+        self._finalized = True
+        if self._resender is not None:   # everyone is leaving: ACKs of the last messages,
+            with self._resend_lock:      # and their receivers, may be gone
+                self._resender.leave()
+        try:
+            if barrier and not self._stopped.is_set():
+                self.barrier(ALL_GROUP, timeout=timeout)
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        """Stop the receive loop (TERMINATE to self) and every customer."""
+        if not self._loss_reported:
+            self._loss_reported = True
+            if self.dropped_messages:
+                log.warning("PS_DROP_MSG=%d: %d received data messages were dropped on purpose",
+                            self.config.drop_msg_percent, self.dropped_messages)
+            if self._resender is not None and self._resender.resent:
+                log.info("PS_RESEND: %s", self._resender.describe())
+        if not self._stopped.is_set():
+            try:
+                self.van.send(terminate_message(self.my_id))
+            except Exception as exc:  # van already broken: the loop ends anyway
+                log.debug("could not send TERMINATE to self: %s", exc)
+        if self._thread is not None:
+            self._thread.join(_STOP_SECONDS)
+            if self._thread.is_alive():
+                log.error("the van's receive loop did not stop within %.0f s", _STOP_SECONDS)
+        with self._lock:
+            customers = list(self._customers.values())
+        for customer in customers:
+            customer.stop(_STOP_SECONDS)

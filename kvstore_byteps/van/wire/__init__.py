@@ -1,0 +1,1 @@
+"""ps-lite's wire: messages, node ids and key ranges, the meta codec and its protobuf schema. Pure."""

@@ -1,0 +1,1 @@
+"""The ZeroMQ van (MXNet's own transport) and its CURVE authentication."""
