@@ -2,7 +2,9 @@
 
 ``protocol`` (the frame layouts of MXNet's requests), ``store`` (the key-value store of MXNet's
 semantics), ``dist`` (KVStoreDistServer: MXNet's server behaviour), ``byteps`` (BytePSServer:
-the BytePS data path on top), ``rounds`` (per-key sync rounds, double-buffered), ``summing``
+the BytePS requests on top), ``keys`` (its keys), ``datapath`` (the seam to the training mode's
+data path, one per mode: ``summed``, ``asynchronous``, ``backup``; ``kept`` what the last two
+share), ``rounds`` (per-key sync rounds, double-buffered), ``summing``
 (the summing threads), ``batch`` (batched small keys), ``compressed`` (the compressed BytePS
 path), ``restart`` and ``recovery`` (a restarted server's filter and its wait for the workers'
 reports), ``pacing``, ``profiler``, ``updater`` (the optimizer on the server), ``unpickle``

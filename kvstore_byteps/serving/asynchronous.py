@@ -16,6 +16,7 @@ from typing import Callable
 
 import numpy as np
 
+from .datapath import Answers, describe_sum
 from .kept import KeptWeights
 from .store import publish
 
@@ -23,7 +24,7 @@ __all__ = ["AsyncAdds"]
 
 
 class AsyncAdds(KeptWeights):
-    """The BytePS server's data path in asynchronous training (plugged into BytePSServer)."""
+    """The BytePS server's data path in asynchronous training."""
 
     #: why a pull cannot ride along with a push here (it is answered at once instead)
     riding_pull_refusal = ("a pull riding along with a push needs synchronous rounds (this "
@@ -31,45 +32,38 @@ class AsyncAdds(KeptWeights):
     compression_refusal = ("gradient compression needs synchronous training "
                            "(BYTEPS_ENABLE_ASYNC is on)")
 
-    def __init__(self, server, describe: Callable):
-        self._server = server
-        self._add = server.profiler.timed(
-            "sum", self._add, lambda key, values, then: describe(key, None, values))
+    def __init__(self, answers: Answers):
+        super().__init__(answers)
+        self._add = answers.timed(
+            "sum", self._add, lambda key, values, then: describe_sum(key, None, values))
 
     def new_rounds(self, ps_key: int, values: np.ndarray) -> "Versions":
         """No rounds: a key is its weights, and the versions of them each worker read."""
         return Versions()
 
-    def push(self, req, server, key, values: np.ndarray, pull: bool) -> None:
+    def push(self, req, server, key, values: np.ndarray, pull: bool, attached=None) -> None:
         """Add ``values`` to ``key``'s weights, then answer: the push's ack, or (a pushpull)
         the weights with the change in."""
-        srv = self._server
+        answers = self._answers
         if pull:
             def then():
                 key.rounds.note_read(req.sender)
-                srv.deliver((req, server), key.value)
+                answers.deliver((req, server), key.value)
         else:
-            then = lambda: srv.send_answer(server, req)               # noqa: E731
-        srv.summing.submit(key.thread, lambda: self._add(key, values, then))
+            then = lambda: answers.ack(req, server)                   # noqa: E731
+        answers.submit(key.thread, lambda: self._add(key, values, then))
+        self._pull_attached(attached, server, key)
 
     def push_batch(self, req, server, keys, values) -> None:
         """A batch of changes, acknowledged once, after every key has its change added."""
-        added = _Countdown(len(keys), lambda: self._server.send_answer(server, req))
+        added = _Countdown(len(keys), lambda: self._answers.ack(req, server))
         for key, part in zip(keys, values):
-            self._server.summing.submit(key.thread,
-                                        lambda k=key, v=part: self._add(k, v, added.done))
+            self._answers.submit(key.thread, lambda k=key, v=part: self._add(k, v, added.done))
 
     def pull(self, sender: int, token, key) -> None:
         """Answer at once with the weights as they are."""
         key.rounds.note_read(sender)
-        self._server.deliver(token, key.value)
-
-    def absent(self, sender: int, presence, keys) -> None:
-        """Nothing waits for a worker in asynchronous training."""
-
-    @staticmethod
-    def close(keys) -> None:
-        """Nothing to say."""
+        self._answers.deliver(token, key.value)
 
     @staticmethod
     def _add(key, values: np.ndarray, then: Callable[[], None]) -> None:

@@ -14,8 +14,6 @@ a late worker's pulls are answered with an error that tells it so (``errors.TRAI
 its next step raises ``TrainingOver``).
 """
 import logging
-from typing import Callable
-
 import numpy as np
 
 from ..errors import TRAINING_OVER, ProtocolError
@@ -23,6 +21,7 @@ from ..mxproto import Presence
 from ..van.wire.keys import PARTITION_BITS
 from ..words import count
 from .backup_rounds import ENDED, BackupRounds
+from .datapath import Answers, describe_sum
 from .kept import KeptWeights
 from .store import publish
 
@@ -32,22 +31,22 @@ log = logging.getLogger(__name__)
 
 
 class BackupWorkers(KeptWeights):
-    """The BytePS server's data path with backup workers (plugged into BytePSServer)."""
+    """The BytePS server's data path with backup workers."""
 
     riding_pull_refusal = None      # a riding pull is answered when its round closes
     compression_refusal = ("gradient compression cannot be used with backup workers "
                            "(BYTEPS_BACKUP_WORKERS): the servers run the optimizer on the "
                            "rounds' sums")
 
-    def __init__(self, server, backup_workers: int, describe: Callable):
-        self._server = server
+    def __init__(self, answers: Answers, backup_workers: int):
+        super().__init__(answers)
         self.backup_workers = backup_workers
         self._absent = set()            # workers away now (keys made meanwhile start so)
         self._done = set()              # workers that finished training
-        self._add = server.profiler.timed("sum", self._add, describe)
+        self._add = answers.timed("sum", self._add, describe_sum)
 
     def new_rounds(self, ps_key: int, values: np.ndarray) -> BackupRounds:
-        rounds = BackupRounds(ps_key, self._server.num_workers, self.backup_workers,
+        rounds = BackupRounds(ps_key, self._answers.num_workers, self.backup_workers,
                               values.size, values.dtype)
         for sender in list(self._absent):
             rounds.set_absent(sender, True)
@@ -55,20 +54,21 @@ class BackupWorkers(KeptWeights):
             rounds.finish(sender)
         return rounds
 
-    def push(self, req, server, key, values: np.ndarray, pull: bool) -> None:
+    def push(self, req, server, key, values: np.ndarray, pull: bool, attached=None) -> None:
         """Count (or drop, if stale) a gradient of ``key``; answer the push at once, or (a
         pushpull) with the weights once its round closed."""
         r = key.rounds.begin_push(req.sender)
         if pull:
             self.pull(req.sender, (req, server), key)
         else:
-            self._server.send_answer(server, req)
+            self._answers.ack(req, server)
         self._sum(key, r, values)
+        self._pull_attached(attached, server, key)
 
     def push_batch(self, req, server, keys, values) -> None:
         """A batch of gradients, one per key, each counted or dropped; acknowledged once."""
         rounds = [key.rounds.begin_push(req.sender) for key in keys]
-        self._server.send_answer(server, req)
+        self._answers.ack(req, server)
         for key, r, part in zip(keys, rounds, values):
             self._sum(key, r, part)
 
@@ -76,15 +76,15 @@ class BackupWorkers(KeptWeights):
         if r is None:
             log.debug("key %d: a push dropped (%d so far)", key.ps_key, key.rounds.dropped)
             return
-        self._server.summing.submit(key.thread, lambda: self._add(key, r, values))
+        self._answers.submit(key.thread, lambda: self._add(key, r, values))
 
     def pull(self, sender: int, token, key) -> None:
         """The first weights newer than the round ``sender`` pushed: now or at its close."""
         version = key.rounds.request_pull(sender, token)
         if version == ENDED:
-            self._server.fail(token, self._over, quiet=True)
+            self._answers.fail(token, self._over, quiet=True)
         elif version is not None:
-            self._server.deliver(token, key.value)
+            self._answers.deliver(token, key.value)
 
     def absent(self, sender: int, presence: Presence, keys) -> None:
         """``sender`` pushes nothing for now (waits in a barrier) or finished training: close
@@ -105,16 +105,16 @@ class BackupWorkers(KeptWeights):
     def _finish(self, sender: int, keys) -> None:
         self._absent.add(sender)
         self._done.add(sender)
-        if len(self._done) == self._server.num_workers - self.backup_workers:
+        if len(self._done) == self._answers.num_workers - self.backup_workers:
             log.info("backup workers: %s of %d finished training: the job's training is over, "
-                     "later pushes are dropped", len(self._done), self._server.num_workers)
+                     "later pushes are dropped", len(self._done), self._answers.num_workers)
         for key in keys:
             for token in key.rounds.finish(sender):
-                self._server.fail(token, self._over, quiet=True)
+                self._answers.fail(token, self._over, quiet=True)
             self._recheck(key)
 
     def _recheck(self, key) -> None:
-        self._server.summing.submit(key.thread, lambda: self._close(key, key.rounds.recheck()))
+        self._answers.submit(key.thread, lambda: self._close(key, key.rounds.recheck()))
 
     @property
     def _over(self) -> str:
@@ -122,15 +122,15 @@ class BackupWorkers(KeptWeights):
         return TRAINING_OVER + (
             "%s of %d finished training (BYTEPS_BACKUP_WORKERS=%d), so the job's training is "
             "over; this worker's late gradient was not applied"
-            % (len(self._done), self._server.num_workers, self.backup_workers))
+            % (len(self._done), self._answers.num_workers, self.backup_workers))
 
     def _index(self, ps_key: int) -> int:
         """The index the optimizer keeps ``ps_key``'s state under: ``-1 - local key`` (unique
         on this server, and never an MXNet key, so a partition cannot take another
         parameter's multipliers), given the learning-rate and weight-decay multipliers of
         the MXNet key the partition belongs to (MXNet's server updates by MXNet key)."""
-        local = self._server.mxnet_key(ps_key)
-        alias = getattr(self._server.updater, "alias", None)
+        local = self._answers.mxnet_key(ps_key)
+        alias = getattr(self._answers.updater, "alias", None)
         if alias is not None:
             alias(-1 - local, local >> PARTITION_BITS)
         return -1 - local
@@ -155,15 +155,15 @@ class BackupWorkers(KeptWeights):
         if complete is None:
             return
         total, count = complete
-        server = self._server
-        grad = total if count == server.num_workers else total * (server.num_workers / count)
+        answers = self._answers
+        grad = total if count == answers.num_workers else total * (answers.num_workers / count)
         try:
-            if server.updater is None:
+            if answers.updater is None:
                 raise ProtocolError("no optimizer: with BYTEPS_BACKUP_WORKERS the servers run "
                                     "the optimizer, set by the workers' store (gluon.Trainer "
                                     "and Module.fit do; or kv.set_optimizer)")
-            key.value = publish(server.updater(self._index(key.ps_key), grad,
-                                               key.value).astype(key.dtype, copy=False))
+            key.value = publish(answers.updater(self._index(key.ps_key), grad,
+                                                key.value).astype(key.dtype, copy=False))
             error = None
         except ProtocolError as exc:  # answered to every pull of the round: the workers say it
             error = str(exc)
@@ -172,6 +172,6 @@ class BackupWorkers(KeptWeights):
             error = "update of ps key %d failed: %s" % (key.ps_key, exc)
         for token in key.rounds.close():
             if error is None:
-                server.deliver(token, key.value)
+                answers.deliver(token, key.value)
             else:
-                server.fail(token, error)
+                answers.fail(token, error)

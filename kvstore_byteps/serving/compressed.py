@@ -35,13 +35,13 @@ def claimed_round(req) -> Optional[int]:
 class CompressedPath:
     """The workers' compression spec, each key's compressor and each round's compressed sum.
 
-    ``rounds`` is the BytePS server it serves: the compressed path takes its keys, counts its
-    rounds and sums there (``key_of``, ``pull``, ``begin_sum``)."""
+    ``keys`` is the BytePS server's key table (``key_of``) and ``path`` its data path
+    (:mod:`.datapath`): a decoded push is summed there, a pull answered there, and
+    ``path.compression_refusal`` says why this server's training mode cannot take compression
+    (None: it can)."""
 
-    def __init__(self, rounds, refusal: Optional[str]):
-        """``refusal``: why this server's training mode cannot take compression (None: it
-        can)."""
-        self._rounds, self._refusal = rounds, refusal
+    def __init__(self, keys, path):
+        self._keys, self._path, self._refusal = keys, path, path.compression_refusal
         #: the dist_byteps workers' CompressionSpec, once set
         self.spec: Optional[CompressionSpec] = None
         self._compressors: Dict[int, PartitionCompressor] = {}   # per compressed ps key
@@ -85,16 +85,16 @@ class CompressedPath:
         r = claimed_round(req)
         if r is None:
             raise ProtocolError("a compressed request must say its round")
-        key = self._rounds.key_of(int(req.keys[0]), cmd)   # initialised by rank 0's init push
+        key = self._keys.key_of(int(req.keys[0]), cmd)   # initialised by rank 0's init push
         if req.meta.pull:
-            self._rounds.pull(req, server, key)
+            self._path.pull(req.sender, (req, server), key)
             return
         codec = self._compressor(key.ps_key).codec
         data = np.frombuffer(req.vals, np.uint8)
         if data.size != codec.wire_bytes(key.size):
             raise ProtocolError("compressed push of key %d has %d bytes, expected %d"
                                 % (key.ps_key, data.size, codec.wire_bytes(key.size)))
-        self._rounds.begin_sum(req, server, key, codec.decode(data, key.size, r), r)
+        self._path.begin_sum(req, server, key, codec.decode(data, key.size, r), r)
 
     def answer_value(self, req, total: np.ndarray) -> np.ndarray:
         """What a pull of ``req``'s round is answered with: its sum compressed once per round

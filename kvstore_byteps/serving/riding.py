@@ -13,15 +13,14 @@ from ..van.kv.app import KVPairs, KVRequest
 __all__ = ["why_no_riding_pull", "attached_pull"]
 
 
-def why_no_riding_pull(req, plain_heads, weights) -> Optional[str]:
+def why_no_riding_pull(req, plain_heads, path) -> Optional[str]:
     """Why ``req`` cannot carry a pull, or None if it can. ``plain_heads``: the heads of plain
-    BytePS requests; ``weights``: the server's plugged-in weights path (None: summed
-    rounds)."""
+    BytePS requests; ``path``: the server's data path (:mod:`.datapath`)."""
     if req.meta.head not in plain_heads:
         return "only a plain BytePS push (request type 3) can carry a pull (pull_timestamp)"
     if not req.meta.push or req.meta.pull:
         return "only a push can carry a pull (pull_timestamp)"
-    return None if weights is None else weights.riding_pull_refusal
+    return path.riding_pull_refusal
 
 
 def attached_pull(req) -> Optional[KVRequest]:

@@ -1,0 +1,76 @@
+"""Synchronous training on the server (the default): rounds of sums that the workers apply.
+
+Each round every worker pushes a key once (acked at once, or held by pacing, see
+:mod:`.pacing`) and pulls it once; the pushes are summed by the key's summing thread, and a
+pull is answered with the round's sum when all ``num_workers`` pushes of that round are summed.
+Rounds are counted per (key, worker); see :mod:`.rounds` for the double buffering. A pushpull
+is a push followed by a pull and gets one answer, with the sum; a pull riding along with a push
+is answered under its own timestamp when the round is summed. A push whose ``round`` extension
+field is set must match the server's count (the compressed path always sets it).
+"""
+from typing import Optional, Tuple
+
+import numpy as np
+
+from .compressed import claimed_round
+from .datapath import Answers, DataPath, describe_sum
+from .pacing import ImmediateAcks, PacedAcks
+from .rounds import KeyRounds
+
+__all__ = ["SummedRounds"]
+
+
+class SummedRounds(DataPath):
+    """The BytePS server's data path in synchronous training: each key's rounds of sums."""
+
+    def __init__(self, answers: Answers, pacing: Optional[Tuple[int, float]] = None):
+        """``pacing``: (lead bytes, hold seconds) to pace round pushes' acknowledgements, or
+        None to acknowledge them at once."""
+        super().__init__(answers)
+        self.acks = (PacedAcks(answers.num_workers, *pacing) if pacing is not None
+                     else ImmediateAcks())
+        # the summing threads' work, as stages of the server profile (profiler.py)
+        self._accumulate = answers.timed("sum", self._accumulate, describe_sum)
+
+    def new_rounds(self, ps_key: int, values: np.ndarray) -> KeyRounds:
+        return KeyRounds(ps_key, self._answers.num_workers, values.size, values.dtype)
+
+    def push(self, req, server, key, values: np.ndarray, pull: bool, attached=None) -> None:
+        """Count the push in its round; answer it (a pushpull: with the round's sum); sum."""
+        r = key.rounds.begin_push(req.sender, claimed_round(req))
+        if pull:
+            self.pull(req.sender, (req, server), key)
+        else:
+            self._ack_push(req, server, values.nbytes)
+        self._pull_attached(attached, server, key)
+        self._answers.submit(key.thread, lambda: self._accumulate(key, r, values))
+
+    def begin_sum(self, req, server, key, values: np.ndarray, r: int) -> None:
+        """A push of ``key``'s round ``r`` (as claimed): counted, acknowledged, summed."""
+        r = key.rounds.begin_push(req.sender, r)
+        self._ack_push(req, server, values.nbytes)
+        self._answers.submit(key.thread, lambda: self._accumulate(key, r, values))
+
+    def push_batch(self, req, server, keys, values) -> None:
+        """Each key's push counted and summed; the batch acknowledged once."""
+        for key, part in zip(keys, values):
+            r = key.rounds.begin_push(req.sender)
+            self._answers.submit(key.thread,
+                                 lambda k=key, r=r, v=part: self._accumulate(k, r, v))
+        self._ack_push(req, server, sum(part.nbytes for part in values))
+
+    def pull(self, sender: int, token, key) -> None:
+        """Answered when the pulled round is summed: now, or by the push that completes it."""
+        ready = key.rounds.request_pull(sender, token)
+        if ready is not None:
+            self._answers.deliver(token, ready)
+
+    def _ack_push(self, req, server, nbytes: int) -> None:
+        """Acknowledge a round push now, or (pacing on) once the other workers caught up."""
+        self.acks.ack(req.sender, nbytes, lambda: self._answers.ack(req, server))
+
+    def _accumulate(self, key, r: int, values: np.ndarray) -> None:
+        """Summing thread: add a push to its round; a complete round answers its pulls."""
+        tokens, total = key.rounds.accumulate(r, values)
+        for token in tokens:
+            self._answers.deliver(token, total)
