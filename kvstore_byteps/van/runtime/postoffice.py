@@ -1,8 +1,8 @@
 """The postoffice: one per process; joins the cluster and routes messages (ps-lite's Postoffice).
 
 It owns the van, runs the membership state machine on the van's receive thread, executes the
-machine's actions, and hands data messages to customers (the KV apps), each of which runs its
-handler on its own thread so a slow handler never stalls the receive loop.
+machine's actions, and hands data messages to customers (the KV apps; customer.py), each of
+which runs its handler on its own thread so a slow handler never stalls the receive loop.
 
 Thread-safety: ``start``, ``barrier`` and ``finalize`` are for the owning thread (the receive
 loop does their work: start runs the membership there, a barrier is posted to it through the
@@ -10,7 +10,6 @@ node's connection to itself, finalize ends it with a TERMINATE to itself); ``sen
 ``register_handler`` are thread-safe.
 """
 import logging
-import queue
 import random
 import threading
 import time
@@ -19,6 +18,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from ...config import Config, Role
 from ...errors import ConfigError, DeadlineError, PeerError, ProtocolError
 from ...logs import PeerLog
+from .customer import HandlerThread
 from .membership import (Connect, Fail, NodeDead, NodeMembership, NodeRecovered, Ready, Refused,
                          ReleaseBarrier,
                          SchedulerMembership,
@@ -39,51 +39,6 @@ _PROGRESS_LOG_SECONDS = 30.0
 #: data messages kept while the node is not ready yet (a restarted server hears from workers
 #: that learnt of it before its own ADD_NODE answer arrived); more are dropped
 _EARLY_DATA_LIMIT = 10000
-
-
-class HandlerThread:
-    """Runs one app's message handler on a dedicated thread, in arrival order.
-
-    (ps-lite's Customer also tracks the app's requests; here the KV layer does that.)"""
-
-    def __init__(self, app_id: int, customer_id: int, handler: Callable[[Message], None]):
-        self.app_id, self.customer_id, self.handler = app_id, customer_id, handler
-        self._queue: "queue.SimpleQueue[Optional[Message]]" = queue.SimpleQueue()
-        self._peer_log = PeerLog(log)
-        self._thread = threading.Thread(target=self._loop, daemon=True,
-                                        name="customer-%d-%d" % (app_id, customer_id))
-        self._thread.start()
-
-    def accept(self, message: Message) -> None:
-        self._queue.put(message)
-
-    def post(self, work: Callable[[], None]) -> None:
-        """Run ``work()`` on this thread, after the messages already queued."""
-        self._queue.put(work)
-
-    def stop(self, timeout: float) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout)
-
-    def _loop(self) -> None:
-        while True:
-            message = self._queue.get()
-            if message is None:
-                return
-            if callable(message):
-                try:
-                    message()
-                except Exception:
-                    log.exception("app %d customer %d: posted work failed", self.app_id,
-                                  self.customer_id)
-                continue
-            try:
-                self.handler(message)
-            except Exception:  # a bad message must not kill the app
-                self._peer_log.warning(message.meta.sender,
-                                       "app %d customer %d failed on a message from node %s",
-                                       self.app_id, self.customer_id, message.meta.sender,
-                                       exc_info=True)
 
 
 class Postoffice:

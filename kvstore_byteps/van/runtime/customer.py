@@ -1,0 +1,59 @@
+"""A customer (ps-lite's Customer): one app's message handler on a thread of its own.
+
+The postoffice hands each data message to its app's customer, so a slow handler never stalls
+the van's receive loop. Thread-safety: ``accept``, ``post`` and ``stop`` are thread-safe.
+"""
+import logging
+import queue
+import threading
+from typing import Callable, Optional
+
+from ...logs import PeerLog
+from ..wire.message import Message
+
+log = logging.getLogger(__name__)
+
+
+class HandlerThread:
+    """Runs one app's message handler on a dedicated thread, in arrival order.
+
+    (ps-lite's Customer also tracks the app's requests; here the KV layer does that.)"""
+
+    def __init__(self, app_id: int, customer_id: int, handler: Callable[[Message], None]):
+        self.app_id, self.customer_id, self.handler = app_id, customer_id, handler
+        self._queue: "queue.SimpleQueue[Optional[Message]]" = queue.SimpleQueue()
+        self._peer_log = PeerLog(log)
+        self._thread = threading.Thread(target=self._loop, daemon=True,
+                                        name="customer-%d-%d" % (app_id, customer_id))
+        self._thread.start()
+
+    def accept(self, message: Message) -> None:
+        self._queue.put(message)
+
+    def post(self, work: Callable[[], None]) -> None:
+        """Run ``work()`` on this thread, after the messages already queued."""
+        self._queue.put(work)
+
+    def stop(self, timeout: float) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            message = self._queue.get()
+            if message is None:
+                return
+            if callable(message):
+                try:
+                    message()
+                except Exception:
+                    log.exception("app %d customer %d: posted work failed", self.app_id,
+                                  self.customer_id)
+                continue
+            try:
+                self.handler(message)
+            except Exception:  # a bad message must not kill the app
+                self._peer_log.warning(message.meta.sender,
+                                       "app %d customer %d failed on a message from node %s",
+                                       self.app_id, self.customer_id, message.meta.sender,
+                                       exc_info=True)
