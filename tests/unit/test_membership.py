@@ -454,3 +454,11 @@ def test_the_replaced_process_is_not_heard_any_more():
     assert len(old) == 1 and isinstance(old[0], Refused) and "restarted server" in old[0].reason
     new = sched.handle(heartbeat_from(8, 5000, Role.SERVER), 13.0)
     assert sends(new) and sends(new)[0].meta.recver == 8
+
+
+def test_the_postoffice_has_a_handler_for_every_action():
+    """Postoffice._execute looks each action's type up in its table (no isinstance chain)."""
+    from kvstore_byteps.van.runtime import membership
+    from kvstore_byteps.van.runtime.postoffice import Postoffice
+    assert set(Postoffice._ACTIONS) == set(membership.ACTIONS)
+    assert all(callable(handler) for handler in Postoffice._ACTIONS.values())

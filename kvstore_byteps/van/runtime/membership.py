@@ -110,6 +110,10 @@ class Refused:
     reason: str
 
 
+#: every action the machines return; the postoffice carries out each by its handler
+ACTIONS = (Connect, Send, Ready, NodeRecovered, ReleaseBarrier, Stop, NodeDead, Fail, Refused)
+
+
 def _terminate(msg: Message, me: Node) -> List:
     """TERMINATE is honoured only from this node itself (ps-lite sends it only to itself):
     without authentication, anyone who can reach the port could otherwise stop the node."""
