@@ -7,7 +7,7 @@ it needs, so the secret itself never travels and one van's keys say nothing abou
   connects with it as client, and admits (ZAP) only clients proving they hold its secret half.
   CURVE encrypts and authenticates every message after the handshake.
 - the byteps_tcp van: an HMAC-SHA256 key for a mutual challenge-response in the connection's
-  hello (tcp_frame.py). Both sides send a fresh random nonce and then prove they hold the key by
+  hello (van/tcp/frame.py). Both sides send a fresh random nonce and then prove they hold the key by
   a MAC over both nonces, labelled with their side of the connection so a proof cannot be
   reflected back. It authenticates who connects; it does not encrypt or MAC the messages
   that follow (see the README's "Failures and security").

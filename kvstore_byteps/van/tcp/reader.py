@@ -1,4 +1,4 @@
-"""Incremental reader of one byteps_tcp connection (wire format: tcp_frame.py). Socket-free.
+"""Incremental reader of one byteps_tcp connection (wire format: frame.py). Socket-free.
 
 The van's receive thread serves every connection at once, so it must never wait for one of
 them: a server reading one worker's 4 MB push to the end while the other workers' data waits
