@@ -63,6 +63,89 @@ class ServerKind(enum.Enum):
     BYTEPS = "byteps"
 
 
+class Training(enum.Enum):
+    """How a job trains: each worker side (``mxnet_patch``) and server side (``serving/``) has
+    one class per member, chosen once from it."""
+
+    #: the default: servers sum each round; the workers update
+    SYNC = "sync"
+    #: BYTEPS_ENABLE_ASYNC=1: servers add each worker's change into the weights
+    ASYNC = "async"
+    #: BYTEPS_BACKUP_WORKERS=b: synchronous rounds that complete without the b slowest
+    #: workers; servers keep the weights and run the optimizer
+    BACKUP_WORKERS = "backup workers"
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingMode:
+    """The job's training mode, as every node reads it from its environment
+    (``Config.training_mode``). Workers tell our servers theirs in the server probe
+    (:attr:`name`), and a server that trains otherwise refuses them: a sum taken for weights,
+    or weights for a sum, would be silently wrong. Pure."""
+
+    kind: Training = Training.SYNC
+    backup_workers: int = 0
+
+    @classmethod
+    def of(cls, enable_async: bool, backup_workers: int) -> "TrainingMode":
+        """The mode ``BYTEPS_ENABLE_ASYNC`` and ``BYTEPS_BACKUP_WORKERS`` choose (unchecked)."""
+        if enable_async:
+            return cls(Training.ASYNC)
+        return cls(Training.BACKUP_WORKERS, backup_workers) if backup_workers else cls()
+
+    @classmethod
+    def parse(cls, text: str) -> Optional["TrainingMode"]:
+        """The mode whose :attr:`name` is ``text`` (a worker's probe), or None."""
+        words = text.split(" ")
+        backup = int(words[2]) if len(words) > 2 and words[2].isdecimal() else 0
+        modes = [cls(), cls(Training.ASYNC)] + [cls(Training.BACKUP_WORKERS, backup)] * (backup > 0)
+        return next((mode for mode in modes if mode.name == text), None)
+
+    @property
+    def name(self) -> str:
+        """``sync``, ``async`` or ``sync with N backup workers``: what a worker tells the
+        servers in the probe."""
+        if self.kind is Training.BACKUP_WORKERS:
+            return "sync with %s" % count(self.backup_workers, "backup worker")
+        return self.kind.value
+
+    @property
+    def variable(self) -> Optional[str]:
+        """The variable that chose this mode (None: plain synchronous training)."""
+        return {Training.SYNC: None, Training.ASYNC: Env.ENABLE_ASYNC,
+                Training.BACKUP_WORKERS: Env.BACKUP_WORKERS}[self.kind]
+
+    @property
+    def summed(self) -> bool:
+        """Rounds of sums that the workers apply themselves (plain synchronous training)."""
+        return self.kind is Training.SYNC
+
+    @property
+    def asynchronous(self) -> bool:
+        return self.kind is Training.ASYNC
+
+    def refusal(self, extensions_missing: Optional[str]) -> Optional[str]:
+        """Why this mode cannot run against the servers found (``extensions_missing``: what
+        MXNet's servers lack), or None. MXNet's servers keep a push instead of adding it and
+        know no backup workers: every update would be silently wrong."""
+        if self.summed or not extensions_missing:
+            return None
+        return ("%s needs kvstore-byteps servers; %s (or train with MXNet's own "
+                "dist_sync/dist_async on them)" % (self.variable, extensions_missing))
+
+    @property
+    def unrestorable(self) -> Optional[str]:
+        """Why a restarted server cannot be restored in this mode, or None."""
+        return None if self.summed else "training %s, the server kept the weights" % self.name
+
+    @property
+    def compression_refusal(self) -> Optional[str]:
+        if self.summed:
+            return None
+        return ("gradient compression needs synchronous training without backup workers "
+                "(unset %s)" % self.variable)
+
+
 class Env:
     """Names of the environment variables (one spelling for launcher, library and tests)."""
 
@@ -180,9 +263,9 @@ class Config:
     server_pacing_bytes: int = 0
     #: a held acknowledgement is sent anyway after this long (milliseconds; checked every half)
     server_pacing_hold_ms: int = 200
-    enable_async: bool = False
-    #: synchronous rounds close when all but this many workers pushed (docs/usage.md)
-    backup_workers: int = 0
+    #: BYTEPS_ENABLE_ASYNC, BYTEPS_BACKUP_WORKERS (synchronous rounds close when all but that
+    #: many workers pushed, docs/usage.md)
+    training_mode: TrainingMode = TrainingMode()
     #: dist_byteps workers send a round's pull along with its push (one message instead of
     #: two; README: Each pull rides along with its push)
     pull_with_push: bool = True
@@ -276,8 +359,7 @@ class Config:
                                           default_server_summing_threads(usable_cores())),
             server_pacing_bytes=env.get(Env.SERVER_PACING_BYTES, _nonnegative_int, 0),
             server_pacing_hold_ms=env.get(Env.SERVER_PACING_HOLD_MS, _positive_int, 200),
-            enable_async=env.flag(Env.ENABLE_ASYNC, False),
-            backup_workers=env.get(Env.BACKUP_WORKERS, _nonnegative_int, 0),
+            training_mode=_training_mode(env),
             pull_with_push=env.flag(Env.PULL_WITH_PUSH, True),
             key_hash_fn=env.get(Env.KEY_HASH_FN, _choice(KEY_HASH_FNS), "balanced"),
             log_level=env.get(Env.LOG_LEVEL, _upper_choice(LOG_LEVELS), "WARNING"),
@@ -295,9 +377,6 @@ class Config:
             global_rank=env.get(Env.GLOBAL_RANK, _nonnegative_int, None),
         )
         _check_local_place(config, in_local_group)
-        if config.enable_async and config.backup_workers:
-            raise ConfigError("%s and %s exclude each other: backup workers are a way to train "
-                              "synchronously" % (Env.ENABLE_ASYNC, Env.BACKUP_WORKERS))
         if config.backup_workers and config.backup_workers >= config.num_workers:
             raise ConfigError("%s=%d needs more workers than that (DMLC_NUM_WORKER=%d)"
                               % (Env.BACKUP_WORKERS, config.backup_workers, config.num_workers))
@@ -308,9 +387,14 @@ class Config:
         return config
 
     @property
-    def training_mode(self) -> str:
-        """How this job trains, as workers tell servers at start: see :func:`training_mode`."""
-        return training_mode(self.enable_async, self.backup_workers)
+    def enable_async(self) -> bool:
+        """Asynchronous training (BYTEPS_ENABLE_ASYNC), as :attr:`training_mode` says."""
+        return self.training_mode.asynchronous
+
+    @property
+    def backup_workers(self) -> int:
+        """BYTEPS_BACKUP_WORKERS (0: none), as :attr:`training_mode` says."""
+        return self.training_mode.backup_workers
 
     @property
     def is_scheduler(self) -> bool:
@@ -340,12 +424,14 @@ def _check_local_place(config: Config, in_local_group: bool) -> None:
                Env.LOCAL_GROUPS))
 
 
-def training_mode(enable_async: bool, backup_workers: int) -> str:
-    """``sync``, ``async`` or ``sync with N backup workers``: what workers and servers must
-    agree on (a sum taken for weights, or weights for a sum, would be silently wrong)."""
-    if enable_async:
-        return "async"
-    return "sync with %s" % count(backup_workers, "backup worker") if backup_workers else "sync"
+def _training_mode(env: "_EnvReader") -> TrainingMode:
+    """BYTEPS_ENABLE_ASYNC and BYTEPS_BACKUP_WORKERS, which exclude each other."""
+    enable_async = env.flag(Env.ENABLE_ASYNC, False)
+    backup_workers = env.get(Env.BACKUP_WORKERS, _nonnegative_int, 0)
+    if enable_async and backup_workers:
+        raise ConfigError("%s and %s exclude each other: backup workers are a way to train "
+                          "synchronously" % (Env.ENABLE_ASYNC, Env.BACKUP_WORKERS))
+    return TrainingMode.of(enable_async, backup_workers)
 
 
 #: This process's own defaults (:func:`set_default`): name -> text, read as if the variable

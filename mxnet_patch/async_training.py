@@ -14,21 +14,48 @@ workers); here it stays on the worker, which pushes ``weight_after - weight_befo
 nothing is unpickled anywhere. With plain SGD the two are the same mathematics; with a stateful
 optimizer (momentum, Adam) each worker keeps the state of its own updates, as in BytePS.
 
-:class:`AsyncUpdates` is the one home of this mode: the store hands it a key's gradients and
-the arrays that hold the key's weights, and it queues the update, the push of the change and
-the read-back on MXNet's engine, so a caller's later reads wait for them.
+:class:`AsyncTraining` is the store's mode object; its :class:`AsyncUpdates` is handed a
+key's gradients and the arrays that hold the key's weights, and it queues the update, the push
+of the change and the read-back on MXNet's engine, so a caller's later reads wait for them.
 """
 import numpy as np
 from mxnet import ndarray as nd
 from mxnet import optimizer as opt
 
-__all__ = ["AsyncUpdates", "NO_OPTIMIZER"]
+from mxnet_patch.store_modes import UpdatingMode, no_optimizer_states
+
+__all__ = ["AsyncTraining", "AsyncUpdates", "NO_OPTIMIZER"]
 
 NO_OPTIMIZER = ("with BYTEPS_ENABLE_ASYNC=1 the dist_byteps store trains asynchronously: a push "
                 "is a gradient that the store's optimizer turns into a change of the weights "
                 "every worker shares, so it needs an optimizer first (gluon.Trainer and "
                 "Module.fit set it; or call kv.set_optimizer). Summing values over workers "
                 "needs synchronous training: unset BYTEPS_ENABLE_ASYNC")
+
+
+class AsyncTraining(UpdatingMode):
+    """The store's mode in asynchronous training: the optimizer stays on this worker."""
+
+    type_word = "async"
+    no_optimizer = NO_OPTIMIZER
+
+    def before_pull(self, ikey, held, priority) -> None:
+        """Read fresh: push no change."""
+        self.store._submit(ikey, [nd.zeros(held.shape, held.context, held.dtype)], [held],
+                           priority)
+
+    def add_to_shared(self, key, change, out, priority) -> None:
+        self.store._submit(self.store._initialised_key(key), change, out, priority)
+
+    def set_optimizer(self, optimizer) -> None:
+        """The optimizer that turns this worker's gradients into changes of the shared
+        weights (kept here; nothing is sent to the servers)."""
+        self.updates = AsyncUpdates(optimizer)
+
+    def optimizer_states(self, what: str):
+        if self.updates is None:
+            raise NotImplementedError(no_optimizer_states(what, ""))
+        return self.updates
 
 
 class AsyncUpdates:

@@ -14,13 +14,72 @@ So in this mode the ``dist_byteps`` store is optimizer-capable, as ``dist_sync``
 ``gluon.Trainer`` and ``Module.fit`` hand it the optimizer (rank 0 sends it to the servers,
 pickled as MXNet does; the servers restricted-unpickle it) and then ``pushpull(key, grad,
 out=weight)``, or ``push`` then ``pull``, means: this gradient, then the weights after its
-round. :class:`ServerUpdates` is the worker's side of it.
+round. :class:`BackupTraining` is the store's mode object, :class:`ServerUpdates` its steps.
 """
+import logging
 import pickle
 
+from kvstore_byteps.errors import KVStoreBytePSError, TrainingOver
 from mxnet_patch.async_training import host_sum
+from mxnet_patch.store_modes import UpdatingMode
 
-__all__ = ["ServerUpdates"]
+__all__ = ["BackupTraining", "ServerUpdates"]
+
+log = logging.getLogger("mxnet_patch.kvstore")     # the store says it, as it always did
+
+
+class BackupTraining(UpdatingMode):
+    """The store's mode with backup workers: the servers keep the weights and the optimizer."""
+
+    no_optimizer = ("with BYTEPS_BACKUP_WORKERS the servers run the optimizer: set it first "
+                    "(gluon.Trainer and Module.fit do; or call kv.set_optimizer)")
+
+    def __init__(self, mode, store):
+        super().__init__(mode, store)
+        self._pushed = set()          # keys pushed since their last pull
+        self._said_over = False       # the end of the training was said
+
+    def push(self, key, values, priority) -> None:
+        super().push(key, values, priority)
+        self._pushed.add(self.store._int_key(key))
+
+    def before_pull(self, ikey, held, priority) -> None:
+        """The weights after the round of this worker's push of ``ikey`` (Module's push then
+        pull), or, with no push since the last pull, the servers' weights as they are now
+        (blocking, e.g. to read the final weights after a barrier)."""
+        if ikey not in self._pushed:
+            held.wait_to_read()                  # this worker's own rounds first
+            held[:] = self.store._engine.read(ikey, held.shape, held.dtype)
+        self._pushed.discard(ikey)
+
+    def read_final(self, ikey, held) -> None:
+        super().read_final(ikey, held)
+        self._pushed.discard(ikey)
+
+    def before_step(self) -> None:
+        """The servers said the job's training is over (W - b workers finished), so this
+        worker's step ends its training: TrainingOver (a SystemExit with status 0), said in
+        one line the first time."""
+        if not self.store._engine.training_over:
+            return
+        message = ("worker rank %d: the job's training is over (BYTEPS_BACKUP_WORKERS=%d: "
+                   "enough workers finished), so this worker's training ends here; uncaught, "
+                   "TrainingOver ends the process with exit status 0 (catch "
+                   "kvstore_byteps.TrainingOver to run code after the training loop)"
+                   % (self.store.rank, self.mode.backup_workers))
+        if not self._said_over:
+            self._said_over = True
+            log.warning("%s", message)
+        raise TrainingOver(message)
+
+    def set_optimizer(self, optimizer) -> None:
+        """The servers' optimizer (rank 0 sends it, as MXNet's dist_sync does)."""
+        self.updates = ServerUpdates(optimizer, self.store._engine)
+
+    def optimizer_states(self, what: str):
+        raise NotImplementedError(
+            "with backup workers the servers run the optimizer and keep its states, as "
+            "MXNet's dist_sync servers do: they cannot be saved or loaded from a worker")
 
 
 class ServerUpdates:
@@ -32,7 +91,6 @@ class ServerUpdates:
             raise TypeError("set_optimizer needs an mx.optimizer.Optimizer, got %s"
                             % type(optimizer).__name__)
         if optimizer.multi_precision:
-            from kvstore_byteps.errors import KVStoreBytePSError
             raise KVStoreBytePSError("backup workers (BYTEPS_BACKUP_WORKERS) keep the weights "
                                      "on the servers in the gradients' dtype: multi_precision "
                                      "optimizers are not supported there")
@@ -52,7 +110,6 @@ class ServerUpdates:
         if self.optimizer.lr != self._lr:
             # gluon's trainer.set_learning_rate changes the optimizer here only: with MXNet's
             # dist_sync servers that is silently ignored; say so instead
-            from kvstore_byteps.errors import KVStoreBytePSError
             raise KVStoreBytePSError(
                 "the learning rate changed to %g on this worker, but with backup workers the "
                 "servers run the optimizer (set with %g): trainer.set_learning_rate cannot "

@@ -2,14 +2,10 @@
 
 ``pushpull`` returns at once: it is an MXNet engine operation that reads the values and writes
 the outputs, so MXNet orders later reads of the outputs after it while backward passes, other
-keys' communication and the caller's Python go on. In synchronous training the update runs on
-the workers (``is_capable('optimizer')`` is False), so ``gluon.Trainer`` and ``Module`` reduce
-gradients through this store and update locally, as with BytePS. In asynchronous training
-(``BYTEPS_ENABLE_ASYNC=1``) the store takes the optimizer and each push is a gradient turned
-into a change of the shared weights (:mod:`mxnet_patch.async_training`); with backup workers
-(``BYTEPS_BACKUP_WORKERS``) it takes the optimizer too, for the servers, and each push is a
-gradient of a round that closes without the slowest workers
-(:mod:`mxnet_patch.backup_workers`).
+keys' communication and the caller's Python go on. What a push, a pull and the optimizer mean
+depends on the job's training mode: the store hands them to its mode object, chosen once at
+creation (:mod:`mxnet_patch.store_modes`: synchronous rounds of sums that the workers apply,
+asynchronous training, backup workers).
 
 Registered under ``'dist_byteps'`` in ``KVStoreBase.kv_registry`` by :mod:`mxnet_patch`'s
 start-up hook. This module is imported while MXNet itself is still importing (from
@@ -39,6 +35,21 @@ def _placement(key, arrays):
             "dist_byteps pushpull takes dense arrays all on CPUs or all on GPUs; key %d has %s"
             % (key, ", ".join("%s on %s" % (a.stype, a.context) for a in arrays)))
     return kinds == {"gpu"}
+
+
+def _per_key(keys, values, what):
+    """Pair keys with their values: one value (or device list) per key."""
+    if not isinstance(keys, (list, tuple)):
+        return [(keys, values)]
+    if values is None:
+        return [(k, None) for k in keys]
+    if not isinstance(values, (list, tuple)) or len(values) != len(keys):
+        raise ValueError("%s: %d keys need %d values" % (what, len(keys), len(keys)))
+    return list(zip(keys, values))
+
+
+def _as_list(value):
+    return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
 class _CachedViews:
@@ -121,6 +132,7 @@ class KVStoreBytePS(KVStoreBase):
         from kvstore_byteps.engine.worker import WorkerEngine
         from kvstore_byteps.logs import config_errors_in_one_line, setup_library_logging
         from mxnet_patch.profiler import make_current
+        from mxnet_patch.store_modes import store_mode
         config_errors_in_one_line()    # a bad setting ends the script with one line
         config = Config.from_env()
         setup_library_logging(config, "[worker]")  # PS_VERBOSE / BYTEPS_LOG_LEVEL reach workers too
@@ -132,13 +144,10 @@ class KVStoreBytePS(KVStoreBase):
         self._str_keys = {}
         self._key_kind = None
         self._push_results = {}       # key -> NDArray holding the last push's sum (push/pull API)
-        self._pushed = set()          # keys pushed since their last pull (backup workers)
         self._lock = threading.Lock()
         self._gpu_path = None
         self._views = _ViewCache()
-        #: once an optimizer is set (async: AsyncUpdates; backup workers: ServerUpdates)
-        self._updates = None
-        self._said_over = False       # the end of the training was said (backup workers)
+        self._mode = store_mode(config.training_mode, self)   # what push, pull... mean
         if config.gc_freeze:
             freeze_startup_objects()
         close_at_exit(self._close_at_exit)
@@ -149,8 +158,7 @@ class KVStoreBytePS(KVStoreBase):
         """``dist_sync_byteps`` (``dist_async_byteps`` with BYTEPS_ENABLE_ASYNC): MXNet reads the
         type string, e.g. Module scales gradients by the global batch only for ``_sync`` types,
         so a job moved from dist_sync to dist_byteps keeps its learning-rate semantics."""
-        mode = "async" if self._engine.mode.asynchronous else "sync"
-        return "dist_%s_byteps" % mode
+        return "dist_%s_byteps" % self._mode.type_word
 
     @property
     def rank(self):
@@ -161,17 +169,11 @@ class KVStoreBytePS(KVStoreBase):
         return self._engine.num_workers
 
     def is_capable(self, capability):
-        """Optimizer-capable in asynchronous training and with backup workers: synchronous
-        training updates on the workers (as in BytePS); asynchronous training needs the store
-        to turn each gradient into a change of the shared weights (the optimizer stays on
-        this worker); with backup workers the servers keep the weights and the optimizer."""
+        """Optimizer-capable where the training mode takes the optimizer (asynchronous
+        training, backup workers); synchronous training updates on the workers."""
         if capability.lower() == KVStoreBase.OPTIMIZER:
-            return self._takes_optimizer
+            return self._mode.takes_optimizer
         raise ValueError("unknown capability %r" % capability)
-
-    @property
-    def _takes_optimizer(self):
-        return not self._engine.mode.summed
 
     # ------------------------------------------------------------------ keys and values
     def _int_key(self, key):
@@ -190,32 +192,17 @@ class KVStoreBytePS(KVStoreBase):
             raise ValueError("key %r is outside [0, 2**31)" % (key,))
         return int(key)
 
-    @staticmethod
-    def _per_key(keys, values, what):
-        """Pair keys with their values: one value (or device list) per key."""
-        if not isinstance(keys, (list, tuple)):
-            return [(keys, values)]
-        if values is None:
-            return [(k, None) for k in keys]
-        if not isinstance(values, (list, tuple)) or len(values) != len(keys):
-            raise ValueError("%s: %d keys need %d values" % (what, len(keys), len(keys)))
-        return list(zip(keys, values))
-
-    @staticmethod
-    def _as_list(value):
-        return list(value) if isinstance(value, (list, tuple)) else [value]
-
     # ------------------------------------------------------------------ init / broadcast
     def init(self, key, value):
         """Initialise keys on the servers from rank 0's values (blocking, then a barrier)."""
-        for k, v in self._per_key(key, value, "init"):
-            self._initialise(k, self._as_list(v)[0], [])
+        for k, v in _per_key(key, value, "init"):
+            self._initialise(k, _as_list(v)[0], [])
 
     def broadcast(self, key, value, out, priority=0):
         """Rank 0's ``value`` goes to every worker's ``out`` (and initialises the key)."""
-        for (k, v), (_, o) in zip(self._per_key(key, value, "broadcast"),
-                                  self._per_key(key, out, "broadcast")):
-            self._initialise(k, self._as_list(v)[0], self._as_list(o))
+        for (k, v), (_, o) in zip(_per_key(key, value, "broadcast"),
+                                  _per_key(key, out, "broadcast")):
+            self._initialise(k, _as_list(v)[0], _as_list(o))
 
     def declare(self, key, value):
         """Initialise ``key`` from rank 0's ``value`` without pairing the workers' calls: each
@@ -242,20 +229,13 @@ class KVStoreBytePS(KVStoreBase):
 
     # ------------------------------------------------------------------ pushpull
     def pushpull(self, key, value, out=None, priority=0):
-        """Sum ``value`` over local devices and all workers into ``out`` (default: in place).
-        Asynchronous training: ``value`` is a gradient, applied by the optimizer to the shared
-        weights, which are read back into ``out``.
-
-        Returns at once; reading an output waits for the result (and raises its error).
-        """
-        for (k, v), (_, o) in zip(self._per_key(key, value, "pushpull"),
-                                  self._per_key(key, out, "pushpull")):
-            values = self._as_list(v)
-            outs = values if o is None else self._as_list(o)
-            if self._takes_optimizer:
-                self._update(k, values, outs, priority)
-            else:
-                self._submit(self._initialised_key(k), values, outs, priority)
+        """Sum ``value`` over local devices and all workers into ``out`` (default: in place);
+        where the store takes the optimizer, ``value`` is a gradient and ``out`` gets the
+        weights. Returns at once; reading an output waits for the result (and its error)."""
+        for (k, v), (_, o) in zip(_per_key(key, value, "pushpull"),
+                                  _per_key(key, out, "pushpull")):
+            vals = _as_list(v)
+            self._mode.pushpull(k, vals, vals if o is None else _as_list(o), priority)
 
     def _initialised_key(self, key):
         ikey = self._int_key(key)
@@ -264,35 +244,18 @@ class KVStoreBytePS(KVStoreBase):
         return ikey
 
     def push(self, key, value, priority=0):
-        """Push the sum of ``value`` (over devices); a later ``pull`` reads the round's sum.
-        Asynchronous training and backup workers: ``value`` is a gradient, applied to the
-        shared weights (a later ``pull`` reads them)."""
-        for k, v in self._per_key(key, value, "push"):
-            if self._takes_optimizer:
-                self._update(k, self._as_list(v), [], priority)
-                self._pushed.add(self._int_key(k))
-                continue
-            ikey = self._initialised_key(k)
-            self._pushed.add(ikey)
-            self._submit(ikey, self._as_list(v), [self._push_results[ikey]], priority)
+        """Push the sum of ``value`` (over devices); a later ``pull`` reads the round's sum
+        (where the store takes the optimizer: a gradient, then the weights)."""
+        for k, v in _per_key(key, value, "push"):
+            self._mode.push(k, _as_list(v), priority)
 
     def pull(self, key, out=None, priority=0, ignore_sparse=True):
-        """Copy the sum of the last push of ``key`` (or its initial value) into ``out``.
-        Asynchronous training: the servers' weights as they are now. Backup workers: the
-        weights after the round of this worker's push of ``key`` (Module's push then pull),
-        or, with no push since the last pull, the servers' weights as they are now (blocking,
-        e.g. to read the final weights after a barrier)."""
-        for k, o in self._per_key(key, out, "pull"):
+        """Copy the sum of the last push of ``key`` (or its initial value) into ``out``; where
+        the servers keep the weights, the weights as the mode's ``before_pull`` reads them."""
+        for k, o in _per_key(key, out, "pull"):
             ikey = self._initialised_key(k)
-            held = self._push_results[ikey]
-            if self._engine.mode.asynchronous:     # read fresh: push no change
-                self._submit(ikey, [nd.zeros(held.shape, held.context, held.dtype)], [held],
-                             priority)
-            elif self._engine.mode.backup_workers and ikey not in self._pushed:
-                held.wait_to_read()                  # this worker's own rounds first
-                held[:] = self._engine.read(ikey, held.shape, held.dtype)
-            self._pushed.discard(ikey)
-            for target in self._as_list(o):
+            self._mode.before_pull(ikey, self._push_results[ikey], priority)
+            for target in _as_list(o):
                 self._push_results[ikey].copyto(target)
 
     def add_to_shared(self, key, change, out, priority=0):
@@ -300,46 +263,7 @@ class KVStoreBytePS(KVStoreBase):
         add ``change`` into their copy of ``key``, which is read back into ``out`` (with every
         change added so far). Returns at once, as ``pushpull``. Refused in synchronous
         training, where a push is one worker's share of a round's sum."""
-        if not self._engine.mode.asynchronous:
-            from kvstore_byteps.errors import KVStoreBytePSError
-            raise KVStoreBytePSError("add_to_shared is asynchronous training's push: set "
-                                     "BYTEPS_ENABLE_ASYNC=1 on every node")
-        self._submit(self._initialised_key(key), self._as_list(change), self._as_list(out),
-                     priority)
-
-    def _update(self, key, grads, outs, priority):
-        """Asynchronous training or backup workers: ``grads`` of ``key`` update the shared
-        weights, read back into the store's copy and ``outs``."""
-        if self._updates is None:
-            from kvstore_byteps.errors import KVStoreBytePSError
-            from mxnet_patch.async_training import NO_OPTIMIZER
-            raise KVStoreBytePSError(NO_OPTIMIZER if self._engine.mode.asynchronous else
-                                     "with BYTEPS_BACKUP_WORKERS the servers run the optimizer:"
-                                     " set it first (gluon.Trainer and Module.fit do; or call "
-                                     "kv.set_optimizer)")
-        if self._engine.training_over:
-            self._end_training()
-        ikey = self._initialised_key(key)
-        weights = self._push_results[ikey]        # the weights as this worker last read them
-        self._updates.step(key, grads, weights,
-                           lambda values, into, p: self._submit(ikey, values, into, p), priority)
-        for target in outs:
-            weights.copyto(target)
-
-    def _end_training(self):
-        """Backup workers: the servers said the job's training is over (W - b workers
-        finished), so this worker's step ends its training: TrainingOver (a SystemExit with
-        status 0), said in one line the first time."""
-        from kvstore_byteps.errors import TrainingOver
-        message = ("worker rank %d: the job's training is over (BYTEPS_BACKUP_WORKERS=%d: "
-                   "enough workers finished), so this worker's training ends here; uncaught, "
-                   "TrainingOver ends the process with exit status 0 (catch "
-                   "kvstore_byteps.TrainingOver to run code after the training loop)"
-                   % (self.rank, self._engine.mode.backup_workers))
-        if not self._said_over:
-            self._said_over = True
-            log.warning("%s", message)
-        raise TrainingOver(message)
+        self._mode.add_to_shared(key, _as_list(change), _as_list(out), priority)
 
     def finish_training(self, params=()):
         """End this worker's training and leave the servers' final weights in ``params``,
@@ -353,9 +277,8 @@ class KVStoreBytePS(KVStoreBase):
         for key, arrays in params:
             ikey = self._initialised_key(key)
             held = self._push_results[ikey]
-            held[:] = self._engine.read(ikey, held.shape, held.dtype)
-            self._pushed.discard(ikey)
-            for target in self._as_list(arrays):
+            self._mode.read_final(ikey, held)
+            for target in _as_list(arrays):
                 held.copyto(target)
 
     def _submit(self, ikey, values, outs, priority):
@@ -389,28 +312,13 @@ class KVStoreBytePS(KVStoreBase):
 
     # ------------------------------------------------------------------ the rest of the API
     def set_optimizer(self, optimizer):
-        """Asynchronous training: the optimizer that turns this worker's gradients into
-        changes of the shared weights (kept here; nothing is sent to the servers). Backup
-        workers: the servers' optimizer (rank 0 sends it, as MXNet's dist_sync does)."""
-        if not self._takes_optimizer:
-            raise NotImplementedError(
-                "dist_byteps updates on the workers in synchronous training: use "
-                "gluon.Trainer(..., kvstore=kv) (it then sets update_on_kvstore=False by "
-                "itself) or Module.fit, not set_optimizer (BYTEPS_ENABLE_ASYNC=1 trains "
-                "asynchronously with the optimizer in the store)")
-        if self._engine.mode.asynchronous:
-            from mxnet_patch.async_training import AsyncUpdates
-            self._updates = AsyncUpdates(optimizer)
-        else:
-            from mxnet_patch.backup_workers import ServerUpdates
-            self._updates = ServerUpdates(optimizer, self._engine)
+        """The optimizer, where the training mode takes it (see the mode's class)."""
+        self._mode.set_optimizer(optimizer)
 
     @property
     def _updater(self):
-        """The updater of asynchronous training (gluon's ``Trainer.load_states`` reads its
-        optimizer, as with MXNet's stores); None before ``set_optimizer`` and with backup
-        workers (the servers update)."""
-        return None if self._updates is None else self._updates.updater
+        """The worker's updater (gluon's ``Trainer.load_states`` reads its optimizer), or None."""
+        return self._mode.updater
 
     def set_gradient_compression(self, compression_params):
         """BytePS's compression dict (``{"compressor": "onebit", "ef": "vanilla", ...}``) or
@@ -419,28 +327,15 @@ class KVStoreBytePS(KVStoreBase):
 
     def save_optimizer_states(self, fname, dump_optimizer=False):
         """Asynchronous training: save this worker's optimizer states (as MXNet's stores do)."""
-        states = self._worker_updates("save").get_states(dump_optimizer)
+        states = self._mode.optimizer_states("save").get_states(dump_optimizer)
         with open(fname, "wb") as f:
             f.write(states)
 
     def load_optimizer_states(self, fname):
         """Asynchronous training: load optimizer states saved by :meth:`save_optimizer_states`."""
-        updates = self._worker_updates("load")
+        updates = self._mode.optimizer_states("load")
         with open(fname, "rb") as f:
             updates.set_states(f.read())
-
-    def _worker_updates(self, what):
-        if self._takes_optimizer and not self._engine.mode.asynchronous:
-            raise NotImplementedError(
-                "with backup workers the servers run the optimizer and keep its states, as "
-                "MXNet's dist_sync servers do: they cannot be saved or loaded from a worker")
-        if self._updates is None:
-            raise NotImplementedError(
-                "dist_byteps keeps no optimizer%s: %s the Trainer's states "
-                "(trainer.%s_states) instead" % (
-                    "" if self._engine.mode.asynchronous else " in synchronous training",
-                    what, what))
-        return self._updates
 
     def _barrier(self):
         """Block until every worker reached this barrier (after this worker's pending ops)."""

@@ -19,10 +19,11 @@ servers; MXNet's lay keys out their own way.
 import json
 import math
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 from ..config import Config
 from ..errors import KVStoreBytePSError
+from ..mxproto import ServerCommand
 
 #: a partition should take about this long on the link (see the module docstring)
 WIRE_SECONDS = 0.0128
@@ -31,6 +32,36 @@ WIRE_SECONDS = 0.0128
 SIZES = (384000, 768000, 1536000, Config.partition_bytes)
 #: the link test: bodies of these sizes to every server at once, best of ``TRIES``
 SMALL_BODY, LARGE_BODY, TRIES = 65536, 1048576, 2
+
+
+def agree_on_partition_bytes(rank: int, servers: int, command: Callable,
+                             link_test: Callable[[bytes], None],
+                             barrier: Callable[[], None]) -> Tuple[int, Optional[float]]:
+    """The workers' agreement at start: rank 0 sizes the partitions from its link to the
+    ``servers`` servers (``link_test(body)`` sends ``body`` to every one and waits) and leaves
+    the size with them; the others read it back after ``barrier()`` of the workers.
+    ``command(head, body, what)`` sends a command to every server and returns the answered
+    request. Returns ``(partition bytes, rate rank 0 measured)``."""
+    if rank == 0:
+        rate = measure_rate(link_test, servers)
+        body = encode_layout(partition_bytes_for(rate), rate)
+        command(ServerCommand.BYTEPS_LAYOUT, body, "leaving the partition layout")
+    barrier()
+    if rank != 0:
+        body = _read_layout(command)
+    layout = decode_layout(body)
+    return int(layout["partition_bytes"]), layout.get("rate")
+
+
+def _read_layout(command: Callable) -> bytes:
+    """Rank 0's layout as the servers hold it; every server must hold the same."""
+    answers = command(ServerCommand.BYTEPS_LAYOUT, b"",
+                      "reading rank 0's partition layout").bodies.values()
+    bodies = set(map(bytes, answers))
+    if len(bodies) != 1:
+        raise KVStoreBytePSError("the servers hold different partition layouts of "
+                                 "rank 0: %s" % sorted(bodies))
+    return bodies.pop()
 
 
 def partition_bytes_for(rate: float) -> int:

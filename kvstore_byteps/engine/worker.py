@@ -32,7 +32,7 @@ from ..van.kv.app import KVWorker
 from ..van.wire.message import ALL_GROUP, SERVER_GROUP, WORKER_GROUP
 from ..van.runtime.postoffice import Postoffice
 from ..words import count
-from .modes import TrainingMode
+from .modes import tell_presence
 from . import sizing
 from .layout import KeyLayout, Layouts, ServerDialect, dialect_for, server_kind
 from .partition import KeyLayoutError
@@ -62,7 +62,7 @@ class WorkerEngine:
     def __init__(self, config: Config, postoffice: Optional[Postoffice] = None):
         """Set up; nothing touches the network until :meth:`start`."""
         self.config = config
-        self.mode = TrainingMode.of(config)
+        self.mode = config.training_mode
         self.po = postoffice or Postoffice(config)
         self.kv: Optional[KVWorker] = None
         self.rank: Optional[int] = None
@@ -120,24 +120,11 @@ class WorkerEngine:
         return self
 
     def _agree_on_partition_bytes(self) -> int:
-        """Rank 0 sizes the partitions from its link to the servers and leaves the size with
-        them; the others read it back after a barrier of the workers (sizing.py)."""
-        if self.rank == 0:
-            rate = sizing.measure_rate(self._link_test, self.po.num_servers)
-            body = sizing.encode_layout(sizing.partition_bytes_for(rate), rate)
-            self._command(ServerCommand.BYTEPS_LAYOUT, body, "leaving the partition layout")
-        self.po.barrier(WORKER_GROUP, timeout=self.config.request_timeout)
-        if self.rank != 0:
-            answers = self._command(ServerCommand.BYTEPS_LAYOUT, b"",
-                                    "reading rank 0's partition layout").bodies.values()
-            bodies = set(map(bytes, answers))
-            if len(bodies) != 1:
-                raise KVStoreBytePSError("the servers hold different partition layouts of "
-                                         "rank 0: %s" % sorted(bodies))
-            body = bodies.pop()
-        layout = sizing.decode_layout(body)
-        self.link_rate = layout.get("rate")
-        return int(layout["partition_bytes"])
+        """The partition size every worker cuts its keys with (sizing.py); rank 0 measures."""
+        partition_bytes, self.link_rate = sizing.agree_on_partition_bytes(
+            self.rank, self.po.num_servers, self._command, self._link_test,
+            lambda: self.po.barrier(WORKER_GROUP, timeout=self.config.request_timeout))
+        return partition_bytes
 
     def _link_test(self, body) -> None:
         """``body`` to every server at once as pushes they acknowledge and drop."""
@@ -267,9 +254,9 @@ class WorkerEngine:
     def barrier(self) -> None:
         """Wait for every worker. With backup workers, the servers' rounds do not wait for
         this worker's pushes meanwhile (the others may still be training)."""
-        self.mode.absent(self._command, Presence.AWAY)
+        tell_presence(self.mode, self._command, Presence.AWAY)
         self.po.barrier(WORKER_GROUP, timeout=self.config.request_timeout)
-        self.mode.absent(self._command, Presence.BACK)
+        tell_presence(self.mode, self._command, Presence.BACK)
 
     def finish_training(self) -> bool:
         """This worker trains no more. Where the servers keep the weights (asynchronous
@@ -281,7 +268,7 @@ class WorkerEngine:
         if self.mode.summed:
             return False
         if not self._finished:
-            self.mode.absent(self._command, Presence.DONE)
+            tell_presence(self.mode, self._command, Presence.DONE)
             self.po.barrier(WORKER_GROUP, timeout=self.config.request_timeout)
             self._finished = True
         return True

@@ -30,7 +30,7 @@ from typing import Callable, Dict, Optional
 
 import numpy as np
 
-from ..config import training_mode
+from ..config import TrainingMode
 from ..errors import ConfigError, ProtocolError
 from ..mxproto import PROBE_ANSWER, SERVER_DTYPES, Cmd, RequestType, ServerCommand, encode_cmd
 from .asynchronous import AsyncAdds
@@ -85,7 +85,7 @@ class BytePSServer(KVStoreDistServer):
         self.path = data_path(answers, enable_async, backup_workers, None
                               if pacing_lead_bytes is None else (pacing_lead_bytes,
                                                                  pacing_hold_s))
-        self.mode = training_mode(enable_async, backup_workers)
+        self.mode = TrainingMode.of(enable_async, backup_workers)
         #: Called with (ps key, bytes per push) when a key is initialised, so a
         #: receive-into-place van can set up the buffers its pushes will land in.
         self.expect_pushes: Callable[[int, int], None] = lambda ps_key, nbytes: None
@@ -139,10 +139,11 @@ class BytePSServer(KVStoreDistServer):
         """Which server this is; a worker says how it trains (``Config.training_mode``), and
         one that trains otherwise than this server is refused (sums taken for weights, or
         weights for sums, would be silently wrong)."""
-        if body and body.decode("utf-8", "replace") != self.mode:
+        said = body.decode("utf-8", "replace") if body else None
+        if said is not None and TrainingMode.parse(said) != self.mode:
             raise ConfigError("this server trains %s, the worker %s: set BYTEPS_ENABLE_ASYNC "
                                 "and BYTEPS_BACKUP_WORKERS alike on every node"
-                                % (self.mode, body.decode("utf-8", "replace")))
+                                % (self.mode.name, said))
         return PROBE_ANSWER
 
     # -- restarted server ---------------------------------------------------------------------
