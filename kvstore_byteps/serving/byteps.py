@@ -30,7 +30,7 @@ from typing import Callable, Dict, Optional
 
 import numpy as np
 
-from ..config import TrainingMode
+from ..config import Training, TrainingMode
 from ..errors import ConfigError, ProtocolError
 from ..mxproto import PROBE_ANSWER, SERVER_DTYPES, Cmd, RequestType, ServerCommand, encode_cmd
 from .asynchronous import AsyncAdds
@@ -58,14 +58,13 @@ _BYTEPS_HEADS = frozenset(encode_cmd(RequestType.BYTEPS, dtype)
 _WORKER_COMMANDS = (ServerCommand.BYTEPS_ABSENT, ServerCommand.BYTEPS_STALE)
 
 
-def data_path(answers: Answers, enable_async: bool, backup_workers: int,
-              pacing: Optional[tuple]) -> DataPath:
-    """The data path of a server that trains as said (``pacing``: see SummedRounds)."""
-    if enable_async:
-        return AsyncAdds(answers)
-    if backup_workers:
-        return BackupWorkers(answers, backup_workers)
-    return SummedRounds(answers, pacing)
+#: each training mode's data path, built with (answers, mode, pacing: see SummedRounds)
+_DATA_PATHS = {
+    Training.SYNC: lambda answers, mode, pacing: SummedRounds(answers, pacing),
+    Training.ASYNC: lambda answers, mode, pacing: AsyncAdds(answers),
+    Training.BACKUP_WORKERS: lambda answers, mode, pacing: BackupWorkers(answers,
+                                                                         mode.backup_workers),
+}
 
 
 class BytePSServer(KVStoreDistServer):
@@ -81,11 +80,12 @@ class BytePSServer(KVStoreDistServer):
         self._answers = answers = Answers(
             num_workers, self.summing, self.profiler.timed, self.send_answer, self.refuse,
             self._answer, lambda: self.updater, self.mxnet_key)
-        #: the training mode's data path: summed rounds, or the weights kept here
-        self.path = data_path(answers, enable_async, backup_workers, None
-                              if pacing_lead_bytes is None else (pacing_lead_bytes,
-                                                                 pacing_hold_s))
+        #: how this server trains (the probe refuses workers that train otherwise)
         self.mode = TrainingMode.of(enable_async, backup_workers)
+        #: the training mode's data path: summed rounds, or the weights kept here
+        self.path: DataPath = _DATA_PATHS[self.mode.kind](
+            answers, self.mode,
+            None if pacing_lead_bytes is None else (pacing_lead_bytes, pacing_hold_s))
         #: Called with (ps key, bytes per push) when a key is initialised, so a
         #: receive-into-place van can set up the buffers its pushes will land in.
         self.expect_pushes: Callable[[int, int], None] = lambda ps_key, nbytes: None
