@@ -110,12 +110,12 @@ def named_paths(path):
 
 def test_the_pattern_finds_repository_paths_only():
     text = ("see kvstore_byteps/engine/sizing.py, docs/design.md#layers and serving/pacing.py; "
-            "DESIGN.md; MXNet's tools/launch.py, /usr/lib/x.so and python/mxnet/kvstore/base.py")
+            "NOTES.md; MXNet's tools/launch.py, /usr/lib/x.so and python/mxnet/kvstore/base.py")
     assert [m.group(1) for m in PATH.finditer(text)] == [
-        "kvstore_byteps/engine/sizing.py", "docs/design.md", "serving/pacing.py", "DESIGN.md"]
+        "kvstore_byteps/engine/sizing.py", "docs/design.md", "serving/pacing.py", "NOTES.md"]
     files = {"docs/design.md", "kvstore_byteps/serving/pacing.py", "benchmarks/results/a.json"}
     assert exists("serving/pacing.py", files) and exists("docs/", files)
-    assert exists("benchmarks/results/*.json", files) and not exists("DESIGN.md", files)
+    assert exists("benchmarks/results/*.json", files) and not exists("NOTES.md", files)
 
 
 @pytest.mark.parametrize("path", list(sources()), ids=lambda p: os.path.relpath(p, REPO))
