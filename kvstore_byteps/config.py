@@ -134,8 +134,8 @@ class TrainingMode:
                 "dist_sync/dist_async on them)" % (self.variable, extensions_missing))
 
     @property
-    def unrestorable(self) -> Optional[str]:
-        """Why a restarted server cannot be restored in this mode, or None."""
+    def unrecoverable(self) -> Optional[str]:
+        """Why a restarted server cannot be recovered in this mode, or None."""
         return None if self.summed else "training %s, the server kept the weights" % self.name
 
     @property

@@ -89,12 +89,12 @@ def run_server(config: Config) -> int:
             if postoffice.stopped:     # the van died (its error was logged): stop serving
                 raise PeerError("server rank %d: the van stopped before kStopServer: %s"
                                 % (postoffice.my_rank, postoffice.error))
-            if server.restart.error is not None:
+            if server.recovery.error is not None:
                 raise PeerError("server rank %d: %s" % (postoffice.my_rank,
-                                                        server.restart.error))
-            if server.restart.overdue(time.monotonic()):
+                                                        server.recovery.error))
+            if server.recovery.overdue(time.monotonic()):
                 raise PeerError("server rank %d: %s" % (postoffice.my_rank,
-                                                        server.restart.describe_wait()))
+                                                        server.recovery.describe_wait()))
         if server.job_error is not None:     # even if kStopServer came right after
             _end_job(postoffice, server.job_error)
     except BaseException:

@@ -69,8 +69,8 @@ class ServerDialect:
     #: how rank 0 names the servers at start-up: one server, and what its kind means here
     noun: str
     detail: str
-    #: why a restarted server of this kind cannot be restored by its workers (None: it can)
-    unrestorable: Optional[str] = None
+    #: why a restarted server of this kind cannot be recovered by its workers (None: it can)
+    unrecoverable: Optional[str] = None
     #: why these servers lack kvstore-byteps' extensions: pulls riding along with pushes,
     #: gradient compression, keys declared in any order (None: they have them)
     extensions_missing: Optional[str] = None
@@ -144,7 +144,7 @@ class MXNetDialect(ServerDialect):
 
     kind = ServerKind.MXNET
     noun, detail = "MXNet's own server", "MXNet's key layout, no BytePS data path"
-    unrestorable = ("this worker talks to MXNet's own servers, which kept the weights and the "
+    unrecoverable = ("this worker talks to MXNet's own servers, which kept the weights and the "
                     "optimizer state")
     extensions_missing = ("these are MXNet's own servers (start ours: MXNET_KVSTORE_SERVER=byteps "
                           "or python -m kvstore_byteps.server)")

@@ -4,10 +4,10 @@ Per ps key: the count of rounds pushed and of pulls answered, and copies of the 
 (a ring of two buffers, allocated at the first push: twice the key's bytes, and one copy of the
 data per push). See :mod:`kvstore_byteps.recovery_report` for why two and for the wire format.
 
-:class:`RecoveryKeeper` owns the kept rounds and the restore; :class:`Unrestorable` stands in
-for it where a restarted server cannot be restored (and says why). Threads: a push is recorded
-by the KV layer's ``on_send`` hook, atomically with its send; an answer on the thread that
-completes requests; the report is built by the KV layer on that thread, atomically with sends,
+:class:`RecoveryKeeper` owns the kept rounds and the recovery; :class:`Unrecoverable` stands in
+for it where a restarted server cannot be recovered (and says why). Threads: a push is recorded
+by the KV layer's ``on_send`` hook, atomically with its send; an answer on the KV worker's
+customer thread; the report is built by the KV layer on that thread, atomically with sends,
 so it holds every push sent before it and none sent after.
 """
 import logging
@@ -21,7 +21,7 @@ from ..mxproto import SERVER_DTYPES, RequestType, encode_cmd
 from ..recovery_report import REPORT_CMD, KeyReport, encode_report
 from ..van.wire.message import Node, id_to_rank
 
-__all__ = ["KeptRounds", "RecoveryKeeper", "Unrestorable"]
+__all__ = ["KeptRounds", "RecoveryKeeper", "Unrecoverable"]
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +61,8 @@ class KeptRounds:
                          latest, previous)
 
 
-class Unrestorable:
-    """A worker that cannot restore a restarted server: it fails the requests waiting on it,
+class Unrecoverable:
+    """A worker that cannot recover a restarted server: it fails the requests waiting on it,
     naming ``reason``."""
 
     def __init__(self, kv, rank: int, reason: str, on_failure: Callable[[BaseException], None]):
@@ -78,7 +78,7 @@ class Unrestorable:
     def answered(self, group) -> None:
         """Nothing to count."""
 
-    def restore(self, node: Node, epoch: int) -> None:
+    def recover(self, node: Node, epoch: int) -> None:
         error = PeerError("%s was restarted and lost what it held; worker rank %s cannot "
                           "restore it: %s" % (node.describe_rank(), self.rank, self.reason))
         log.error("%s", error)
@@ -86,8 +86,8 @@ class Unrestorable:
         self.kv.fail_server(node.id, error)
 
 
-class RecoveryKeeper(Unrestorable):
-    """Keeps every ps key's rounds and last two pushes, and restores a restarted server."""
+class RecoveryKeeper(Unrecoverable):
+    """Keeps every ps key's rounds and last two pushes, and recovers a restarted server."""
 
     def __init__(self, kv, rank: int, on_failure: Callable[[BaseException], None]):
         super().__init__(kv, rank, "", on_failure)
@@ -115,12 +115,12 @@ class RecoveryKeeper(Unrestorable):
         return record
 
     def answered(self, group) -> None:
-        """``group``'s pulls were answered (on the thread that completes requests)."""
+        """``group``'s pulls were answered (on the KV worker's customer thread)."""
         for item in group:
             self._kept[item.partition.ps_key].record_answer()
 
-    def restore(self, node: Node, epoch: int) -> None:
-        """On the thread that completes requests: ``node`` is a restarted server. Send it this
+    def recover(self, node: Node, epoch: int) -> None:
+        """On the KV worker's customer thread: ``node`` is a restarted server. Send it this
         worker's report of every ps key it holds, then re-send what it never answered."""
         rank, sizes = id_to_rank(node.id), []
 
@@ -136,7 +136,7 @@ class RecoveryKeeper(Unrestorable):
                 log.error("worker rank %d: the restarted %s refused this worker's report: %s",
                           self.rank, node.describe_rank(), request.error)
                 self._on_failure(request.error)
-        self.kv.restorer.restore(node.id, epoch, report, _answered_by_report,
+        self.kv.recovery.recover(node.id, epoch, report, _answered_by_report,
                                  callback=reported)
         log.warning("worker rank %d: sent the restarted %s its report (%d ps keys, %d bytes)",
                     self.rank, node.describe_rank(), *sizes)

@@ -130,7 +130,7 @@ class RidingRoute(PlainRoute):
         keys, _, vals, lens = _payload(group)
         riding = RidingPull(self.tracer, group)
         for item in group:
-            item.handoff = riding
+            item.riding_pull = riding
         self.kv.push_with_pull(keys, vals, lens, cmd=group[0].task.context.layout.round_cmd,
                                priority=group[0].priority,
                                push_callback=lambda request: done(request.error, group),
@@ -140,7 +140,7 @@ class RidingRoute(PlainRoute):
         """Wait for the answers of ``group``'s riding pulls (items of several pushes)."""
         waiting: Dict[int, tuple] = {}
         for item in group:
-            waiting.setdefault(id(item.handoff), (item.handoff, []))[1].append(item)
+            waiting.setdefault(id(item.riding_pull), (item.riding_pull, []))[1].append(item)
         for riding, items in waiting.values():
             riding.deliver_to(items, done)
 

@@ -113,9 +113,9 @@ class WorkItem:
     index: int
     partition: Any
     holds_credit: bool = False
-    #: what a stage function leaves for a later stage (e.g. the pending answer of a pull
-    #: that was sent along with the push)
-    handoff: Any = None
+    #: the riding pull (a pull sent along with its push) whose answer the PULL stage waits
+    #: for; None on the plain and compressed routes
+    riding_pull: Any = None
 
     @property
     def key(self) -> int:

@@ -36,7 +36,7 @@ from .modes import tell_presence
 from . import sizing
 from .layout import KeyLayout, Layouts, ServerDialect, dialect_for, server_kind
 from .partition import KeyLayoutError
-from .recovery import RecoveryKeeper, Unrestorable
+from .recovery import RecoveryKeeper, Unrecoverable
 from .reduce import local_reduce
 from .routes import CompressedRoute, PlainRoute, RidingRoute, compression_refusal
 from .stages import Pipeline, Stage, StageSpec, Task
@@ -75,7 +75,7 @@ class WorkerEngine:
         self.pipeline: Optional[Pipeline] = None
         self._closed = False
         self.failure: Optional[BaseException] = None   # set once a request failed for good
-        self.keeper: Optional[Unrestorable] = None     # what a restarted server needs
+        self.keeper: Optional[Unrecoverable] = None     # what a restarted server needs
         self._route: Optional[PlainRoute] = None       # plain or riding
         self.compressed: Optional[CompressedRoute] = None     # with gradient compression
         #: bytes a second rank 0 measured to the servers when it sized the partitions
@@ -104,7 +104,7 @@ class WorkerEngine:
         self.layouts = Layouts(self.dialect)
         self.keeper = self._keeper()
         self.po.on_recovery(lambda node, epoch: self.kv.post(
-            lambda: self.keeper.restore(node, epoch)))
+            lambda: self.keeper.recover(node, epoch)))
         if self.rank == 0:
             self._command(ServerCommand.SYNC_MODE, b"", "kSyncMode")
         self.tracer = Tracer.from_config(config, self.rank)
@@ -161,14 +161,14 @@ class WorkerEngine:
         return (self.config.pull_with_push and self.dialect.extensions_missing is None
                 and not self.mode.asynchronous and not self.config.server_recovery)
 
-    def _keeper(self) -> Unrestorable:
-        reason = self.dialect.unrestorable or self.mode.unrestorable
+    def _keeper(self) -> Unrecoverable:
+        reason = self.dialect.unrecoverable or self.mode.unrecoverable
         if reason is None and not self.config.server_recovery:
             reason = ("this worker did not keep its last pushes: set BYTEPS_SERVER_RECOVERY=1 "
                       "on every worker to make a restarted server restorable")
         if reason is None:
             return RecoveryKeeper(self.kv, self.rank, self._note_failure)
-        return Unrestorable(self.kv, self.rank, reason, self._note_failure)
+        return Unrecoverable(self.kv, self.rank, reason, self._note_failure)
 
     def _note_failure(self, error: BaseException) -> None:
         self.failure = self.failure or error
@@ -349,10 +349,10 @@ class WorkerEngine:
             route.push(group, done)
 
     def _pull(self, items, done) -> None:
-        riding = [item for item in items if item.handoff is not None]
+        riding = [item for item in items if item.riding_pull is not None]
         if riding:
             self._route.pull(riding, done)
-        for route, group in self._requests([item for item in items if item.handoff is None]):
+        for route, group in self._requests([item for item in items if item.riding_pull is None]):
             route.pull(group, done)
 
     def _requests(self, items) -> List[tuple]:

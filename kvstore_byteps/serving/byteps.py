@@ -24,7 +24,7 @@ BytePS path, one key per request, ``lens=[nbytes]`` like a default push:
 Plugged in: the compressed path (request type 4, :mod:`.compressed`), and, on a server
 restarted in place of a dead one (:meth:`BytePSServer.begin_recovery`), a filter in front that
 drops requests meant for the dead process and holds the rest until every worker's report
-rebuilt the keys' rounds (:mod:`.restart`).
+rebuilt the keys' rounds (:mod:`.recovery_filter`).
 """
 from typing import Callable, Dict, Optional
 
@@ -42,7 +42,7 @@ from .datapath import Answers, DataPath
 from .dist import KVStoreDistServer
 from .keys import KeyTable, check_matches
 from .protocol import parse_dense
-from .restart import NotRestarted, RestartFilter
+from .recovery_filter import NoRecovery, RecoveryFilter
 from .riding import attached_pull, why_no_riding_pull
 from .store import Entry, StorageKind
 from .summed import SummedRounds
@@ -90,13 +90,13 @@ class BytePSServer(KVStoreDistServer):
         #: receive-into-place van can set up the buffers its pushes will land in.
         self.expect_pushes: Callable[[int, int], None] = lambda ps_key, nbytes: None
         self.keys = KeyTable(self.path.new_rounds, self.summing, self._initial_value,
-                             lambda: bool(self.restart.epoch),
+                             lambda: bool(self.recovery.epoch),
                              lambda ps_key, nbytes: self.expect_pushes(ps_key, nbytes))
         self._keys = self.keys.by_ps_key
         #: the dist_byteps workers' compressed path (``compression`` is MXNet's 2-bit)
         self.compressed = CompressedPath(self.keys, self.path)
         #: in front of every request: a filter once this server replaced a dead one
-        self.restart: NotRestarted = NotRestarted()
+        self.recovery: NoRecovery = NoRecovery()
         #: default pulls (req, server, cmd) that wait for their key's initialising push
         self._init_waits = InitWaits(self._lock, lambda ps_key: ps_key in self._store)
         #: the partition layout rank 0 chose at start (BYTEPS_LAYOUT), as it sent it
@@ -150,14 +150,14 @@ class BytePSServer(KVStoreDistServer):
     def begin_recovery(self, epoch: int, deadline: float) -> None:
         """This server took over a dead one's id (its ``epoch``-th restart): hold every request
         until all workers' reports arrived, before monotonic time ``deadline``."""
-        self.restart = RestartFilter(self, epoch, deadline)
+        self.recovery = RecoveryFilter(self, epoch, deadline)
 
-    def restore_keys(self, restored: Dict[int, tuple]) -> None:
+    def recover_keys(self, restored: Dict[int, tuple]) -> None:
         """The keys as the workers' reports rebuilt them: ps key -> (dtype, bytes, rounds)."""
-        self.keys.restore(restored)
+        self.keys.recover(restored)
 
     def handle_request(self, req, server) -> None:
-        if not self.restart.admit(req, server, is_command=False):
+        if not self.recovery.admit(req, server, is_command=False):
             return
         extra = req.meta.extra
         if extra and "pull_timestamp" in extra:
@@ -168,7 +168,7 @@ class BytePSServer(KVStoreDistServer):
         super().handle_request(req, server)
 
     def handle_command(self, req, server) -> None:
-        if not self.restart.admit(req, server, is_command=True):
+        if not self.recovery.admit(req, server, is_command=True):
             return
         head = req.meta.head
         if head in _WORKER_COMMANDS and self.is_worker(req.sender):

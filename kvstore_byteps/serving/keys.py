@@ -63,7 +63,7 @@ class KeyTable:
         with self._lock:
             return list(self.by_ps_key.values())
 
-    def restore(self, restored: Dict[int, tuple]) -> None:
+    def recover(self, restored: Dict[int, tuple]) -> None:
         """The keys as the workers' reports rebuilt them: ps key -> (dtype, bytes, rounds)."""
         with self._lock:
             for ps_key, (dtype, nbytes, rounds) in restored.items():

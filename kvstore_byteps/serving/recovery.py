@@ -19,7 +19,7 @@ __all__ = ["RecoveryGate"]
 
 class RecoveryGate:
     """The reports received so far, and the requests held until the last one arrives.
-    Driven by one thread (the KV server's handler thread)."""
+    Driven by one thread (the KV server's customer thread)."""
 
     def __init__(self, num_workers: int, deadline: float):
         self.num_workers, self.deadline = num_workers, deadline

@@ -107,7 +107,7 @@ class KeyRounds:
             rounds._pushed[sender] = pushed
             rounds._pulled[sender] = rounds._answered[sender] = answered
         if top >= 1:
-            rounds._restore_slot(top - 1, [(latest, answered == top) for pushed, answered,
+            rounds._recover_slot(top - 1, [(latest, answered == top) for pushed, answered,
                                            latest, _ in states.values() if pushed == top])
         if top >= 2:
             if any(answered == top - 2 for _, answered, _, _ in states.values()):
@@ -115,10 +115,10 @@ class KeyRounds:
                          for pushed, answered, latest, previous in states.values()]
             else:       # all answered: only its place in the double buffer matters
                 parts = [(None, True)] * num_workers
-            rounds._restore_slot(top - 2, parts)
+            rounds._recover_slot(top - 2, parts)
         return rounds
 
-    def _restore_slot(self, r: int, parts: list) -> None:
+    def _recover_slot(self, r: int, parts: list) -> None:
         slot = self._slots[r % 2]
         slot.round, slot.summed = r, len(parts)
         slot.answered = sum(1 for _, answered in parts if answered)

@@ -1,5 +1,5 @@
 """A server killed (-9) during dist_byteps training and restarted with the same environment
-rejoins, the workers restore its rounds, and every sum stays exact (BYTEPS_SERVER_RECOVERY)."""
+rejoins, the workers recover its rounds, and every sum stays exact (BYTEPS_SERVER_RECOVERY)."""
 import os
 import re
 import signal

@@ -199,9 +199,9 @@ def test_a_request_completes_once_when_the_last_answer_and_a_failure_race():
 
 
 # ============================================================================ restarted server
-def test_restoring_a_server_resends_pulls_completes_reported_pushes_and_fences_stale_answers(
+def test_recovering_a_server_resends_pulls_completes_reported_pushes_and_fences_stale_answers(
         no_sockets):
-    """KVWorker.restorer.restore, as the worker engine calls it when a restarted server took over
+    """KVWorker.recovery.recover, as the worker engine calls it when a restarted server took over
     node 8: the push the report carries counts as answered, the pull is re-sent stamped with
     the epoch, and an answer from the process before the restart (no epoch) is dropped."""
     held = []
@@ -220,7 +220,7 @@ def test_restoring_a_server_resends_pulls_completes_reported_pushes_and_fences_s
             time.sleep(0.01)
         stale_pull = held[1]
         done = threading.Event()
-        worker.post(lambda: (worker.restorer.restore(8, 1, None,
+        worker.post(lambda: (worker.recovery.recover(8, 1, None,
                                                    lambda meta: meta.push and not meta.pull),
                              done.set()))
         assert done.wait(5)

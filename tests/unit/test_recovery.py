@@ -1,4 +1,4 @@
-"""Restoring a restarted server, without sockets: the report's wire format, the rebuild of a
+"""Recovering a restarted server, without sockets: the report's wire format, the rebuild of a
 key's rounds from the workers' reports (checked against an uninterrupted run under random
 schedules and crash points), and BytePSServer's gate that holds requests until all reports."""
 import random
@@ -121,7 +121,7 @@ class _Sim:
         self.waiting[w] = True
         return True
 
-    def crash_and_restore(self):
+    def crash_and_recover(self):
         """The server dies with its queues; it is rebuilt from the reports; pulls re-sent."""
         states = {}
         for w, kept in self.kept.items():
@@ -140,7 +140,7 @@ def test_rounds_rebuilt_at_any_moment_give_every_worker_the_exact_sums(seed):
     crash_at = sim.rng.randrange(5, 60)
     for step in range(10000):
         if step == crash_at:
-            sim.crash_and_restore()
+            sim.crash_and_recover()
         if not sim.step():
             break
     for w in range(sim.workers):
@@ -206,12 +206,13 @@ def test_a_restarted_server_drops_stale_requests_holds_the_rest_then_serves_exac
         server.handle_request(stale, responder)
         early_pull = _byteps(WORKER1, 6)
         server.handle_request(early_pull, responder)
-        assert not responder.answers and server.restart.stale_requests == 1 and server.restart.restoring
+        assert (not responder.answers and server.recovery.stale_requests == 1
+                and server.recovery.recovering)
         server.handle_request(_report(WORKER0, [KeyReport(
             6, F32, 8, 2, 1, np.array([2, 2], F32), np.array([1, 1], F32))]), responder)
         server.handle_request(_report(WORKER1, [KeyReport(
             6, F32, 8, 1, 0, np.array([10, 10], F32))]), responder)
-        assert not server.restart.restoring
+        assert not server.recovery.recovering
         assert list(responder.wait_for(early_pull).values()) == [11, 11]   # round 0
         pull0 = _byteps(WORKER0, 6)
         server.handle_request(pull0, responder)
@@ -240,5 +241,5 @@ def test_a_bad_report_is_refused_and_the_deadline_names_who_did_not_report():
         bad.meta.body = b"{"
         server.handle_request(bad, responder)
         assert "not the expected JSON" in responder.answer_to(bad).error
-        assert not server.restart.overdue(49.0) and server.restart.overdue(51.0)
-        assert "[9, 11]" in server.restart.describe_wait()
+        assert not server.recovery.overdue(49.0) and server.recovery.overdue(51.0)
+        assert "[9, 11]" in server.recovery.describe_wait()

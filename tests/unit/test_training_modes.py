@@ -23,7 +23,7 @@ def test_each_mode_names_itself_and_what_it_cannot_do():
     assert backup.refusal(MISSING).startswith("BYTEPS_BACKUP_WORKERS needs kvstore-byteps")
     assert backup.refusal(None) is None                 # our servers
     assert "unset BYTEPS_BACKUP_WORKERS" in backup.compression_refusal
-    assert "kept the weights" in backup.unrestorable and sync.unrestorable is None
+    assert "kept the weights" in backup.unrecoverable and sync.unrecoverable is None
 
 
 def test_only_backup_workers_tell_the_servers_they_are_away():

@@ -11,7 +11,7 @@ without pickling and, above a small size, without copying.
 Thread-safety: every KVWorker and KVServer method is thread-safe. Request callbacks and server
 handlers run on the customer's thread: keep them short.
 
-Restarted servers (BYTEPS_SERVER_RECOVERY) are a plug-in of the worker (:mod:`.restore`).
+Restarted servers (BYTEPS_SERVER_RECOVERY) are a plug-in of the worker (:mod:`.recovery`).
 """
 import logging
 import threading
@@ -25,7 +25,7 @@ from ...future import Future
 from ...logs import PeerLog
 from .slicing import as_keys, slice_request
 from ..wire.message import DataType, Message, Meta, server_rank_to_id
-from .restore import NoRestore, Restorer
+from .recovery import NoServerRecovery, ServerRecovery
 
 log = logging.getLogger(__name__)
 #: a worker's complaints about answers, once per peer in full, then counted
@@ -222,10 +222,11 @@ class KVWorker:
         self._customer = postoffice.register_handler(app_id, customer_id, self._on_message)
         postoffice.on_failure(self._fail_pending)
         #: held while a request is stamped and sent, and while a restarted server is restored:
-        #: a request is either in the restoring worker's report or sent after it, never both
+        #: a request is either in the recovering worker's report or sent after it, never both
         self.send_lock = threading.RLock()
         #: what restarted servers need of this layer (BYTEPS_SERVER_RECOVERY), or nothing
-        self.restorer = (Restorer if postoffice.config.server_recovery else NoRestore)(self)
+        self.recovery = (ServerRecovery if postoffice.config.server_recovery
+                         else NoServerRecovery)(self)
         # Requests completed by callback (no one calls wait) still get a deadline: the
         # postoffice's tick notices an overdue request and the customer thread, which also
         # completes requests with their answers, fails it.
@@ -269,7 +270,7 @@ class KVWorker:
              callback=None, extra=None, on_send: Optional[Callable[[], None]] = None) -> Request:
         """Push ``vals`` (``lens`` bytes per key). ``on_send()``, if given, runs right before the
         request is sent, while nothing else is: a restarted server's report either holds what
-        it recorded or the request is sent after the report (see :mod:`.restore`)."""
+        it recorded or the request is sent after the report (see :mod:`.recovery`)."""
         return self._request(keys, vals, lens, cmd, True, False, priority, callback, extra,
                              on_send)
 
@@ -355,7 +356,7 @@ class KVWorker:
         return request.wait(self.request_timeout)
 
     def post(self, work: Callable[[], None]) -> None:
-        """Run ``work()`` on the thread that completes requests, after the answers queued."""
+        """Run ``work()`` on the customer thread, after the answers queued."""
         self._customer.post(work)
 
     # -------------------------------------------------------------- restarted servers
@@ -451,11 +452,11 @@ class KVWorker:
         return request
 
     def _send(self, request: Request, message: Message) -> None:
-        message = self.restorer.stamp(request, message)
+        message = self.recovery.stamp(request, message)
         try:
             self.po.send(message)
         except PeerError as exc:
-            if not self.restorer.park(request, message, exc):
+            if not self.recovery.park(request, message, exc):
                 self._fail_send(request, message, exc)
         except Exception as exc:
             self._fail_send(request, message, exc)
@@ -471,7 +472,7 @@ class KVWorker:
             _PEER_LOG.warning(meta.sender, "worker got a request from node %d; dropped",
                               meta.sender)
             return
-        if not self.restorer.accepts(meta):
+        if not self.recovery.accepts(meta):
             return
         with self._lock:
             request = self._pending.get(meta.timestamp)

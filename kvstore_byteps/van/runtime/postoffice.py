@@ -354,7 +354,7 @@ class Postoffice:
     def on_recovery(self, hook: Callable[[Node, int], None]) -> None:
         """Call ``hook(node, epoch)`` on the receive thread when a restarted server took over
         ``node.id`` for the ``epoch``-th time: another node (already connected to; the KV
-        layer restores what the dead one held), or this one, as it becomes ready and before
+        layer recovers what the dead one held), or this one, as it becomes ready and before
         any data message is handed on. Register before :meth:`start`."""
         self._recovery_hooks.append(hook)
 

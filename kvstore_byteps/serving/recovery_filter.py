@@ -5,7 +5,7 @@ for the dead process (no epoch, or an older one: their data is in the workers' r
 are re-sent), takes the workers' reports, and holds everything else until every report is in
 (:class:`~.recovery.RecoveryGate`); it then has the server rebuild each key's rounds and runs
 the held requests. The keys' initial values are lost. A server that was not restarted has the
-stand-in :class:`NotRestarted`, which admits everything.
+stand-in :class:`NoRecovery`, which admits everything.
 """
 import logging
 from typing import Optional
@@ -15,16 +15,16 @@ from ..recovery_report import REPORT_CMD, decode_report
 from .recovery import RecoveryGate
 from .rounds import KeyRounds
 
-__all__ = ["NotRestarted", "RestartFilter"]
+__all__ = ["NoRecovery", "RecoveryFilter"]
 
 log = logging.getLogger(__name__)
 
 
-class NotRestarted:
+class NoRecovery:
     """The filter of a server that was not restarted: everything passes."""
 
     epoch = 0
-    #: why restoring failed (the server must exit); None while all is well
+    #: why recovery failed (the server must exit); None while all is well
     error: Optional[str] = None
     #: requests dropped because they were meant for the process before the restart
     stale_requests = 0
@@ -34,7 +34,7 @@ class NotRestarted:
         return True
 
     @property
-    def restoring(self) -> bool:
+    def recovering(self) -> bool:
         """Whether reports are still awaited."""
         return False
 
@@ -43,7 +43,7 @@ class NotRestarted:
         return False
 
 
-class RestartFilter(NotRestarted):
+class RecoveryFilter(NoRecovery):
     """In front of ``server`` (a BytePSServer), which took over a dead one's id as its
     ``epoch``-th restart; every report is due before monotonic time ``deadline``."""
 
@@ -53,7 +53,7 @@ class RestartFilter(NotRestarted):
         self.stale_requests = 0
 
     @property
-    def restoring(self) -> bool:
+    def recovering(self) -> bool:
         return self._gate is not None
 
     def describe_wait(self) -> str:
@@ -95,9 +95,9 @@ class RestartFilter(NotRestarted):
             return
         server.respond(req)
         if complete:
-            self._restore(gate)
+            self._recover(gate)
 
-    def _restore(self, gate: RecoveryGate) -> None:
+    def _recover(self, gate: RecoveryGate) -> None:
         """Every report is in: rebuild the keys, then run the held requests."""
         owner = self._server
         try:
@@ -110,7 +110,7 @@ class RestartFilter(NotRestarted):
             self.error = "the workers' recovery reports do not fit together: %s" % exc
             log.error("restarted server: %s", self.error)
             return
-        owner.restore_keys(restored)
+        owner.recover_keys(restored)
         self._gate = None
         log.warning("restarted server (restart %d): rebuilt the rounds of %d ps key(s) from %d "
                     "workers' reports; serving again", self.epoch, len(restored),

@@ -1,19 +1,19 @@
 """Restarted servers as the KV worker sees them: a plug-in of :class:`~.kv.KVWorker`.
 
 With BYTEPS_SERVER_RECOVERY a server that died may be restarted under its node id. The worker
-then needs three things of the KV layer, all here (:class:`Restorer`):
+then needs three things of the KV layer, all here (:class:`ServerRecovery`):
 
 * requests keep the message sent to each server, so a part the dead process never answered can
   be re-sent; a request to a server that is unreachable waits for its restart (its deadline and
   the server's heartbeat timeout still hold);
 * requests to a restarted server carry its ``epoch``, and answers from the process it replaced
   (which only seemed dead) are dropped;
-* :meth:`Restorer.restore` sends the restarted server the worker's report, then re-sends every
-  part it never answered, except those the report carries.
+* :meth:`ServerRecovery.recover` sends the restarted server the worker's report, then re-sends
+  every part it never answered, except those the report carries.
 
-Without recovery the KV worker plugs in :class:`NoRestore`: nothing is kept, stamped or parked.
-The hooks run under the KV worker's send lock (``stamp``, ``park``), or on its customer thread
-(``accepts``, ``restore``).
+Without recovery the KV worker plugs in :class:`NoServerRecovery`: nothing is kept, stamped or
+parked. The hooks run under the KV worker's send lock (``stamp``, ``park``), or on its customer
+thread (``accepts``, ``recover``).
 """
 import dataclasses
 import logging
@@ -26,10 +26,10 @@ from ..wire.message import Message, Meta, is_server_id
 log = logging.getLogger(__name__)
 _PEER_LOG = PeerLog(log)
 
-__all__ = ["NoRestore", "Restorer"]
+__all__ = ["NoServerRecovery", "ServerRecovery"]
 
 
-class NoRestore:
+class NoServerRecovery:
     """The KV worker's plug-in without BYTEPS_SERVER_RECOVERY: every hook lets things be."""
 
     def __init__(self, kv):
@@ -49,7 +49,7 @@ class NoRestore:
         return True
 
 
-class Restorer(NoRestore):
+class ServerRecovery(NoServerRecovery):
     """The KV worker's plug-in with BYTEPS_SERVER_RECOVERY."""
 
     def __init__(self, kv):
@@ -89,7 +89,7 @@ class Restorer(NoRestore):
             return False
         return True
 
-    def restore(self, server: int, epoch: int, report: Optional[Callable[[], tuple]],
+    def recover(self, server: int, epoch: int, report: Optional[Callable[[], tuple]],
                 answered_by_report: Callable[[Meta], bool], callback=None):
         """``server`` was restarted (its ``epoch``-th time): send it the push ``report()``
         returns, ``(head, body, keys, vals, lens)`` (what it must rebuild; None: nothing), then,
