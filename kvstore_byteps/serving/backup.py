@@ -6,9 +6,11 @@ A round of a key closes when ``W - b`` workers pushed it (:mod:`.backup_rounds`)
 those ``c`` gradients is scaled by ``W / c``, so an update has the size of a full round's
 (the optimizer's ``rescale_grad`` is set for ``W`` workers' batches, as in ``dist_sync``), and
 applied once; the round's pulls get the new weights. A late push (computed on weights a few
-rounds old) joins the open round as one more gradient (its pull is answered at once with the
-current weights), a later one is dropped and counted; a
-worker that waits in a barrier or finished (``BYTEPS_ABSENT``) is not waited for. Once
+rounds old, or arriving while its round's update is computed) joins the open round as one more
+gradient (its pull is answered at once with the current weights), a later one is dropped and
+counted; a round also closes once every worker present pushed into it (never a wait for a
+worker's next push: see :mod:`.backup_rounds`); a worker that waits in a barrier or finished
+(``BYTEPS_ABSENT``) is not waited for. Once
 ``W - b`` workers finished training, the job's training is over: no round closes any more, and
 a late worker's pulls are answered with an error that tells it so (``errors.TRAINING_OVER``;
 its next step raises ``TrainingOver``).
@@ -73,8 +75,9 @@ class BackupWorkers(KeptWeights):
             self._sum(key, r, part)
 
     def _sum(self, key, r, values: np.ndarray) -> None:
-        if r is None:
+        if r is None:     # too stale to sum, but its sender counts: the round may be complete
             log.debug("key %d: a push dropped (%d so far)", key.ps_key, key.rounds.dropped)
+            self._recheck(key)
             return
         self._answers.submit(key.thread, lambda: self._add(key, r, values))
 

@@ -10,17 +10,27 @@ Rounds are numbered by the weights' version: version ``v`` is what ``v`` closed 
 of the initial value. A worker's push belongs to the round of the version it last read (its
 last answer), so it needs no round number on the wire:
 
-* the round is still open and has fewer than ``W - b`` pushes: the push counts;
-* the round closed, at most :data:`MAX_LATE_ROUNDS` rounds ago, and the open round has fewer
-  than ``W - b`` pushes: the push is late and joins the open round as one more gradient (a
-  stale one), not counted towards its ``W - b``: a straggler's data still reaches the model
-  (its shard, where data is sharded by rank) while nobody waits for it;
-* otherwise (the round is closing with enough pushes, or the push is later than that) it is
-  dropped and counted;
+* a push on time (computed on the current weights) counts towards the open round's ``W - b``;
+  one that arrives after ``W - b`` others but before the round closed is summed in too (its
+  data is here; nobody waits for it);
+* a push computed on weights at most :data:`MAX_LATE_ROUNDS` rounds old is late: it joins the
+  open round as one more gradient (a stale one), not counted towards its ``W - b``: a
+  straggler's data still reaches the model (its shard, where data is sharded by rank) while
+  nobody waits for it;
+* a push that arrives while the open round is closing (complete, its update being computed)
+  joins the next round as a late one; only a push later than :data:`MAX_LATE_ROUNDS` rounds
+  is dropped (counted): no gradient is lost to a race with a round's close;
+* a round also closes once every worker present pushed into it (late and dropped pushes
+  included): a round never waits for a worker's *next* push, which may wait behind a round of
+  another key that waits for one of ours (two workers left, their steps crossed over two keys:
+  a hang). Proof sketch, tested by random interleavings: a round waits for a worker only if
+  its current push went to an earlier round, so that worker started its step earlier than the
+  waiting one; a cycle of waits would order the workers' starts in a circle;
+* a round's sum of ``c`` gradients is scaled to ``W`` (by the caller: ``W / c``);
 * a pull is answered with the first weights newer than the round the worker's push belonged
   to: when it closes, or at once if that round already closed (a late or dropped push: the
-  worker skips ahead to the current weights, as it would had it been dropped, so a late
-  worker never waits for a round, and rounds close exactly when they would without it).
+  worker skips ahead to the current weights, so a late worker never waits for a round, and
+  rounds close exactly when they would without it).
 
 Workers that wait in a barrier (:meth:`BackupRounds.set_absent`) or finished training
 (:meth:`BackupRounds.finish`) are not waited for: a round needs ``min(W - b, workers
@@ -65,8 +75,14 @@ class BackupRounds:
         self._size, self._dtype = size, np.dtype(dtype)
         self._lock = threading.Lock()
         self.version = 0                    # rounds closed so far
-        self._contributors: Set[int] = set()   # senders of the open round's counted pushes
-        self._late: Set[int] = set()        # senders of late pushes that joined it
+        self._fresh: Set[int] = set()       # senders of the open round's pushes on time
+        self._senders: Set[int] = set()     # every worker that pushed into it (late, dropped)
+        self._gradients = 0                 # gradients in it (a worker may have two)
+        #: the open round is complete and its update is being computed (summing thread);
+        #: pushes arriving meanwhile join the next round as late ones
+        self._closing = False
+        self._next: Set[int] = set()
+        self._next_gradients = 0
         self._summed = 0
         self._buffer: Optional[np.ndarray] = None
         self._read: Dict[int, int] = {}     # sender -> version of its last answer
@@ -76,7 +92,8 @@ class BackupRounds:
         self._done: Set[int] = set()        # workers that finished training
         #: the job's training is over (W - b workers finished): no round closes any more
         self.ended = False
-        #: pushes dropped so far (counted, never summed); those after the end apart
+        #: pushes dropped so far (later than MAX_LATE_ROUNDS, never summed); those after
+        #: the end apart
         self.dropped = 0
         self.dropped_after_end = 0
         #: late pushes that joined a later round
@@ -89,8 +106,9 @@ class BackupRounds:
                           self.num_workers - len(self._absent)))
 
     def begin_push(self, sender: int) -> Optional[int]:
-        """Register ``sender``'s push: the open round if it counts or joins it late, None if
-        it is dropped. ProtocolError for a second push before the first was answered."""
+        """Register ``sender``'s push: the round it is summed into (the open one, or the
+        next one while the open one closes), None if it is dropped. ProtocolError for a
+        second push before the first was answered."""
         with self._lock:
             if sender in self._pushed:
                 raise ProtocolError("node %d pushed key %d again before its pull of round %d "
@@ -100,13 +118,18 @@ class BackupRounds:
                 return None
             r = self._read.get(sender, 0)
             late = self.version - r
-            if len(self._contributors) >= self.needed or late > MAX_LATE_ROUNDS:
-                self._pushed[sender] = r
+            self._pushed[sender] = r        # a late one's pull is answered at once
+            (self._next if self._closing else self._senders).add(sender)
+            if late > MAX_LATE_ROUNDS:
                 self.dropped += 1
                 return None
-            (self._late if late else self._contributors).add(sender)
-            self.joined_late += bool(late)
-            self._pushed[sender] = r        # a late one's pull is answered at once
+            self.joined_late += bool(late) or self._closing
+            if self._closing:               # summed after the close (same summing thread)
+                self._next_gradients += 1
+                return self.version + 1
+            if not late:
+                self._fresh.add(sender)
+            self._gradients += 1
             return self.version
 
     def request_pull(self, sender: int, token) -> Optional[int]:
@@ -183,18 +206,28 @@ class BackupRounds:
             return self._complete()
 
     def _complete(self) -> Optional[Tuple[np.ndarray, int]]:
-        # a worker's late push and its next one (on time) may both be in: two gradients
-        fresh, pushed = len(self._contributors), len(self._contributors) + len(self._late)
-        if self.ended or fresh == 0 or fresh < self.needed or self._summed < pushed:
+        # A round closes with W - b pushes on time, or once every worker present pushed into
+        # it (late, or too stale to sum): waiting for a late worker's next push could wait
+        # for ever, that push waiting behind a round of another key that waits for one of
+        # ours (the workers' steps cross). A worker's late push and its next one (on time)
+        # may both be in: two gradients.
+        if (self.ended or self._closing or self._gradients == 0
+                or self._summed < self._gradients):
             return None
-        return self._buffer, pushed
+        present = self.num_workers - len(self._absent)
+        if len(self._fresh) < self.needed and len(self._senders - self._absent) < present:
+            return None
+        self._closing = True
+        return self._buffer, self._gradients
 
     def close(self) -> List[object]:
         """The open round's new weights are in place: count the version, start the next
         round, and return the tokens of the pulls to answer with the new weights."""
         with self._lock:
             self.version += 1
-            self._contributors, self._late, self._summed = set(), set(), 0
+            self._fresh, self._senders = set(), self._next
+            self._gradients, self._summed = self._next_gradients, 0
+            self._next, self._next_gradients, self._closing = set(), 0, False
             ready = [item for item in self._pending if item[1] < self.version]
             self._pending = [item for item in self._pending if item[1] >= self.version]
             for sender, _, _ in ready:

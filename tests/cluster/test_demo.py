@@ -24,13 +24,10 @@ ACCURACY = re.compile(r"^\[worker 0\] \[digits\] final test accuracy ([0-9.]+) a
 # Asynchronous training is noisier (stale updates, timing-dependent): 0.89-0.95 after 4 epochs
 # (0.8914 once in CI, the train loss falling as usual), so it must reach 0.85, still far above
 # what broken sums give.
-#: Issue 46, open: backup workers' end of training fails now and then (a pull left
-#: unanswered while another worker waits in finish_training's barrier, or a fast failure);
-#: seen in 2 of 3 CI runs and about 1 in 10 runs alone. Not strict: it still runs, and passes
-#: most of the time; remove the mark with the fix.
-BACKUP_END_FLAKY = pytest.mark.xfail(reason="issue 46: backup workers' end of training fails "
-                                     "intermittently", strict=False)
-MIN_ACCURACY = {"sync": 0.9, "async": 0.85, "backup": 0.85}
+# Backup workers (3 workers, b = 1, equal speed) vary too: which push of a round comes late
+# changes from run to run; 40 runs two at a time on 2 cores gave 0.861-0.958 (mean 0.924; sync
+# 0.936 at 4 epochs), so 0.8, still far above broken sums or a diverging scaling (0.26-0.73).
+MIN_ACCURACY = {"sync": 0.9, "async": 0.85, "backup": 0.8}
 EPOCHS = {"sync": 2, "async": 4, "backup": 4}
 # with 2 workers and a backup worker every update would be one worker's gradient, doubled: 3
 WORKERS = {"sync": 2, "async": 2, "backup": 3}
@@ -41,8 +38,7 @@ MODE_ENV = {"sync": "BYTEPS_ENABLE_ASYNC=0", "async": "BYTEPS_ENABLE_ASYNC=1",
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("server, contexts, mode", [("byteps", 2, "sync"), ("mxnet", 1, "sync"),
                                                    ("byteps", 1, "async"),
-                                                   pytest.param("byteps", 1, "backup",
-                                                                marks=BACKUP_END_FLAKY)])
+                                                   ("byteps", 1, "backup")])
 def test_demo_trains_digits_over_two_workers_and_two_servers(spawn, server, contexts, mode):
     argv = [sys.executable, os.path.join(REPO, "launch.py"), "-n", str(WORKERS[mode]), "-s", "2",
             "--server", server, "--timeout", "90", "--env", "BYTEPS_START_TIMEOUT=40",

@@ -1,5 +1,5 @@
-"""BackupRounds (serving/backup_rounds.py): rounds close at W - b pushes, stale pushes are
-dropped and counted, pulls get the first weights newer than what they pushed, absent workers
+"""BackupRounds (serving/backup_rounds.py): rounds close at W - b pushes, late pushes join a
+later round, very stale ones are dropped and counted, pulls get the first weights newer than what they pushed, absent workers
 are not waited for. Pure: no server, no network."""
 import numpy as np
 import pytest
@@ -32,6 +32,20 @@ def test_a_round_closes_at_w_minus_b_pushes_and_a_late_push_joins_the_next():
     n, complete = push(r, 11, 2)                       # two on time, and the late one
     assert complete[1] == 3 and list(complete[0]) == [103.0, 103.0]
     assert r.close() == [] and r.joined_late == 1 and r.dropped == 0
+
+
+def test_a_round_closes_once_every_worker_present_pushed_into_it_late_or_not():
+    r = rounds()                                       # 3 workers, W - b = 2
+    push(r, 9, 1)
+    assert push(r, 13, 1)[1][1] == 2
+    r.request_pull(9, "t9"), r.request_pull(13, "t13")
+    r.close()
+    r.finish(13)                                       # two left: 9 and 11
+    assert push(r, 11, 5) == (1, None)                 # late (read round 0's weights)
+    assert r.request_pull(11, "t11") == 1
+    n, complete = push(r, 9, 1)                        # 11's next push (on time) is not
+    assert n == 1 and complete[1] == 2                 # waited for: it may wait on a round
+    assert list(complete[0]) == [6.0, 6.0]             # of another key that waits for 9
 
 
 def test_a_late_push_and_the_next_on_time_are_two_gradients_of_one_round():
@@ -88,7 +102,32 @@ def test_pushes_are_summed_only_when_all_counted_pushes_arrived():
     assert r.add(0, np.ones(2)) is None and r.add(0, np.ones(2)) is None
     total, count = r.add(0, np.ones(2))
     assert count == 3 and list(total) == [3.0, 3.0]
-    assert r.begin_push(15) is None                    # the fourth is a backup: dropped
+
+
+def test_a_push_after_w_minus_b_but_before_the_close_is_summed_in():
+    r = rounds(workers=4, backup=1)
+    for sender in (9, 11, 13):
+        assert r.begin_push(sender) == 0
+    assert r.add(0, np.ones(2)) is None and r.add(0, np.ones(2)) is None
+    assert r.begin_push(15) == 0                       # W - b are in, not yet summed
+    assert r.add(0, np.ones(2)) is None                # waits for the fourth
+    total, count = r.add(0, np.full(2, 10.0))
+    assert count == 4 and list(total) == [13.0, 13.0] and r.dropped == 0
+
+
+def test_a_push_while_the_round_closes_joins_the_next_round():
+    r = rounds(workers=3, backup=1)
+    push(r, 9, 1)
+    assert push(r, 11, 2)[1][1] == 2                   # complete: its update is computed now
+    assert r.begin_push(13) == 1                       # on time, but the round is closing
+    assert r.request_pull(13, "t13") is None           # answered at the close
+    assert r.request_pull(9, "t9") is None and r.request_pull(11, "t11") is None
+    assert sorted(r.close()) == ["t11", "t13", "t9"] and r.version == 1
+    assert r.add(1, np.full(2, 5.0)) is None           # 13's gradient, now in round 1
+    assert push(r, 9, 1)[1] is None                    # 13's is late: one on time
+    total, count = push(r, 11, 1)[1]
+    assert count == 3 and list(total) == [7.0, 7.0]
+    assert r.dropped == 0 and r.joined_late == 1
 
 
 def test_backup_workers_need_more_workers():
