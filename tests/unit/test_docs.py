@@ -68,3 +68,14 @@ def test_the_performance_page_shows_each_straggler_results_table():
         begin = "<!-- straggler table: made by benchmarks/bench_straggler.py, %s -->" \
             % os.path.basename(path)
         assert shown_between(page, begin, "\n<!-- end of straggler table -->") == "\n".join(rows)
+
+
+def test_the_performance_page_shows_the_cost_model_table():
+    """The fitted cost model's table (benchmarks/bench_cost.py), as its results file holds it."""
+    import json
+    with open(os.path.join(REPO, "benchmarks", "results", "cost", "loopback_2x2.json")) as f:
+        rows = json.load(f)["table"]
+    fitted = rows[:rows.index("")]             # the per-cell table follows a blank line
+    page = read("docs", "performance.md")
+    begin = "<!-- cost table: made by benchmarks/bench_cost.py, loopback_2x2.json -->"
+    assert shown_between(page, begin, "\n<!-- end of cost table -->") == "\n".join(fitted)
