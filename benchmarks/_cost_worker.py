@@ -8,11 +8,13 @@ that many keys (their own key range), pushpulls every key (priority = -index) th
 all, twice untimed, then ``iters`` rounds between two barriers. Per cell it prints one line
 ``COST_RESULT {json}``: wall-clock start and end of the measured rounds (for the servers' CPU,
 sampled by the parent from ``/proc``), this process's user and system CPU per round, per thread
-(by the kernel's thread name), voluntary and involuntary context switches per round, and, on
+(by name), voluntary and involuntary context switches and time in Python's cyclic garbage
+collector per round, and, on
 rank 0, the machine's TCP segments and loopback bytes sent per round (the whole job's, both
 directions: what the kernel carried for it). No sums are checked here: bench_pushpull does that.
 """
 import argparse
+import gc
 import json
 import os
 import sys
@@ -94,6 +96,25 @@ def network() -> Tuple[int, int]:
     return segments, sent
 
 
+class Collections:
+    """Time in Python's cyclic garbage collector and collections per generation, so far (a
+    callback on every collection, whichever thread runs it)."""
+
+    def __init__(self):
+        self.seconds, self.count, self._started = 0.0, [0, 0, 0], 0.0
+        gc.callbacks.append(self._note)
+
+    def _note(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+            self.count[info["generation"]] += 1
+
+    def now(self) -> Tuple[float, list]:
+        return self.seconds, list(self.count)
+
+
 def one_round(kv, first_key: int, grads, outs) -> None:
     for i, (grad, out) in enumerate(zip(grads, outs)):
         kv.pushpull(first_key + i, grad, out=out, priority=-i)
@@ -104,6 +125,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     grid = [tuple(cell) for cell in json.loads(args.grid)]
     kv = mx.kv.create(args.kvstore)
+    collections = Collections()
     first_key = 0
     for keys, nbytes in grid:
         size = nbytes // 4
@@ -116,12 +138,12 @@ def main(argv=None) -> int:
             one_round(kv, first_key, grads, outs)
         rounds = rounds_for(keys, nbytes, args.seconds)
         kv._barrier()
-        threads0, switches0, net0 = threads(), switches(), network()
+        threads0, switches0, net0, gc0 = threads(), switches(), network(), collections.now()
         cpu0, start = os.times(), time.time()
         for _ in range(rounds):
             one_round(kv, first_key, grads, outs)
         cpu1, end = os.times(), time.time()
-        threads1, switches1, net1 = threads(), switches(), network()
+        threads1, switches1, net1, gc1 = threads(), switches(), network(), collections.now()
         per_thread = {name: round((threads1[name][0] + threads1[name][1] - was[0] - was[1])
                                   / rounds, 6)
                       for name, was in threads0.items() if name in threads1}
@@ -132,7 +154,9 @@ def main(argv=None) -> int:
                   "system_s": (cpu1.system - cpu0.system) / rounds,
                   "threads_s": {k: v for k, v in per_thread.items() if v > 0},
                   "voluntary_switches": (switches1[0] - switches0[0]) / rounds,
-                  "involuntary_switches": (switches1[1] - switches0[1]) / rounds}
+                  "involuntary_switches": (switches1[1] - switches0[1]) / rounds,
+                  "gc_s": (gc1[0] - gc0[0]) / rounds,
+                  "gc_collections": [(b - a) / rounds for a, b in zip(gc0[1], gc1[1])]}
         if kv.rank == 0:
             result["tcp_segments"] = (net1[0] - net0[0]) / rounds
             result["lo_bytes"] = (net1[1] - net0[1]) / rounds

@@ -108,6 +108,8 @@ def run_job(system: str, cells: List[List[int]], args) -> List[dict]:
             "worker_threads_s": first["threads_s"],
             "worker_switches": float(np.mean([r["voluntary_switches"] + r["involuntary_switches"]
                                               for r in ranks])),
+            "worker_gc_s": float(np.mean([r["gc_s"] for r in ranks])),
+            "worker_gc_collections": first["gc_collections"],
             "servers_cpu_s": roles.get("server", {}).get("cpu_s", float("nan")) * args.servers,
             "servers_kernel_s": roles.get("server", {}).get("kernel_s", float("nan"))
             * args.servers,

@@ -70,6 +70,13 @@ _LIB_KEEPING_GIL = ctypes.PyDLL(_mxbase._LIB._name)
 # with the thread state kept. One extra PyGILState_Ensure that is never released keeps the
 # engine thread's state (and its threading.local data) for the thread's life; the GIL itself
 # is still released after every callback.
+#: argument types declared once: ctypes then converts plain ints, bytes and arrays itself
+#: instead of a c_int, c_void_p, c_char_p and c_bool object made per call (and per key)
+_PUSH = _LIB_KEEPING_GIL.MXEnginePushAsyncND
+_PUSH.argtypes = [_ASYNC_FUNC, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                  ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                  ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_bool]
+_PUSH.restype = ctypes.c_int
 _PyGILState_Ensure = ctypes.pythonapi.PyGILState_Ensure
 _PyGILState_Ensure.restype = ctypes.c_int
 _PyGILState_Ensure.argtypes = []
@@ -122,12 +129,23 @@ class _DmlcErrors:
             self._destroy(storage)   # the engine keeps its own copy
 
 
+#: the engine's completion functions (one or two in a process) by address: a ctypes function
+#: object per operation was one more object for the cyclic garbage collector, which with
+#: thousands of keys in flight ran as much as the rest of the worker (bench_cost.py)
+_COMPLETION_FUNCTIONS: Dict[int, Any] = {}
+
+
 class _Completion:
     """A copy of MXNet's CallbackOnComplete; callable from any thread."""
 
+    __slots__ = ("_function", "_engine", "_param")
+
     def __init__(self, address: int):
         source = _CallbackOnComplete.from_address(address)
-        self._function = _ON_COMPLETE(source.function)
+        function = _COMPLETION_FUNCTIONS.get(source.function)
+        if function is None:
+            function = _COMPLETION_FUNCTIONS[source.function] = _ON_COMPLETE(source.function)
+        self._function = function
         self._engine, self._param = source.engine, source.param
 
     def call(self, error_address: Optional[int]) -> None:
@@ -135,7 +153,11 @@ class _Completion:
 
 
 class _Operation:
-    """Everything one pushed operation needs until its ``done`` (keeps ctypes objects alive)."""
+    """Everything one pushed operation needs until its ``done`` (keeps ctypes objects alive).
+    The operation is itself the ``done`` handed to ``fn`` (no bound method per operation)."""
+
+    __slots__ = ("fn", "arrays", "name", "inline", "finished", "completion", "_lock",
+                 "_called")
 
     def __init__(self, fn: Callable[[Done], None], arrays: Sequence[Any], name: bytes,
                  inline: bool):
@@ -159,6 +181,8 @@ class _Operation:
             finished = self.finished
             if finished is not None:
                 finished.set()
+
+    __call__ = done
 
 
 class _Registry:
@@ -241,7 +265,7 @@ def _describe(error: Any) -> str:
 def _run(operation: _Operation) -> None:
     """Call the user's ``fn``; an exception it raises completes the operation with that error."""
     try:
-        operation.fn(operation.done)
+        operation.fn(operation)
     except Exception as exc:  # the failure belongs to whoever reads the outputs
         operation.done(exc)
 
@@ -275,9 +299,12 @@ def _handles(arrays: Sequence[Any]):
     return kind(*[array.handle.value for array in arrays])
 
 
+_CPU_CONTEXT = _Context(1, 0)        # the default, made once (lives as long as the module)
+
+
 def _context(ctx: Any) -> _Context:
     if ctx is None:
-        return _Context(1, 0)
+        return _CPU_CONTEXT
     return _Context(ctx.device_typeid, ctx.device_id)
 
 
@@ -302,11 +329,10 @@ def push_async(fn: Callable[[Done], None], const_arrays: Sequence[Any] = (),
     context = _context(ctx)
     _PUSHING.active = True
     try:
-        _mxbase.check_call(_LIB_KEEPING_GIL.MXEnginePushAsyncND(
-            _REGISTRY.trampoline, ctypes.c_void_p(op_id), None, ctypes.byref(context),
-            _handles(const_arrays), ctypes.c_int(len(const_arrays)),
-            _handles(mutable_arrays), ctypes.c_int(len(mutable_arrays)),
-            None, ctypes.c_int(priority), ctypes.c_char_p(operation.name), ctypes.c_bool(False)))
+        _mxbase.check_call(_PUSH(
+            _REGISTRY.trampoline, op_id, None, ctypes.byref(context),
+            _handles(const_arrays), len(const_arrays), _handles(mutable_arrays),
+            len(mutable_arrays), None, priority, operation.name, False))
     except Exception:
         _REGISTRY.discard(op_id)
         raise

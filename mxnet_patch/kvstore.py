@@ -65,6 +65,28 @@ class _CachedViews:
         return tuple(map(id, arrays)) == self.ids
 
 
+class _PushPull:
+    """One pushpull as an engine operation: ``op(done)`` runs when its inputs are ready. An
+    object, not a closure: a closure is a function and a cell per captured name, objects the
+    cyclic garbage collector tracks, and with thousands of keys in flight it ran as much as the
+    rest of the worker (benchmarks/bench_cost.py)."""
+
+    __slots__ = ("store", "ikey", "values", "outs", "arrays", "priority", "on_gpu")
+
+    def __init__(self, store, ikey, values, outs, arrays, priority, on_gpu):
+        self.store, self.ikey, self.values, self.outs = store, ikey, values, outs
+        self.arrays, self.priority, self.on_gpu = arrays, priority, on_gpu
+
+    def __call__(self, done) -> None:
+        store = self.store
+        if self.on_gpu:
+            store._gpu().run(self.ikey, self.values, self.outs, self.priority, done)
+            return
+        views = store._views.host_views(self.ikey, self.arrays)
+        n = len(self.values)
+        store._engine.pushpull(self.ikey, views[:n], views[n:], self.priority, on_done=done)
+
+
 class _ViewCache(dict):
     """Per key, the arrays of its last pushpull and their numpy views.
 
@@ -283,7 +305,6 @@ class KVStoreBytePS(KVStoreBase):
 
     def _submit(self, ikey, values, outs, priority):
         from mxnet_patch.engine_async import push_async
-        engine = self._engine
         if outs is values:                  # in place
             const = []
         else:                               # an array both read and written is only written
@@ -292,15 +313,8 @@ class KVStoreBytePS(KVStoreBase):
         arrays = values + outs
         cached = self._views.get(ikey)     # only CPU arrays get cached views
         on_gpu = not (cached and cached.same_arrays(arrays)) and _placement(ikey, arrays)
-
-        def run(done):
-            if on_gpu:
-                self._gpu().run(ikey, values, outs, priority, done)
-                return
-            views = self._views.host_views(ikey, arrays)
-            engine.pushpull(ikey, views[:len(values)], views[len(values):], priority,
-                            on_done=done)
-        push_async(run, const_arrays=const, mutable_arrays=outs, priority=priority,
+        push_async(_PushPull(self, ikey, values, outs, arrays, priority, on_gpu),
+                   const_arrays=const, mutable_arrays=outs, priority=priority,
                    name="byteps_pushpull_%d" % ikey, ctx=values[0].context if on_gpu else None)
 
     def _gpu(self):

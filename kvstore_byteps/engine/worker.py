@@ -45,6 +45,19 @@ from .trace import Phase, Tracer, now_ns
 log = logging.getLogger(__name__)
 
 
+class _Finished:
+    """A task's done-callback: an object, not a closure (fewer objects for the cyclic garbage
+    collector per key in flight, see mxnet_patch/kvstore.py's _PushPull)."""
+
+    __slots__ = ("engine", "on_done")
+
+    def __init__(self, engine, on_done):
+        self.engine, self.on_done = engine, on_done
+
+    def __call__(self, future) -> None:
+        self.engine._task_finished(future.exception(), self.on_done)
+
+
 @dataclasses.dataclass
 class RoundData:
     """What the PUSH and PULL stages need of one pushpull (a pipeline Task's ``context``)."""
@@ -305,18 +318,17 @@ class WorkerEngine:
                             [a.reshape(-1).view(np.uint8) for a in outputs],
                             (reduce_start, now_ns()) if traced else None)
         task = Task(key, layout.partitions, priority, name=layout.name, context=context)
-
-        def finished(future):
-            error = future.exception()
-            if training_over(error):     # not applied; the worker's next step says so
-                self.training_over, error = True, None
-            if error is not None:
-                self._note_failure(error)
-            if on_done is not None:
-                on_done(error)
-        task.future.add_done_callback(finished)
+        task.future.add_done_callback(_Finished(self, on_done))
         self._submit_in_order(task)
         return task
+
+    def _task_finished(self, error: Optional[BaseException], on_done) -> None:
+        if training_over(error):     # not applied; the worker's next step says so
+            self.training_over, error = True, None
+        if error is not None:
+            self._note_failure(error)
+        if on_done is not None:
+            on_done(error)
 
     def name_key(self, key: int, name: str) -> None:
         """Show ``key`` as ``name`` in the trace (MXNet's str keys are parameter names)."""
