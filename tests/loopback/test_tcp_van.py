@@ -65,6 +65,31 @@ def test_large_and_small_values_round_trip_and_land_in_reused_buffers(tcp_cluste
     assert worker_pool.allocated == 1 and worker_pool.reused >= 4
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("van", [VanType.BYTEPS_TCP, VanType.ZMQ])
+def test_a_push_in_pieces_arrives_as_one_vals_frame(van):
+    """A Gather vals frame (many partitions of one request): byteps_tcp sends its pieces
+    vectored, zmq a joined copy; the server reads one frame either way."""
+    from kvstore_byteps.van.wire.message import Gather
+    port, store = free_port(), {}
+
+    def on_request(req, server):
+        keys = tuple(int(k) for k in req.keys)
+        if req.meta.push:
+            store[keys] = (np.frombuffer(req.vals, np.float32).copy(), req.lens.copy())
+            server.respond(req)
+        else:
+            server.respond(req, req.keys, *store[keys])
+    nodes, worker = start_trio([config(role, port, van=van) for role in ROLES], on_request)
+    try:
+        pieces = [np.full(n, i, np.float32) for i, n in enumerate((3, 1 << 16, 5))]
+        worker.wait(worker.push([5, 6, 7], Gather(pieces), [p.nbytes for p in pieces]))
+        got = np.frombuffer(worker.wait(worker.pull([5, 6, 7])).vals, np.float32)
+        assert np.array_equal(got, np.concatenate(pieces))
+    finally:
+        stop_all(nodes)
+
+
 def send_raw(node, node_id, data):
     """Connect to ``node`` as ``node_id``, send ``data``, wait until the node hangs up."""
     with socket.create_connection(("127.0.0.1", node.my_node.port), timeout=20) as rogue:

@@ -54,3 +54,26 @@ def test_a_request_for_one_server_is_one_slice_and_still_checked():
         slice_request(keys, vals, np.array([8, 12], np.int32), ranges)
     with pytest.raises(ValueError, match="cannot be split evenly"):
         slice_request(keys, np.arange(5, dtype=np.uint8), None, ranges)
+
+
+def test_a_gathered_vals_frame_stays_in_pieces_for_one_server_and_is_joined_across_two():
+    from kvstore_byteps.van.wire.message import Gather
+    ranges = server_key_ranges(2)
+    pieces = Gather([np.arange(2, dtype=np.float32), np.arange(2, 5, dtype=np.float32)])
+    parts = slice_request(as_keys([1, 2]), pieces, np.array([8, 12], np.int32), ranges)
+    assert len(parts) == 1 and parts[0].vals is pieces        # no copy
+    with pytest.raises(ValueError, match="sum to 16"):
+        slice_request(as_keys([1, 2]), pieces, np.array([8, 8], np.int32), ranges)
+    parts = slice_request(as_keys([1, ranges[1].begin]), pieces, np.array([8, 12], np.int32),
+                          ranges)
+    assert [np.frombuffer(p.vals, np.float32).tolist() for p in parts] == [[0, 1], [2, 3, 4]]
+
+
+def test_a_gather_counts_and_joins_its_pieces():
+    from kvstore_byteps.van.wire.message import Gather, Message, Meta, contiguous
+    frame = Gather([b"ab", np.array([1], np.int32), memoryview(b"c")])
+    message = Message(Meta(), [np.zeros(1, np.uint64), frame])
+    assert message.data_bytes() == 8 + 7 and frame.nbytes == 7
+    assert contiguous(message.data)[1] == b"ab\x01\x00\x00\x00c"
+    with pytest.raises(TypeError):
+        memoryview(frame)                    # a van that forgot it fails, never sends it wrong

@@ -5,6 +5,16 @@ from typing import List, NamedTuple, Optional
 import numpy as np
 
 from ..wire.keys import KeyRange
+from ..wire.message import Gather
+
+
+class _Sized:
+    """The size of a Gather, all that checking a split needs."""
+
+    __slots__ = ("nbytes",)
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
 
 
 class Slice(NamedTuple):
@@ -30,14 +40,21 @@ def slice_request(keys: np.ndarray, vals, lens: Optional[np.ndarray],
 
     With ``lens`` the vals are split by the per-key byte lengths; without, evenly per key.
     """
-    vals = memoryview(vals).cast("B") if vals is not None else memoryview(b"")
+    if isinstance(vals, Gather):        # kept in pieces if it goes to one server
+        whole = vals
+        vals = _Sized(vals.nbytes)
+    else:
+        whole = None
+        vals = memoryview(vals).cast("B") if vals is not None else memoryview(b"")
     if len(keys):
         # the usual request: every key on one server (the worker groups them so); no numpy
         first, last = int(keys[0]), int(keys[-1])
         for rank, key_range in enumerate(ranges):
             if key_range.begin <= first and last < key_range.end:
                 _check_split(keys, vals, lens)
-                return [Slice(rank, keys, vals, lens)]
+                return [Slice(rank, keys, vals if whole is None else whole, lens)]
+    if whole is not None:
+        vals = memoryview(whole.join())
     bounds = np.searchsorted(keys, np.array([r.begin for r in ranges] + [ranges[-1].end],
                                             dtype=np.uint64))
     _check_split(keys, vals, lens)

@@ -14,7 +14,7 @@ from typing import Callable, Dict, Optional, Set, Tuple
 from ...errors import ConfigError, ProtocolError
 from ..base import Van
 from ..wire.codec import decode_meta, encode_meta
-from ..wire.message import K_EMPTY, Message, Node
+from ..wire.message import K_EMPTY, Message, Node, contiguous
 
 __all__ = ["LoopbackNetwork", "LoopbackVan"]
 
@@ -85,7 +85,7 @@ class LoopbackVan(Van):
             raise ProtocolError("no connection to node %s" % message.meta.recver)
         address, identity = peer
         meta = encode_meta(message.meta)
-        frames = [bytes(memoryview(d).cast("B")) for d in message.data]
+        frames = [bytes(memoryview(d).cast("B")) for d in contiguous(message.data)]
         self.network.deliver(self, address, (identity, meta, frames))
         return len(meta) + sum(len(f) for f in frames)
 

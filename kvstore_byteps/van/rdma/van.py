@@ -27,7 +27,7 @@ from typing import Callable, Dict, List
 from ...config import Config
 from ...errors import ProtocolError
 from ..wire.codec import decode_meta, encode_meta
-from ..wire.message import Message
+from ..wire.message import Message, contiguous
 from .channel import Channel
 from .regions import RegistrationCache
 from .wire import ChannelInfo
@@ -189,7 +189,8 @@ class RdmaVan(TcpVan):
         out = self._out.get(message.meta.recver)
         if out is None or self._closed.is_set():
             raise ProtocolError("no connection to node %s" % message.meta.recver)
-        pieces = [encode_meta(message.meta)] + [memoryview(d).cast("B") for d in message.data]
+        pieces = [encode_meta(message.meta)] + [memoryview(d).cast("B")
+                                                for d in contiguous(message.data)]
         try:
             with out.connection.lock:
                 out.connection.channel.send(pieces)

@@ -40,7 +40,7 @@ from .. import auth
 from . import claims, frame as tcp_frame
 from ..base import Van
 from ..wire.codec import decode_meta, encode_meta
-from ..wire.message import K_EMPTY, Message, Node
+from ..wire.message import K_EMPTY, Gather, Message, Node
 from .recv_buffers import RecvBufferPool
 from .outbound import Outbound, Writer
 from .reader import MessageReader
@@ -310,9 +310,18 @@ class TcpVan(Van):
         if out is None or self._closed.is_set():
             raise ProtocolError("no connection to node %s" % recver)
         meta = encode_meta(message.meta)
-        frames = [memoryview(d).cast("B") for d in message.data]
-        header = tcp_frame.encode_header(meta, [f.nbytes for f in frames])
-        buffers = [memoryview(header + meta)] + frames
+        lengths, pieces = [], []        # a Gather frame goes out in its pieces (sendmsg)
+        for d in message.data:
+            if isinstance(d, Gather):
+                parts = [memoryview(piece).cast("B") for piece in d]
+                lengths.append(sum(p.nbytes for p in parts))
+                pieces.extend(parts)
+            else:
+                view = memoryview(d).cast("B")
+                lengths.append(view.nbytes)
+                pieces.append(view)
+        header = tcp_frame.encode_header(meta, lengths)
+        buffers = [memoryview(header + meta)] + pieces
         total = sum(b.nbytes for b in buffers)
         if out.send(buffers):
             self._writer.watch(out)

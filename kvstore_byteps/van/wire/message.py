@@ -11,7 +11,8 @@ from ...config import Role
 
 __all__ = [
     "K_EMPTY", "SCHEDULER_ID", "SERVER_GROUP", "WORKER_GROUP", "SCHEDULER_GROUP", "ALL_GROUP",
-    "Role", "ControlCommand", "DataType", "Node", "Control", "Meta", "Message",
+    "Role", "ControlCommand", "DataType", "Node", "Control", "Meta", "Message", "Gather",
+    "contiguous",
     "server_rank_to_id", "worker_rank_to_id", "id_to_rank",
 ]
 
@@ -161,12 +162,37 @@ class Meta:
         return not self.control.empty
 
 
+class Gather(tuple):
+    """One data frame made of several buffers, one after the other (a push of many small
+    partitions to one server: the vals frame). A van that sends vectored (byteps_tcp) sends
+    the pieces as they are; the others send :func:`contiguous` copies. Not a buffer itself:
+    a van that forgot it fails at once, it cannot send the wrong bytes."""
+
+    __slots__ = ()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(memoryview(piece).nbytes for piece in self)
+
+    def join(self) -> bytes:
+        """The pieces copied into one buffer."""
+        return b"".join([memoryview(piece).cast("B") for piece in self])
+
+
 @dataclasses.dataclass
 class Message:
-    """A meta plus data buffers (each anything exposing the buffer protocol)."""
+    """A meta plus data frames: buffers (anything exposing the buffer protocol) or
+    :class:`Gather` s of buffers."""
 
     meta: Meta
     data: Sequence = dataclasses.field(default_factory=list)
 
     def data_bytes(self) -> int:
-        return sum(memoryview(d).nbytes for d in self.data)
+        return sum(d.nbytes if isinstance(d, Gather) else memoryview(d).nbytes
+                   for d in self.data)
+
+
+def contiguous(data: Sequence) -> list:
+    """``data`` with every :class:`Gather` joined into one buffer (for vans that send a frame
+    as one buffer)."""
+    return [d.join() if isinstance(d, Gather) else d for d in data]

@@ -18,7 +18,7 @@ from ...errors import ConfigError, ProtocolError
 from ...logs import PeerLog
 from ..base import Van
 from ..wire.codec import decode_meta, encode_meta
-from ..wire.message import K_EMPTY, Message, Node
+from ..wire.message import K_EMPTY, Message, Node, contiguous
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class ZMQVan(Van):
         if lock is None:
             raise ProtocolError("no connection to node %s" % recver)
         frames = [encode_meta(message.meta)]
-        frames.extend(message.data)
+        frames.extend(contiguous(message.data))
         copy = message.data_bytes() < _ZERO_COPY_MIN_BYTES
         with lock:
             socket = self._senders.get(recver)
