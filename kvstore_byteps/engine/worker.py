@@ -55,7 +55,12 @@ class _Finished:
         self.engine, self.on_done = engine, on_done
 
     def __call__(self, future) -> None:
-        self.engine._task_finished(future.exception(), self.on_done)
+        try:
+            self.engine._task_finished(future.exception(), self.on_done)
+        except Exception as exc:  # never leave the engine operation pending: a silent hang
+            log.exception("finishing a pushpull failed")
+            if self.on_done is not None:
+                self.on_done(exc)     # done() is idempotent: a second call does nothing
 
 
 @dataclasses.dataclass

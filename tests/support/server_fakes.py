@@ -6,7 +6,7 @@ import numpy as np
 
 from kvstore_byteps.mxproto import RequestType, encode_cmd
 from kvstore_byteps.van.kv.app import KVPairs, KVRequest
-from kvstore_byteps.van.wire.message import Meta
+from kvstore_byteps.van.wire.message import Gather, Meta
 
 WORKER0, WORKER1, WORKER2 = 9, 11, 13
 _timestamps = iter(range(10 ** 9))
@@ -46,7 +46,10 @@ class Answer:
         self.req, self.keys, self.lens, self.error, self.body = req, keys, lens, error, body
         self.vals_ref = vals                            # what the server handed over
         # the bytes as they were when respond() was called
-        self.vals = None if vals is None else bytes(memoryview(vals).cast("B"))
+        if isinstance(vals, Gather):                    # a batch answer, in pieces
+            self.vals = vals.join()
+        else:
+            self.vals = None if vals is None else bytes(memoryview(vals).cast("B"))
 
     def values(self, dtype=np.float32):
         return np.frombuffer(self.vals, dtype=dtype)
