@@ -21,8 +21,7 @@ import numpy as np
 from ..compress.params import CompressionSpec
 from ..compress.state import PartitionCompressor
 from ..errors import KVStoreBytePSError, PeerError
-from ..memory import copy_bytes
-from ..van.wire.message import Gather
+from ..memory import copy_bytes, one_frame
 from ..mxproto import RequestType, encode_cmd
 from .trace import Phase, now_ns
 
@@ -117,8 +116,7 @@ def _payload(group):
     """``(keys, buffers, vals, lens)`` of a push of ``group``: its ps keys, each partition's
     bytes, those bytes as one buffer, and their lengths."""
     buffers = [send_buffer(item) for item in group]
-    # many partitions: one vals frame in pieces, sent vectored where the van can (no copy)
-    vals = buffers[0] if len(buffers) == 1 else Gather(buffers)
+    vals = one_frame(buffers)      # large partitions in pieces (no copy), small ones joined
     return ([item.partition.ps_key for item in group], buffers, vals,
             [item.partition.nbytes for item in group])
 

@@ -11,8 +11,8 @@ from typing import Callable, List
 import numpy as np
 
 from ..errors import ProtocolError
+from ..memory import one_frame
 from ..mxproto import Cmd
-from ..van.wire.message import Gather
 
 
 def split_values(req, cmd: Cmd, count: int) -> List[np.ndarray]:
@@ -56,9 +56,9 @@ class BatchAnswer:
             complete = self._missing == 0
         if complete:
             lens = np.array([p.nbytes for p in self._parts], dtype=np.int32)
-            # sent in pieces (byteps_tcp: vectored, no copy): each part is a published sum
-            # or weights, which no later round writes before every worker read this one
-            vals = Gather([p.reshape(-1) for p in self._parts])
+            # large parts sent in pieces (byteps_tcp: vectored, no copy): each is a published
+            # sum or weights, which no later round writes before every worker read this one
+            vals = one_frame([p.reshape(-1) for p in self._parts])
             self.reply(self.server, self.req, keys=self.req.keys, vals=vals, lens=lens)
 
 

@@ -66,3 +66,15 @@ def test_join_bytes_puts_the_buffers_one_after_the_other():
 
 def test_join_bytes_of_nothing_is_empty():
     assert join_bytes([]).nbytes == 0
+
+
+def test_one_frame_keeps_large_pieces_apart_and_joins_small_ones():
+    from kvstore_byteps.memory import GATHER_MIN_PIECE_BYTES, one_frame
+    from kvstore_byteps.van.wire.message import Gather
+    large = [np.zeros(GATHER_MIN_PIECE_BYTES, np.uint8), np.ones(GATHER_MIN_PIECE_BYTES, np.uint8)]
+    frame = one_frame(large)
+    assert isinstance(frame, Gather) and frame.nbytes == 2 * GATHER_MIN_PIECE_BYTES
+    assert frame.join() == bytes(GATHER_MIN_PIECE_BYTES) + b"\x01" * GATHER_MIN_PIECE_BYTES
+    small = [np.arange(3, dtype=np.uint8), np.arange(3, 5, dtype=np.uint8)]
+    assert one_frame(small).tolist() == [0, 1, 2, 3, 4]
+    assert one_frame(small[:1]) is small[0]
