@@ -13,6 +13,7 @@ is a list of work items sent as one request and ``done(error, items)`` moves ite
 A pulled partition's sum is copied into every output by :func:`broadcast`.
 """
 import itertools
+import logging
 import threading
 from typing import Dict, List, Optional
 
@@ -27,6 +28,8 @@ from .trace import Phase, now_ns
 
 __all__ = ["PlainRoute", "RidingRoute", "CompressedRoute", "RidingPull", "broadcast",
            "split_answer", "span"]
+
+log = logging.getLogger(__name__)
 
 _COMPRESSED_CMD = encode_cmd(RequestType.BYTEPS_COMPRESSED, np.float32)
 
@@ -106,6 +109,9 @@ class PlainRoute:
                         broadcast(item, vals, self.tracer, maybe_in_place=request.landed)
                 except KVStoreBytePSError as exc:
                     error = exc
+                except Exception as exc:  # a bug here must fail the task, never leave it pending
+                    log.exception("handling a pull's answer failed")
+                    error = exc
             done(error, group)
         self.kv.pull([item.partition.ps_key for item in group],
                      cmd=group[0].task.context.layout.round_cmd, priority=group[0].priority,
@@ -170,6 +176,9 @@ class RidingPull:
                           zip(self._group, split_answer(request.result, len(self._group)))}
             except KVStoreBytePSError as exc:
                 error = exc
+            except Exception as exc:  # a bug here must fail the task, never leave it pending
+                log.exception("handling a pull's answer failed")
+                error = exc
         self._group = None    # the items refer to this object: no reference cycle
         with self._lock:
             self._answered, self._error, self._values = True, error, values
@@ -194,6 +203,9 @@ class RidingPull:
                     broadcast(item, self._values.pop(id(item)), self._tracer,
                               maybe_in_place=self._landed)
             except KVStoreBytePSError as exc:
+                error = exc
+            except Exception as exc:  # a bug here must fail the task, never leave it pending
+                log.exception("handling a pull's answer failed")
                 error = exc
         done(error, items)
 
@@ -264,6 +276,9 @@ class CompressedRoute:
                 except (ValueError, IndexError) as exc:   # bytes that do not decode
                     error = PeerError("ps key %d: the server's compressed answer does not "
                                       "decode: %s" % (ps_key, exc))
+                except Exception as exc:  # a bug here must fail the task, never leave it pending
+                    log.exception("handling a pull's answer failed")
+                    error = exc
             done(error, group)
         self.kv.pull([ps_key], cmd=_COMPRESSED_CMD, priority=item.priority,
                      extra={"round": r}, callback=on_answer)
