@@ -20,8 +20,8 @@ last answer), so it needs no round number on the wire:
 * a push that arrives while the open round is closing (complete, its update being computed)
   joins the next round as a late one; only a push later than :data:`MAX_LATE_ROUNDS` rounds
   is dropped (counted): no gradient is lost to a race with a round's close;
-* a round also closes once every worker present pushed into it (late and dropped pushes
-  included): a round never waits for a worker's *next* push, which may wait behind a round of
+* a round that a worker waits for also closes once every worker present pushed into it
+  (late and dropped pushes included): a round never waits for a worker's *next* push, which may wait behind a round of
   another key that waits for one of ours (two workers left, their steps crossed over two keys:
   a hang). Proof sketch, tested by random interleavings: a round waits for a worker only if
   its current push went to an earlier round, so that worker started its step earlier than the
@@ -214,11 +214,19 @@ class BackupRounds:
         if (self.ended or self._closing or self._gradients == 0
                 or self._summed < self._gradients):
             return None
-        present = self.num_workers - len(self._absent)
-        if len(self._fresh) < self.needed and len(self._senders - self._absent) < present:
+        if len(self._fresh) < self.needed and not (self._waited_for() and
+                                                   len(self._senders - self._absent)
+                                                   >= self.num_workers - len(self._absent)):
             return None
         self._closing = True
         return self._buffer, self._gradients
+
+    def _waited_for(self) -> bool:
+        """Whether a worker's push is in the open round on time, its pull not yet answered:
+        only then may the round close short of W - b on time (a leftover late gradient after
+        the others finished, or while they wait in a barrier, stays out of the weights they
+        read, as it always did)."""
+        return any(r >= self.version for r in self._pushed.values())
 
     def close(self) -> List[object]:
         """The open round's new weights are in place: count the version, start the next

@@ -157,3 +157,16 @@ def test_a_worker_is_stale_until_it_reads_the_latest_weights():
     assert not r.stale(9) and r.stale(13)              # 13 last read version 0
     r.note_read(13)
     assert not r.stale(13)
+
+
+def test_a_leftover_late_gradient_stays_out_of_the_weights_read_after_a_barrier():
+    r = rounds()
+    push(r, 9, 1)
+    push(r, 11, 1)
+    r.request_pull(9, "t9"), r.request_pull(11, "t11")
+    r.close()
+    assert push(r, 13, 5) == (1, None)                 # late: joins round 1, nobody waits
+    assert r.request_pull(13, "t13") == 1
+    for sender in (9, 11, 13):                         # the workers wait in a barrier
+        r.set_absent(sender, True)
+    assert r.recheck() is None and r.version == 1      # what they read next is round 1's
