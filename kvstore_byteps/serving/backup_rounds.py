@@ -214,12 +214,14 @@ class BackupRounds:
         if (self.ended or self._closing or self._gradients == 0
                 or self._summed < self._gradients):
             return None
-        if len(self._fresh) < self.needed and not (self._waited_for() and
-                                                   len(self._senders - self._absent)
-                                                   >= self.num_workers - len(self._absent)):
+        if len(self._fresh) < self.needed and not (self._waited_for()
+                                                   and self._every_present_worker_pushed()):
             return None
         self._closing = True
         return self._buffer, self._gradients
+
+    def _every_present_worker_pushed(self) -> bool:
+        return len(self._senders - self._absent) >= self.num_workers - len(self._absent)
 
     def _waited_for(self) -> bool:
         """Whether a worker's push is in the open round on time, its pull not yet answered:
