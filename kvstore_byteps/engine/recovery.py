@@ -78,6 +78,15 @@ class Unrecoverable:
     def answered(self, group) -> None:
         """Nothing to count."""
 
+    def explain(self, error: Optional[BaseException]) -> Optional[BaseException]:
+        """``error`` of a request, with what this worker could not do about a server that
+        went away (a send to it failed): restore it once restarted, and why. Whether the send
+        or the restart's announcement comes first is a race; the advice is the same."""
+        if getattr(error, "unreachable_node", None) is None or not self.reason:
+            return error
+        return PeerError("%s (if that server died, this worker cannot restore it when it "
+                         "restarts: %s)" % (error, self.reason))
+
     def recover(self, node: Node, epoch: int) -> None:
         error = PeerError("%s was restarted and lost what it held; worker rank %s cannot "
                           "restore it: %s" % (node.describe_rank(), self.rank, self.reason))

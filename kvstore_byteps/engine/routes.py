@@ -96,7 +96,7 @@ class PlainRoute:
         keys, buffers, vals, lens = _payload(group)
         self.kv.push(keys, vals, lens, cmd=group[0].task.context.layout.round_cmd,
                      priority=group[0].priority,
-                     callback=lambda request: done(request.error, group),
+                     callback=lambda request: done(self.keeper.explain(request.error), group),
                      on_send=self.keeper.on_send(group, buffers))
 
     def pull(self, group, done) -> None:
@@ -139,7 +139,8 @@ class RidingRoute(PlainRoute):
             item.riding_pull = riding
         self.kv.push_with_pull(keys, vals, lens, cmd=group[0].task.context.layout.round_cmd,
                                priority=group[0].priority,
-                               push_callback=lambda request: done(request.error, group),
+                               push_callback=lambda request: done(
+                                   self.keeper.explain(request.error), group),
                                pull_callback=riding.arrived, into=_landing(group))
 
     def pull(self, group, done) -> None:

@@ -462,8 +462,10 @@ class KVWorker:
             self._fail_send(request, message, exc)
 
     def _fail_send(self, request: Request, message: Message, exc: Exception) -> None:
-        self._fail_request(request, PeerError("%s: sending to node %d failed: %s"
-                                              % (request.what, message.meta.recver, exc)))
+        error = PeerError("%s: sending to node %d failed: %s"
+                          % (request.what, message.meta.recver, exc))
+        error.unreachable_node = message.meta.recver     # for the engine's advice
+        self._fail_request(request, error)
         raise request.error from exc
 
     def _on_message(self, message: Message) -> None:
