@@ -1,19 +1,13 @@
 """The cost-model benchmark's grid and fit (benchmarks/bench_cost.py)."""
-import sys
-
 import pytest
 
-from tests.support.benchmarks import load_benchmark
-from tests.support.paths import REPO
+from tests.support.benchmarks import benchmark_with_siblings
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, REPO + "/benchmarks")     # its sibling modules
-    try:
-        yield load_benchmark("bench_cost")
-    finally:
-        sys.path.remove(REPO + "/benchmarks")
+    with benchmark_with_siblings("bench_cost") as module:
+        yield module
 
 
 def test_the_grid_leaves_out_rounds_over_the_limit(bench):

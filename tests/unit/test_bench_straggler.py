@@ -1,19 +1,13 @@
 """The straggler benchmark's summary of a job (benchmarks/bench_straggler.py)."""
-import sys
-
 import pytest
 
-from tests.support.benchmarks import load_benchmark
-from tests.support.paths import REPO
+from tests.support.benchmarks import benchmark_with_siblings
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, REPO + "/benchmarks")     # its sibling modules
-    try:
-        yield load_benchmark("bench_straggler")
-    finally:
-        sys.path.remove(REPO + "/benchmarks")
+    with benchmark_with_siblings("bench_straggler") as module:
+        yield module
 
 
 def result(rank, samples, window, accuracy=(), final=None, ended=False):
