@@ -78,7 +78,7 @@ def one_frame(buffers):
     pieces = [memoryview(b).cast("B") for b in buffers]
     if sum(p.nbytes for p in pieces) >= GATHER_MIN_PIECE_BYTES * len(pieces):
         return Gather(pieces)
-    return np.frombuffer(b"".join(pieces), np.uint8)
+    return join_bytes(pieces)
 
 
 def join_bytes(buffers) -> np.ndarray:
