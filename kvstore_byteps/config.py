@@ -179,6 +179,8 @@ class Env:
     PARTITION_BYTES = "BYTEPS_PARTITION_BYTES"
     PARTITION_SPREAD_BYTES = "BYTEPS_PARTITION_SPREAD_BYTES"
     SCHEDULING_CREDIT = "BYTEPS_SCHEDULING_CREDIT"
+    FUSION_BYTES = "BYTEPS_FUSION_BYTES"
+    FUSION_TIMEOUT = "BYTEPS_FUSION_TIMEOUT"
     SERVER_ENGINE_THREAD = "BYTEPS_SERVER_ENGINE_THREAD"
     SERVER_PACING_BYTES = "BYTEPS_SERVER_PACING_BYTES"
     SERVER_PACING_HOLD_MS = "BYTEPS_SERVER_PACING_HOLD_MS"
@@ -256,6 +258,11 @@ class Config:
     #: partitions of 4 MB in flight left the links idle while each waited its round trip
     #: (12.7 s a step; 8: 11.4 s, 16: 11.3-11.6 s); ResNet-50, VGG-16 and loopback unchanged
     scheduling_credit: int = 8
+    #: gradient buckets: consecutive small keys of one dtype fused into one server key of at
+    #: most this many bytes (engine/buckets.py); 0: every key alone
+    fusion_bytes: int = 262144
+    #: a bucket's round waits at most this long (seconds) for its last member's push
+    fusion_timeout: float = 60.0
     server_summing_threads: int = 4
     #: a worker's round pushes may run this far ahead of the slowest worker's before the
     #: server holds their acknowledgements (serving/pacing.py); 0 (default): no pacing
@@ -355,6 +362,8 @@ class Config:
             partition_spread_bytes=env.get(Env.PARTITION_SPREAD_BYTES, _nonnegative_int,
                                            262144),
             scheduling_credit=env.get(Env.SCHEDULING_CREDIT, _positive_int, 8),
+            fusion_bytes=env.get(Env.FUSION_BYTES, _nonnegative_int, 262144),
+            fusion_timeout=env.get(Env.FUSION_TIMEOUT, _positive_float, 60.0),
             server_summing_threads=env.get(Env.SERVER_ENGINE_THREAD, _positive_int,
                                           default_server_summing_threads(usable_cores())),
             server_pacing_bytes=env.get(Env.SERVER_PACING_BYTES, _nonnegative_int, 0),

@@ -15,7 +15,8 @@ class SyncTraining(StoreMode):
     def push(self, key, values, priority) -> None:
         store = self.store
         ikey = store._initialised_key(key)
-        store._submit(ikey, values, [store._push_results[ikey]], priority)
+        # alone, not in its gradient bucket: a push is often read before the next key's push
+        store._submit(ikey, values, [store._push_results[ikey]], priority, fusable=False)
 
     def set_optimizer(self, optimizer) -> None:
         raise NotImplementedError(

@@ -204,6 +204,10 @@ class Layouts:
                                                                         shape, dtype))
         return known
 
+    def known(self, key: int) -> KeyLayout:
+        """The layout ``key`` already has (KeyError if none)."""
+        return self._known[key]
+
     def _new(self, key: int, shape: tuple, dtype: np.dtype) -> KeyLayout:
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         code = dtype_code(dtype)

@@ -12,7 +12,8 @@ same on every worker because every worker initialises its keys in the same order
 Trainer and Module do); a worker that does not is told at initialisation, when it reads back a
 partition from a server that does not hold it.
 
-Key encoding (collision-free for ``0 <= user_key < 2**31`` and up to 65536 partitions a key)::
+Key encoding (collision-free for ``0 <= user_key < 2**31`` and up to 65535 partitions a key; the
+last index, 65535, is a gradient bucket's server key, :mod:`.fusion`)::
 
     local_key = (user_key << 16) | partition_index            # < 2**47
     ps_key    = range_begin(server) + local_key
@@ -146,10 +147,10 @@ def plan_partitions(user_key: int, nbytes: int, itemsize: int, num_servers: int,
                              % (user_key, nbytes, itemsize))
     bound = partition_bound(partition_bytes, itemsize)
     count = max(-(-nbytes // bound), 1)
-    if count > MAX_PARTITIONS:
+    if count >= MAX_PARTITIONS:     # the last index is a gradient bucket's (engine/fusion.py)
         raise KeyLayoutError("key %d: %d bytes need %d partitions of %d bytes; at most %d are "
                              "supported (raise BYTEPS_PARTITION_BYTES)"
-                             % (user_key, nbytes, count, bound, MAX_PARTITIONS))
+                             % (user_key, nbytes, count, bound, MAX_PARTITIONS - 1))
     if key_hash is KeyHash.BALANCED:
         if server_bytes is None:
             server_bytes = [0] * num_servers

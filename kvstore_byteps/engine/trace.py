@@ -91,6 +91,10 @@ class Tracer:
         """Show ``key`` as ``name`` (MXNet's parameter name, where the key was one)."""
         self._names[key] = name
 
+    def name_of(self, key: int) -> str:
+        """How ``key`` is shown."""
+        return self._names.get(key, "key %d" % key)
+
     def next_step(self, key: int) -> int:
         """Count one more pushpull of ``key``; return its step number (0 for the first)."""
         with self._lock:
@@ -126,7 +130,7 @@ class Tracer:
         return {
             "name": event.stage_name, "ph": "X", "cat": "Comm",
             "ts": start_us, "dur": max(event.end_ns - event.start_ns, 0) / 1000.0,
-            "pid": self._names.get(event.key, "key %d" % event.key),
+            "pid": self.name_of(event.key),
             "tid": "part %d" % event.part if event.part >= 0 else "tensor",
             "args": {"key": event.key, "part": event.part, "step": event.step,
                      "priority": event.priority},

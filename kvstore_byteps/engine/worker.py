@@ -32,6 +32,7 @@ from ..van.kv.app import KVWorker
 from ..van.wire.message import ALL_GROUP, SERVER_GROUP, WORKER_GROUP
 from ..van.runtime.postoffice import Postoffice
 from ..words import count
+from .fusion import Fusion
 from .modes import tell_presence
 from . import sizing
 from .layout import KeyLayout, Layouts, ServerDialect, dialect_for, server_kind
@@ -102,6 +103,7 @@ class WorkerEngine:
         #: finished); this worker's late step was not applied
         self.training_over = False
         self._finished = False           # finish_training ran (its barrier passed)
+        self.fusion: Optional[Fusion] = None     # gradient buckets (set at start)
 
     def start(self) -> "WorkerEngine":
         """Join the cluster and get ready to push: postoffice start and MXNet's start-up
@@ -121,6 +123,9 @@ class WorkerEngine:
         self.dialect = dialect_for(kind, config, self.po.num_servers)
         self.layouts = Layouts(self.dialect)
         self.keeper = self._keeper()
+        # a bucket is one partition: at most the partition size
+        self.fusion = Fusion(self, min(config.fusion_bytes, config.partition_bytes)
+                             if self._fuses() else 0, config.fusion_timeout)
         self.po.on_recovery(lambda node, epoch: self.kv.post(
             lambda: self.keeper.recover(node, epoch)))
         if self.rank == 0:
@@ -163,13 +168,15 @@ class WorkerEngine:
         credit = self.dialect.credit()
         sized = ("" if self.link_rate is None else
                  " (sized for rank 0's link to the servers: %.0f MB/s)" % (self.link_rate / 1e6))
-        return ("dist_byteps: %s, %s (%s); van %s; partitions of %d bytes%s; credit %s%s%s"
+        return ("dist_byteps: %s, %s (%s); van %s; partitions of %d bytes%s; credit %s%s%s%s"
                 % (count(self.num_workers, "worker"),
                    count(self.po.num_servers, self.dialect.noun), self.dialect.detail,
                    self.po.transport, cfg.partition_bytes, sized,
                    "%d bytes (%d partitions)" % (credit, cfg.scheduling_credit) if credit
                    else "unlimited",
                    "; each pull sent with its push" if self._pulls_ride() else "",
+                   "; gradient buckets of up to %d bytes" % self.fusion.plan.capacity
+                   if self.fusion.enabled else "",
                    "" if self.mode.summed else "; training %s" % self.mode.name))
 
     def _pulls_ride(self) -> bool:
@@ -178,6 +185,11 @@ class WorkerEngine:
         rounds (a restarted server is sent the pushes again, and would not know the pulls)."""
         return (self.config.pull_with_push and self.dialect.extensions_missing is None
                 and not self.mode.asynchronous and not self.config.server_recovery)
+
+    def _fuses(self) -> bool:
+        """Gradient buckets where the servers sum rounds the workers apply: our servers,
+        synchronous training."""
+        return self.dialect.extensions_missing is None and self.mode.summed
 
     def _keeper(self) -> Unrecoverable:
         reason = self.dialect.unrecoverable or self.mode.unrecoverable
@@ -225,6 +237,8 @@ class WorkerEngine:
             raise KVStoreBytePSError("declaring tensors in any order needs kvstore-byteps "
                                      "servers; %s" % self.dialect.extensions_missing)
         layout = self.layout(key, value.shape, value.dtype)
+        if not any_order:       # declared in the same order on every worker: may be fused
+            self.fusion.declare(layout)
         for part in layout.partitions:    # where this key's answers will land, every round
             self.kv.expect_answers(part.ps_key, part.nbytes)
         self.keeper.keep(layout)
@@ -307,22 +321,40 @@ class WorkerEngine:
         return request
 
     # ------------------------------------------------------------------ pushpull
+    def use(self, key: int, fusable: bool = True) -> None:
+        """A pushpull (``fusable``) or a lone push of ``key`` is being called (the API thread,
+        in the program's order): what gradient buckets learn from it (:mod:`.fusion`)."""
+        self.fusion.use(key, fusable)
+
     def pushpull(self, key: int, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
                  priority: int = 0, on_done: Optional[Callable[[Optional[BaseException]], None]]
-                 = None) -> Task:
+                 = None, fusable: bool = True) -> Optional[Task]:
         """Sum ``inputs`` over local devices and all workers into every output. Returns at once;
-        ``on_done(error_or_None)`` runs on a pipeline thread when finished."""
+        ``on_done(error_or_None)`` runs on a pipeline thread when finished. ``key`` goes in
+        its gradient bucket if it has one and ``fusable`` (then None is returned), else alone
+        (its task is returned)."""
         layout = self.layout(key, inputs[0].shape, inputs[0].dtype)
         for array in (*inputs, *outputs):
             if array.shape != layout.shape or array.dtype != layout.dtype:
                 raise KeyLayoutError("%s: got an array of shape %s and dtype %s"
                                      % (layout.name, array.shape, array.dtype))
+        if fusable and self.fusion.arrive(key, inputs, outputs, priority, on_done):
+            return None
         traced = self.tracer.enabled and len(inputs) > 1   # one input is sent as is: no reduce
         reduce_start = now_ns() if traced else 0
         context = RoundData(layout, local_reduce(inputs),
                             [a.reshape(-1).view(np.uint8) for a in outputs],
                             (reduce_start, now_ns()) if traced else None)
         task = Task(key, layout.partitions, priority, name=layout.name, context=context)
+        task.future.add_done_callback(_Finished(self, on_done))
+        self._submit_in_order(task)
+        return task
+
+    def submit_round(self, layout: KeyLayout, send: np.ndarray, outputs: List[np.ndarray],
+                     priority: int, on_done) -> Task:
+        """Run one round of ``layout`` (already reduced into ``send``) through the pipeline."""
+        task = Task(layout.key, layout.partitions, priority, name=layout.name,
+                    context=RoundData(layout, send, outputs, None))
         task.future.add_done_callback(_Finished(self, on_done))
         self._submit_in_order(task)
         return task
@@ -411,6 +443,7 @@ class WorkerEngine:
             body = json.dumps(dict(params)).encode("utf-8")
             self._command(ServerCommand.BYTEPS_COMPRESSION, body, "setting gradient compression")
         self.compressed = CompressedRoute(self.kv, self.tracer, spec)
+        self.fusion.disable("gradients are compressed")
 
     # ------------------------------------------------------------------ shutdown
     def close(self) -> None:
@@ -424,6 +457,7 @@ class WorkerEngine:
             self.po.stop()
             return
         timeout = self.config.request_timeout
+        self.fusion.close()
         try:
             self.pipeline.close(timeout)
             if self.tracer.enabled:

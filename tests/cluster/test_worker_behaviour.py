@@ -63,16 +63,23 @@ def test_workers_disagreeing_on_a_shape_get_an_error_naming_the_key():
         assert "ERROR rank" in out and "key 5" in out, out
 
 
-def test_trace_shows_every_stage_with_the_parameter_names(tmp_path):
+@pytest.mark.parametrize("buckets", ["0", "262144"])
+def test_trace_shows_every_stage_with_the_parameter_names(tmp_path, buckets):
     import json
     env = {"BYTEPS_TRACE_ON": "1", "BYTEPS_TRACE_START_STEP": "1",
-           "BYTEPS_TRACE_END_STEP": "1", "BYTEPS_TRACE_DIR": str(tmp_path)}
+           "BYTEPS_TRACE_END_STEP": "1", "BYTEPS_TRACE_DIR": str(tmp_path),
+           "BYTEPS_FUSION_BYTES": buckets}
     results = run_checks("trace", env=env)
     assert all("TRACE OK" in results[w][1] for w in ("worker0", "worker1")), results
     for rank in (0, 1):
         events = json.loads((tmp_path / str(rank) / "comm.json").read_text())["traceEvents"]
         assert {e["args"]["step"] for e in events} == {1}
         stages = {(e["pid"], e["tid"], e["name"]) for e in events}
+        if buckets != "0":      # the two keys travel as one bucket, named by its parameters
+            name = "bucket 0 (conv0_weight, dense0_bias)"
+            assert {(name, "part 0", "PUSH"), (name, "part 0", "PULL"),
+                    (name, "part 0", "LOCAL_BROADCAST")} <= stages, stages
+            continue
         for name in ("conv0_weight", "dense0_bias"):   # one partition each
             assert {(name, "tensor", "LOCAL_REDUCE"), (name, "part 0", "PUSH"),
                     (name, "part 0", "PULL"), (name, "part 0", "LOCAL_BROADCAST")} <= stages

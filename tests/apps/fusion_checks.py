@@ -1,0 +1,119 @@
+"""Gradient buckets checked from inside a worker: ``fusion_checks.py MODE [ARGS]``.
+
+sums STORE ROUNDS  60 small keys (float32, then float16, then float32) and two big ones, every
+         round integer values that differ by rank, key and round, each worker pushing its
+         keys in its own random order; every sum is checked exactly, and the last line is
+         ``SUMS <digest>``, a hash of every output of every round (the test compares the digest
+         of dist_byteps with and without buckets and of dist_sync).
+wait     keys 0-2 declared, then pushed one at a time, each read before the next is pushed
+         (a test of sums, one key at a time): the bucket is dissolved after the first read's
+         wait and every sum is exact; "WAIT OK <seconds of the first round>".
+stuck    keys 0-2 declared and pushed, key 1's gradient held back by an engine operation
+         that does not finish: reading key 0 must fail within BYTEPS_FUSION_TIMEOUT,
+         naming key 1; "STUCK FAILED: <error>".
+mismatch every rank declares the same keys in the same order; run with a different
+         BYTEPS_FUSION_BYTES on one worker, its buckets differ from rank 0's: the first step
+         must fail there saying the workers fused keys differently, never sum wrong bytes.
+"""
+import hashlib
+import sys
+import threading
+import time
+
+import mxnet as mx
+import numpy as np
+
+SMALL = [(int(n),) for n in np.random.RandomState(0).randint(1, 3000, size=60)]
+DTYPES = ["float32"] * 25 + ["float16"] * 10 + ["float32"] * 25
+BIG = [(700000,), (300001,)]       # cut into partitions, and near the bucket capacity
+
+
+def check_sums(store, rounds):
+    kv = mx.kv.create(store)
+    shapes = SMALL[:25] + [BIG[0]] + SMALL[25:] + [BIG[1]]
+    dtypes = DTYPES[:25] + ["float32"] + DTYPES[25:] + ["float32"]
+    for key, (shape, dtype) in enumerate(zip(shapes, dtypes)):
+        kv.init(key, mx.nd.zeros(shape, dtype=dtype))
+    digest = hashlib.sha256()
+    order = np.random.RandomState(100 + kv.rank)
+    for r in range(rounds):
+        grads = [mx.nd.array(np.full(shape, (kv.rank + 1) * (r % 7 + 1) + key % 5), dtype=dtype)
+                 for key, (shape, dtype) in enumerate(zip(shapes, dtypes))]
+        for key in order.permutation(len(shapes)):
+            kv.pushpull(int(key), grads[key], priority=-int(key))
+        for key, grad in enumerate(grads):
+            want = sum((w + 1) * (r % 7 + 1) + key % 5 for w in range(kv.num_workers))
+            got = grad.asnumpy()
+            assert got.dtype == np.dtype(dtypes[key]) and np.all(got == want), \
+                (r, key, got[:3], want)
+            digest.update(got.tobytes())
+    engine = getattr(kv, "_engine", None)
+    if engine is not None:
+        print("BUCKETS %d" % len(engine.fusion.plan.fused()) if engine.fusion.enabled
+              else "BUCKETS 0")
+    print("SUMS %s" % digest.hexdigest())
+
+
+def check_wait():
+    kv = mx.kv.create("dist_byteps")
+    for key in range(3):
+        kv.init(key, mx.nd.zeros((10,)))
+    began = time.monotonic()
+    for r in range(5):
+        for key in range(3):
+            grad = mx.nd.ones((10,)) * (key + r)
+            kv.pushpull(key, grad)
+            assert np.all(grad.asnumpy() == (key + r) * kv.num_workers), (r, key)
+        if r == 0:
+            first = time.monotonic() - began
+    print("WAIT OK %.1f" % first)
+
+
+def check_stuck():
+    from mxnet_patch.engine_async import push_async
+    kv = mx.kv.create("dist_byteps")
+    for key in range(3):
+        kv.init(key, mx.nd.zeros((10,)))
+    grads = [mx.nd.ones((10,)) for _ in range(3)]
+    release = threading.Event()
+    mx.nd.waitall()
+    push_async(lambda done: threading.Thread(target=lambda: (release.wait(), done())).start(),
+               const_arrays=[], mutable_arrays=[grads[1]], priority=0, name="held_back")
+    for key in range(3):
+        kv.pushpull(key, grads[key])
+    try:
+        grads[0].asnumpy()
+        print("STUCK DID NOT FAIL")
+    except Exception as exc:     # MXNet's error, carrying ours
+        print("STUCK FAILED: %s" % str(exc).splitlines()[0])
+    release.set()
+
+
+def check_mismatch():
+    kv = mx.kv.create("dist_byteps")
+    for key in range(6):
+        kv.init(key, mx.nd.zeros((key + 1,)))
+    grads = [mx.nd.ones((key + 1,)) for key in range(6)]
+    try:
+        for key in range(6):
+            kv.pushpull(key, grads[key])
+        mx.nd.waitall()
+    except Exception as exc:   # the error of the first step
+        print("MISMATCH FAILED rank %d: %s" % (kv.rank, str(exc).splitlines()[0]))
+        sys.stdout.flush()
+        raise SystemExit(3)
+    print("MISMATCH DID NOT FAIL rank %d" % kv.rank)
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "sums":
+        check_sums(sys.argv[2], int(sys.argv[3]))
+    elif mode == "wait":
+        check_wait()
+    elif mode == "stuck":
+        check_stuck()
+    elif mode == "mismatch":
+        check_mismatch()
+    else:
+        raise SystemExit("unknown mode %r" % mode)

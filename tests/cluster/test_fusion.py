@@ -1,0 +1,89 @@
+"""Gradient buckets (BYTEPS_FUSION_BYTES) in real clusters: exact sums against dist_sync's,
+and the two ways a program can break them ending in clear errors."""
+import re
+
+import pytest
+
+from tests.support.cluster import SCHEDULER_OURS, SERVER_OURS, UPSTREAM, Cluster, app, \
+    assert_all_ok
+from tests.support.demo import run_demo
+
+pytestmark = pytest.mark.timeout(150)
+
+
+def run(store, *args, env=None, servers=2, expect_ok=True, timeout=90, worker1_env=None):
+    ours = store == "dist_byteps"
+    base = {"MXNET_KVSTORE_SERVER": "byteps"} if ours else {}
+    with Cluster(num_workers=2, num_servers=servers, env=dict(base, **(env or {}))) as cluster:
+        cluster.start("scheduler", SCHEDULER_OURS if ours else UPSTREAM)
+        for _ in range(servers):
+            cluster.start("server", SERVER_OURS if ours else UPSTREAM)
+        cluster.start("worker", app("fusion_checks.py", *args))
+        cluster.start("worker", app("fusion_checks.py", *args), env=worker1_env)
+        if expect_ok:
+            results = cluster.wait_all(timeout)
+            assert_all_ok(results, cluster)
+            return {name: results[name] for name in ("worker0", "worker1")}
+        for name in ("worker0", "worker1"):
+            cluster.procs[name][0].wait(timeout)
+        return {name: (cluster.procs[name][0].returncode, cluster.output(name))
+                for name in ("worker0", "worker1")}
+
+
+def sums(results):
+    found = {re.search(r"SUMS (\w+)", out).group(1) for _, out in results.values()}
+    assert len(found) == 1, results
+    return found.pop()
+
+
+def buckets(results):
+    return {int(re.search(r"BUCKETS (\d+)", out).group(1)) for _, out in results.values()}
+
+
+def test_fused_and_unfused_sums_are_bit_equal_to_dist_syncs_with_workers_in_random_order():
+    rounds = "40"
+    fused = run("dist_byteps", "sums", "dist_byteps", rounds)
+    alone = run("dist_byteps", "sums", "dist_byteps", rounds, env={"BYTEPS_FUSION_BYTES": "0"})
+    upstream = run("dist_sync", "sums", "dist_sync", rounds)
+    assert buckets(fused) == {3} and buckets(alone) == {0}
+    assert sums(fused) == sums(alone) == sums(upstream)
+
+
+def test_keys_pushed_and_read_one_at_a_time_dissolve_their_bucket_and_sum_exactly():
+    results = run("dist_byteps", "wait")
+    for _, out in results.values():
+        first = float(re.search(r"WAIT OK ([\d.]+)", out).group(1))
+        assert first < 10, out      # one wait of about a second, then every key alone
+
+
+def test_a_member_whose_gradient_never_comes_fails_the_round_naming_it():
+    results = run("dist_byteps", "stuck", env={"BYTEPS_FUSION_TIMEOUT": "2"},
+                  expect_ok=False, timeout=60)
+    for _, out in results.values():
+        assert "STUCK FAILED" in out, out
+        assert "waited 2 s for the gradient of key 1 after keys 0, 2" in out, out
+
+
+def test_workers_whose_buckets_differ_stop_at_the_first_step():
+    # (keys declared in different orders already fail at their own initialisation:
+    # test_worker_behaviour.py; here only the buckets differ)
+    results = run("dist_byteps", "mismatch", env={"BYTEPS_REQUEST_TIMEOUT": "20"},
+                  worker1_env={"BYTEPS_FUSION_BYTES": "12"}, expect_ok=False, timeout=60)
+    # rank 1 (whichever process it is) says why; rank 0's round then ends at its deadline
+    said = [out for code, out in results.values()
+            if "MISMATCH FAILED rank 1: worker rank 1 fused keys differently from rank 0" in out]
+    assert len(said) == 1, results
+    assert all(code == 3 for code, _ in results.values()), results
+
+
+@pytest.mark.timeout(200)
+def test_the_demo_gives_the_same_parameters_with_buckets_on_and_off(spawn, tmp_path):
+    # gluon's Trainer: its keys are declared together and pushed in one loop every step
+    fused = run_demo(spawn, tmp_path / "fused.params", "--env", "BYTEPS_LOG_LEVEL=INFO")
+    alone = run_demo(spawn, tmp_path / "alone.params", "--env", "BYTEPS_FUSION_BYTES=0")
+    assert "[digits] parameters identical on all 2 workers" in fused
+    assert "gradient buckets of up to 262144 bytes" in fused, fused
+    # the metrics key (float64, declared first) is bucket 0, alone; the six parameters fused
+    assert "bucket 1 (keys 0, 1, 2, 3, 4, 5, float32, 68904 bytes) travels" in fused, fused
+    assert "is not used, its keys go alone" not in fused, fused   # never dissolved
+    assert (tmp_path / "fused.params").read_bytes() == (tmp_path / "alone.params").read_bytes()

@@ -1,0 +1,121 @@
+"""Gradient buckets' plan and rounds (kvstore_byteps/engine/buckets.py): pure, no sockets."""
+import numpy as np
+import pytest
+
+from kvstore_byteps.engine.buckets import BucketPlan
+
+pytestmark = pytest.mark.unit
+
+F32, F16 = np.dtype("float32"), np.dtype("float16")
+
+
+def declare_all(plan, keys):
+    """Declare ``(key, nbytes, dtype)`` in order; the buckets sealed meanwhile."""
+    return [b for b in (plan.declare(*k) for k in keys) if b is not None]
+
+
+def members(bucket):
+    return [m.key for m in bucket.members]
+
+
+def test_consecutive_small_keys_of_one_dtype_share_a_bucket_up_to_the_capacity():
+    plan = BucketPlan(1000)
+    sealed = declare_all(plan, [(0, 400, F32), (1, 400, F32), (2, 400, F32), (3, 100, F32)])
+    assert [members(b) for b in sealed] == [[0, 1]]        # key 2 did not fit: sealed
+    assert [(m.offset, m.nbytes) for m in sealed[0].members] == [(0, 400), (400, 400)]
+    assert plan.bucket_of(0) is sealed[0] and plan.bucket_of(1) is sealed[0]
+    assert plan.bucket_of(2) is None          # still open: not usable yet
+    assert members(plan.use(3)) == [2, 3]     # first use seals it
+    assert plan.bucket_of(3).nbytes == 500
+
+
+def test_a_dtype_change_a_big_key_or_a_zero_byte_key_ends_the_bucket_and_goes_alone():
+    plan = BucketPlan(1000)
+    sealed = declare_all(plan, [(0, 8, F32), (1, 8, F32), (2, 8, F16), (3, 8, F16),
+                                (4, 1000, F32), (5, 8, F32), (6, 0, F32), (7, 8, F32)])
+    assert [members(b) for b in sealed] == [[0, 1], [2, 3], [5]]
+    assert plan.bucket_of(4) is None and plan.bucket_of(6) is None
+    assert plan.bucket_of(5) is None           # a bucket of one is that key alone
+    assert [members(b) for b in plan.fused()] == [[0, 1], [2, 3]]
+
+
+def test_declaring_using_then_declaring_the_next_fuses_nothing():
+    plan = BucketPlan(1 << 20)
+    for key in range(5):                  # BytePS's and Horovod's per-tensor pattern
+        assert plan.declare(key, 64, F32) is None
+        sealed = plan.use(key)
+        assert members(sealed) == [key] and not sealed.fused
+    assert plan.fused() == []
+    assert plan.use(3) is None                 # using a key of a sealed bucket seals nothing
+
+
+def test_a_key_declared_again_keeps_its_place_and_no_capacity_means_no_buckets():
+    plan = BucketPlan(100)
+    declare_all(plan, [(0, 8, F32), (1, 8, F32)])
+    assert plan.declare(0, 8, F32) is None
+    assert members(plan.use(0)) == [0, 1]
+    off = BucketPlan(0)
+    assert declare_all(off, [(0, 8, F32), (1, 8, F32)]) == [] and off.use(0) is None
+
+
+def test_the_digest_tells_different_layouts_apart():
+    def digest(keys):
+        plan = BucketPlan(1000)
+        declare_all(plan, keys)
+        return plan.use(keys[0][0]).digest()
+    same = digest([(0, 8, F32), (1, 16, F32)])
+    assert same == digest([(0, 8, F32), (1, 16, F32)])
+    for other in ([(1, 16, F32), (0, 8, F32)], [(0, 16, F32), (1, 8, F32)],
+                  [(0, 8, F16), (1, 16, F16)], [(0, 8, F32), (1, 16, F32), (2, 4, F32)]):
+        assert digest(other) != same, other
+
+
+def sealed_bucket(sizes, capacity=1 << 20):
+    plan = BucketPlan(capacity)
+    declare_all(plan, [(k, n, F32) for k, n in enumerate(sizes)])
+    return plan.use(0)
+
+
+def test_a_round_completes_when_its_last_member_arrives_with_the_highest_priority():
+    bucket = sealed_bucket([4, 8, 4])
+    arrivals = []
+    for key, priority in ((2, -2), (0, 0), (1, -1)):
+        bucket_round, complete = bucket.arrive(key, ("out%d" % key, None), priority, now=0.0)
+        arrivals.append(complete)
+    assert arrivals == [False, False, True]
+    assert bucket_round.priority == 0
+    assert bucket_round.arrivals == [("out0", None), ("out1", None), ("out2", None)]
+    assert not bucket.has_open_rounds()
+
+
+def test_a_member_that_comes_back_before_the_others_joins_the_next_round_and_rounds_end_in_order():
+    bucket = sealed_bucket([4, 4])
+    first, _ = bucket.arrive(0, ("a0", None), 0, now=0.0)
+    second, complete = bucket.arrive(0, ("b0", None), 0, now=0.0)   # round 2 of key 0
+    assert second is not first and not complete
+    done, complete = bucket.arrive(1, ("a1", None), 0, now=0.0)
+    assert done is first and complete
+    done, complete = bucket.arrive(1, ("b1", None), 0, now=0.0)
+    assert done is second and complete
+    assert [a[0] for a in second.arrivals] == ["b0", "b1"]
+
+
+def test_buffers_are_reused_across_rounds():
+    bucket = sealed_bucket([4, 4])
+    slots = set()
+    for _ in range(5):
+        bucket.arrive(0, ("x", None), 0, now=0.0)
+        bucket_round, _ = bucket.arrive(1, ("y", None), 0, now=0.0)
+        slots.add(id(bucket_round.slot))
+        assert bucket_round.slot.send.nbytes == bucket_round.slot.answer.nbytes == 8
+        bucket.give_back(bucket_round.slot)
+    assert len(slots) == 1
+
+
+def test_a_round_missing_a_member_past_the_deadline_leaves_naming_the_missing_keys():
+    bucket = sealed_bucket([4, 4, 4])
+    bucket.arrive(1, ("x", None), 0, now=10.0)
+    assert bucket.overdue(now=14.0, timeout=5.0) == []
+    [late] = bucket.overdue(now=15.5, timeout=5.0)
+    assert bucket.missing_keys(late) == [0, 2]
+    assert not bucket.has_open_rounds()
