@@ -259,8 +259,10 @@ class Config:
     #: (12.7 s a step; 8: 11.4 s, 16: 11.3-11.6 s); ResNet-50, VGG-16 and loopback unchanged
     scheduling_credit: int = 8
     #: gradient buckets: consecutive small keys of one dtype fused into one server key of at
-    #: most this many bytes (engine/buckets.py); 0: every key alone
-    fusion_bytes: int = 262144
+    #: most this many bytes and the partition size (engine/buckets.py); 0: every key alone.
+    #: Measured (replayed ResNet-50, 4x4, 500 Mbit/s, 768 KB partitions): step 2.15 s either
+    #: way, worker CPU per step 1.28x dist_sync's at 4096000 against 1.54x at 262144
+    fusion_bytes: int = 4096000
     #: a bucket's round waits at most this long (seconds) for its last member's push
     fusion_timeout: float = 60.0
     server_summing_threads: int = 4
@@ -362,7 +364,7 @@ class Config:
             partition_spread_bytes=env.get(Env.PARTITION_SPREAD_BYTES, _nonnegative_int,
                                            262144),
             scheduling_credit=env.get(Env.SCHEDULING_CREDIT, _positive_int, 8),
-            fusion_bytes=env.get(Env.FUSION_BYTES, _nonnegative_int, 262144),
+            fusion_bytes=env.get(Env.FUSION_BYTES, _nonnegative_int, 4096000),
             fusion_timeout=env.get(Env.FUSION_TIMEOUT, _positive_float, 60.0),
             server_summing_threads=env.get(Env.SERVER_ENGINE_THREAD, _positive_int,
                                           default_server_summing_threads(usable_cores())),

@@ -243,7 +243,7 @@ class KVStoreBytePS(KVStoreBase):
         or None)`` when finished. For callers inside an engine operation of their own (the
         local group's root): nothing is pushed to MXNet's engine."""
         self._engine.pushpull(self._initialised_key(key), inputs, [out], priority,
-                              on_done=on_done)
+                              on_done=on_done, fusable=False)   # no calls counted: alone
 
     def _initialise(self, key, value, outs, any_order=False):
         ikey = self._int_key(key)
