@@ -242,8 +242,14 @@ class BucketPlan:
     def bucket_of(self, key: int) -> Optional[Bucket]:
         """``key``'s bucket if it is fused into one (sealed, with other members, not
         dissolved), else None."""
+        bucket = self.fused_into(key)
+        return None if bucket is None or bucket.dissolved else bucket
+
+    def fused_into(self, key: int) -> Optional[Bucket]:
+        """``key``'s bucket if it was fused into one (sealed, with other members), dissolved
+        since or not, else None."""
         bucket = self._bucket_of.get(key)
-        return bucket if bucket is not None and bucket.fused and not bucket.dissolved else None
+        return bucket if bucket is not None and bucket.fused else None
 
     def fused(self) -> List[Bucket]:
         """The fused buckets so far."""

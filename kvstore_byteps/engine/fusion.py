@@ -168,8 +168,9 @@ class Fusion:
     def arrive(self, key: int, inputs, outputs, priority: int, on_done) -> bool:
         """``key``'s pushpull joins its bucket's round (the last member sends the bucket):
         True; False if ``key`` goes alone."""
-        bucket = self.plan.bucket_of(key) if self.enabled else None
-        if bucket is None:
+        # a dissolved bucket too: its lock orders this arrival after the dissolution's sends
+        bucket = self.plan.fused_into(key) if self.enabled else None
+        if bucket is None or bucket.layout is None:
             return False
         member = bucket.members[bucket.position[key]]
         outs = [out.reshape(-1).view(np.uint8) for out in outputs]
@@ -195,14 +196,18 @@ class Fusion:
         return True
 
     def _dissolve(self, bucket: Bucket, why: str) -> None:
-        """``bucket``'s keys go alone from now on; members waiting in open rounds go now."""
+        """``bucket``'s keys go alone from now on; members waiting in open rounds go now, under
+        the bucket's lock: a member's next round (which finds the bucket dissolved under that
+        lock) must not reach the pipeline before them."""
         with bucket.lock:
             if bucket.dissolved:
                 return
-            rounds = bucket.dissolve()
+            self._send_alone(bucket, bucket.dissolve())
         log.info("worker rank %d: %s is not used, its keys go alone: %s (a program that reads "
                  "one key's result before pushing the next)", self.engine.rank,
                  bucket.describe(), why)
+
+    def _send_alone(self, bucket: Bucket, rounds: List[BucketRound]) -> None:
         engine = self.engine
         for bucket_round in rounds:
             for member, arrival in zip(bucket.members, bucket_round.arrivals):

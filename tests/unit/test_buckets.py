@@ -119,3 +119,24 @@ def test_a_round_missing_a_member_past_the_deadline_leaves_naming_the_missing_ke
     [late] = bucket.overdue(now=15.5, timeout=5.0)
     assert bucket.missing_keys(late) == [0, 2]
     assert not bucket.has_open_rounds()
+
+
+def test_a_member_called_again_before_the_others_or_calls_that_stop_mean_dissolve():
+    bucket = sealed_bucket([4, 4, 4])
+    for key in (0, 1, 2, 2, 0, 1):          # two complete rounds of calls, any order
+        assert bucket.called(key, now=0.0)
+    assert bucket.called(1, now=5.0)
+    assert not bucket.called(1, now=5.1)      # key 1 again before keys 0 and 2: a test of sums
+    assert not bucket.calls_stopped(now=5.9, wait=1.0)
+    assert bucket.calls_stopped(now=6.1, wait=1.0)   # or the program stopped calling
+
+
+def test_dissolving_hands_back_the_open_rounds_and_the_plan_stops_fusing_the_keys():
+    plan = BucketPlan(1 << 20)
+    declare_all(plan, [(0, 4, F32), (1, 4, F32)])
+    bucket = plan.use(0)
+    bucket.arrive(0, ("x", None, 0), 0, now=0.0)
+    [open_round] = bucket.dissolve()
+    assert open_round.arrivals[0] == ("x", None, 0) and open_round.arrivals[1] is None
+    assert plan.bucket_of(0) is None and plan.fused_into(0) is bucket
+    assert not bucket.has_open_rounds()
