@@ -11,9 +11,12 @@ the same order, paired by a barrier) of fewer bytes than the capacity (``BYTEPS_
 joins the open bucket if it has the bucket's dtype and fits; otherwise it opens the next one.
 A bucket closes (is *sealed*) when a declared key does not join it, or when one of its members
 is first used: a program that declares a key, uses it and only then declares the next (as
-BytePS's and Horovod's per-tensor calls do) fuses nothing. A sealed bucket of one member is no
-bucket: that key goes alone. Every worker makes the same buckets from the same declarations;
-:meth:`Bucket.digest` lets them check it.
+BytePS's and Horovod's per-tensor calls do) fuses nothing. Then the bucket *learns* for one
+round of calls: its keys go alone, and the keys whose pushpull is called before any of them is
+called again are the bucket's members from then on (gluon's Trainer declares every parameter,
+BatchNorm's running statistics and frozen layers too, but pushes only the ones with
+gradients). A bucket of one member is no bucket: that key goes alone. Every worker makes the
+same buckets from the same declarations and calls; :meth:`Bucket.digest` lets them check it.
 
 Rounds (:class:`Bucket`): each member's pushpull copies its gradient into the round's send
 buffer at its offset; the member that completes the round sends the bucket, with the highest
@@ -85,6 +88,7 @@ class Bucket:
         self.position: Dict[int, int] = {}      # key -> index in members
         self.nbytes = 0
         self.sealed = False
+        self._learnt: Optional[List[int]] = None     # keys called in the first round of calls
         self.dissolved = False      # its keys go alone (see the module's docstring)
         self.layout = None          # its wire layout, set by the engine when it is sealed
         self.failure: Optional[BaseException] = None
@@ -98,13 +102,38 @@ class Bucket:
 
     @property
     def fused(self) -> bool:
-        """Sealed with more than one member (a bucket of one is that key alone)."""
-        return self.sealed and len(self.members) > 1
+        """Sealed, learnt, with more than one member (a bucket of one is that key alone)."""
+        return self.sealed and not self.learning and len(self.members) > 1
+
+    @property
+    def learning(self) -> bool:
+        """Sealed, and its first round of calls not over yet (see the module's docstring)."""
+        return self._learnt is not None
 
     def seal(self) -> None:
-        """No more members."""
+        """No more members; the first round of calls is learnt next."""
         self.sealed = True
-        self._called = [False] * len(self.members)
+        self._learnt = [] if len(self.members) > 1 else None
+
+    def learn(self, key: int) -> bool:
+        """A pushpull of ``key`` was called while learning; True once the first round of calls
+        is over (``key`` was called before): then :meth:`form` the bucket."""
+        if key in self._learnt:
+            return True
+        self._learnt.append(key)
+        return False
+
+    def form(self) -> None:
+        """The members are the keys called in the first round of calls, in declared order."""
+        called, self._learnt = set(self._learnt), None
+        kept, offset = [], 0
+        for member in self.members:
+            if member.key in called:
+                kept.append(Member(member.key, offset, member.nbytes))
+                offset += member.nbytes
+        self.members, self.nbytes = kept, offset
+        self.position = {m.key: i for i, m in enumerate(kept)}
+        self._called = [False] * len(kept)
 
     def add(self, key: int, nbytes: int) -> None:
         """``key`` joins (before the bucket is sealed)."""
@@ -248,12 +277,25 @@ class BucketPlan:
     def fused_into(self, key: int) -> Optional[Bucket]:
         """``key``'s bucket if it was fused into one (sealed, with other members), dissolved
         since or not, else None."""
-        bucket = self._bucket_of.get(key)
+        bucket = self._of(key)
         return bucket if bucket is not None and bucket.fused else None
 
     def fused(self) -> List[Bucket]:
         """The fused buckets so far."""
         return [b for b in self.buckets if b.fused]
+
+    def sealed_of(self, key: int) -> Optional[Bucket]:
+        """``key``'s bucket if it is sealed with other members, learning or fused, and not
+        dissolved, else None."""
+        bucket = self._of(key)
+        if bucket is None or not bucket.sealed or bucket.dissolved:
+            return None
+        return bucket if bucket.learning or bucket.fused else None
+
+    def _of(self, key: int) -> Optional[Bucket]:
+        """The bucket ``key`` is a member of (a key left out when it was formed is in none)."""
+        bucket = self._bucket_of.get(key)
+        return bucket if bucket is not None and key in bucket.position else None
 
     def _seal(self) -> Bucket:
         bucket, self._open = self._open, None

@@ -6,7 +6,7 @@ partitions, see :mod:`.partition`), on server ``n mod servers``: it depends on t
 number only, so workers that fused different keys still meet at the same key. Rank 0
 initialises it with the bucket's layout digest in its first bytes; every worker reads it back
 (waiting at the server for rank 0's, as keys declared in any order do) and compares: workers
-that fused different keys stop at their first step with an error instead of summing wrong
+that fused different keys stop when the bucket is formed with an error instead of summing wrong
 bytes.
 
 Buckets are used only where the servers sum rounds that the workers apply (synchronous
@@ -80,7 +80,6 @@ class Fusion:
         self.plan = BucketPlan(capacity)
         self.timeout = timeout
         self.enabled = capacity > 0
-        self._pending: List[Bucket] = []      # sealed, not yet given their server keys
         self._watch: Optional[threading.Thread] = None
         self._stop = threading.Event()
 
@@ -95,36 +94,37 @@ class Fusion:
         """``layout``'s key was declared (``init``, every worker in the same order)."""
         if self.enabled:
             nbytes = sum(p.nbytes for p in layout.partitions)
-            self._sealed(self.plan.declare(layout.key, nbytes, layout.dtype))
+            self.plan.declare(layout.key, nbytes, layout.dtype)
 
     def use(self, key: int, fusable: bool) -> None:
         """A pushpull (``fusable``) or a lone push of ``key`` is being called: its bucket takes
-        no more members, every bucket sealed so far gets its server key, and the call counts.
+        no more members, and a pushpull's call counts (:mod:`.buckets`: the first round of
+        calls forms the bucket, later ones may dissolve it).
 
-        The server keys: all at once, in order, so every worker sets up the same buckets in the
-        same order whichever key it pushes first, and rank 0, which never waits for the others
-        here, cannot be waiting for a worker that waits for rank 0's initialisation of
-        another bucket."""
+        A bucket gets its server key when it is formed, here, in the program's order of calls:
+        rank 0 never waits for the others there, and any other worker waits only for rank 0 to
+        reach the same call."""
         if not self.enabled:
             return
-        self._sealed(self.plan.use(key))
-        while self._pending:
+        self.plan.use(key)
+        bucket = self.plan.sealed_of(key) if fusable else None
+        if bucket is None:
+            return
+        if bucket.learning:
+            if not bucket.learn(key):
+                return
+            bucket.form()
+            if not bucket.fused:          # one key was pushed: it goes alone
+                return
             try:
-                self._set_up(self._pending[0])
+                self._set_up(bucket)
             except Exception as exc:
                 self.engine._note_failure(exc)     # the job cannot go on: leave at once
                 raise
-            self._pending.pop(0)
-        bucket = self.plan.bucket_of(key) if fusable else None
-        if bucket is not None:
-            with bucket.lock:
-                again = not bucket.called(key, time.monotonic())
-            if again:
-                self._dissolve(bucket, "key %d was pushed again before the others" % key)
-
-    def _sealed(self, bucket: Optional[Bucket]) -> None:
-        if bucket is not None and bucket.fused:
-            self._pending.append(bucket)
+        with bucket.lock:
+            again = not bucket.called(key, time.monotonic())
+        if again:
+            self._dissolve(bucket, "key %d was pushed again before the others" % key)
 
     def _set_up(self, bucket: Bucket) -> None:
         """Give a sealed bucket its server key, initialised and checked on every worker."""
@@ -248,7 +248,7 @@ class Fusion:
         pushed = [m.key for m, a in zip(bucket.members, late.arrivals) if a is not None]
         return KVStoreBytePSError(
             "worker rank %d: %s waited %g s for the gradient of key%s %s after key%s %s (its "
-            "pushpull was called, its input never became ready; gradient buckets send "
+            "pushpull was called, its input was not ready in that time; gradient buckets send "
             "keys declared one after another together: BYTEPS_FUSION_BYTES=0 sends every key "
             "alone; a step slower than that: raise BYTEPS_FUSION_TIMEOUT)" % (
                 self.engine.rank, bucket.describe(), self.timeout,

@@ -8,12 +8,12 @@ sums STORE ROUNDS  60 small keys (float32, then float16, then float32) and two b
 wait     keys 0-2 declared, then pushed one at a time, each read before the next is pushed
          (a test of sums, one key at a time): the bucket is dissolved after the first read's
          wait and every sum is exact; "WAIT OK <seconds of the first round>".
-stuck    keys 0-2 declared and pushed, key 1's gradient held back by an engine operation
-         that does not finish: reading key 0 must fail within BYTEPS_FUSION_TIMEOUT,
+stuck    keys 0-2 declared and pushed (a first round: it forms the bucket), then pushed again
+         with key 1's gradient held back by an engine operation that does not finish: reading key 0 must fail within BYTEPS_FUSION_TIMEOUT,
          naming key 1; "STUCK FAILED: <error>".
 mismatch every rank declares the same keys in the same order; run with a different
-         BYTEPS_FUSION_BYTES on one worker, its buckets differ from rank 0's: the first step
-         must fail there saying the workers fused keys differently, never sum wrong bytes.
+         BYTEPS_FUSION_BYTES on one worker, its buckets differ from rank 0's: the second step
+         (where the buckets are formed) must fail there saying the workers fused keys differently, never sum wrong bytes.
 """
 import hashlib
 import sys
@@ -75,6 +75,8 @@ def check_stuck():
     for key in range(3):
         kv.init(key, mx.nd.zeros((10,)))
     grads = [mx.nd.ones((10,)) for _ in range(3)]
+    for key in range(3):              # the first round of calls forms the bucket
+        kv.pushpull(key, grads[key])
     release = threading.Event()
     mx.nd.waitall()
     push_async(lambda done: threading.Thread(target=lambda: (release.wait(), done())).start(),
@@ -95,9 +97,10 @@ def check_mismatch():
         kv.init(key, mx.nd.zeros((key + 1,)))
     grads = [mx.nd.ones((key + 1,)) for key in range(6)]
     try:
-        for key in range(6):
-            kv.pushpull(key, grads[key])
-        mx.nd.waitall()
+        for _ in range(2):            # the buckets are formed (and checked) at the second
+            for key in range(6):
+                kv.pushpull(key, grads[key])
+            mx.nd.waitall()
     except Exception as exc:   # the error of the first step
         print("MISMATCH FAILED rank %d: %s" % (kv.rank, str(exc).splitlines()[0]))
         sys.stdout.flush()

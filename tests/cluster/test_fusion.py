@@ -64,7 +64,7 @@ def test_a_member_whose_gradient_never_comes_fails_the_round_naming_it():
         assert "waited 2 s for the gradient of key 1 after keys 0, 2" in out, out
 
 
-def test_workers_whose_buckets_differ_stop_at_the_first_step():
+def test_workers_whose_buckets_differ_stop_when_the_buckets_are_formed():
     # (keys declared in different orders already fail at their own initialisation:
     # test_worker_behaviour.py; here only the buckets differ)
     results = run("dist_byteps", "mismatch", env={"BYTEPS_REQUEST_TIMEOUT": "20"},

@@ -18,15 +18,26 @@ def members(bucket):
     return [m.key for m in bucket.members]
 
 
+def learn(bucket, keys=None):
+    """The first round of calls: ``keys`` (default: every member), then the first again."""
+    keys = [m.key for m in bucket.members] if keys is None else keys
+    assert not any(bucket.learn(k) for k in keys)
+    assert bucket.learn(keys[0])
+    bucket.form()
+    return bucket
+
+
 def test_consecutive_small_keys_of_one_dtype_share_a_bucket_up_to_the_capacity():
     plan = BucketPlan(1000)
     sealed = declare_all(plan, [(0, 400, F32), (1, 400, F32), (2, 400, F32), (3, 100, F32)])
     assert [members(b) for b in sealed] == [[0, 1]]        # key 2 did not fit: sealed
     assert [(m.offset, m.nbytes) for m in sealed[0].members] == [(0, 400), (400, 400)]
+    assert plan.bucket_of(0) is None and sealed[0].learning     # sealed, then a round learnt
+    learn(sealed[0])
     assert plan.bucket_of(0) is sealed[0] and plan.bucket_of(1) is sealed[0]
     assert plan.bucket_of(2) is None          # still open: not usable yet
     assert members(plan.use(3)) == [2, 3]     # first use seals it
-    assert plan.bucket_of(3).nbytes == 500
+    assert learn(plan.sealed_of(3)).nbytes == 500 and plan.bucket_of(3).nbytes == 500
 
 
 def test_a_dtype_change_a_big_key_or_a_zero_byte_key_ends_the_bucket_and_goes_alone():
@@ -34,6 +45,8 @@ def test_a_dtype_change_a_big_key_or_a_zero_byte_key_ends_the_bucket_and_goes_al
     sealed = declare_all(plan, [(0, 8, F32), (1, 8, F32), (2, 8, F16), (3, 8, F16),
                                 (4, 1000, F32), (5, 8, F32), (6, 0, F32), (7, 8, F32)])
     assert [members(b) for b in sealed] == [[0, 1], [2, 3], [5]]
+    for bucket in sealed[:2]:
+        learn(bucket)
     assert plan.bucket_of(4) is None and plan.bucket_of(6) is None
     assert plan.bucket_of(5) is None           # a bucket of one is that key alone
     assert [members(b) for b in plan.fused()] == [[0, 1], [2, 3]]
@@ -44,7 +57,7 @@ def test_declaring_using_then_declaring_the_next_fuses_nothing():
     for key in range(5):                  # BytePS's and Horovod's per-tensor pattern
         assert plan.declare(key, 64, F32) is None
         sealed = plan.use(key)
-        assert members(sealed) == [key] and not sealed.fused
+        assert members(sealed) == [key] and not sealed.fused and not sealed.learning
     assert plan.fused() == []
     assert plan.use(3) is None                 # using a key of a sealed bucket seals nothing
 
@@ -62,7 +75,7 @@ def test_the_digest_tells_different_layouts_apart():
     def digest(keys):
         plan = BucketPlan(1000)
         declare_all(plan, keys)
-        return plan.use(keys[0][0]).digest()
+        return learn(plan.use(keys[0][0])).digest()
     same = digest([(0, 8, F32), (1, 16, F32)])
     assert same == digest([(0, 8, F32), (1, 16, F32)])
     for other in ([(1, 16, F32), (0, 8, F32)], [(0, 16, F32), (1, 8, F32)],
@@ -73,7 +86,7 @@ def test_the_digest_tells_different_layouts_apart():
 def sealed_bucket(sizes, capacity=1 << 20):
     plan = BucketPlan(capacity)
     declare_all(plan, [(k, n, F32) for k, n in enumerate(sizes)])
-    return plan.use(0)
+    return learn(plan.use(0))
 
 
 def test_a_round_completes_when_its_last_member_arrives_with_the_highest_priority():
@@ -134,9 +147,26 @@ def test_a_member_called_again_before_the_others_or_calls_that_stop_mean_dissolv
 def test_dissolving_hands_back_the_open_rounds_and_the_plan_stops_fusing_the_keys():
     plan = BucketPlan(1 << 20)
     declare_all(plan, [(0, 4, F32), (1, 4, F32)])
-    bucket = plan.use(0)
+    bucket = learn(plan.use(0))
     bucket.arrive(0, ("x", None, 0), 0, now=0.0)
     [open_round] = bucket.dissolve()
     assert open_round.arrivals[0] == ("x", None, 0) and open_round.arrivals[1] is None
     assert plan.bucket_of(0) is None and plan.fused_into(0) is bucket
     assert not bucket.has_open_rounds()
+
+
+def test_keys_declared_but_never_pushed_are_left_out_when_the_bucket_is_formed():
+    # gluon declares BatchNorm's running statistics too, and pushes only parameters with
+    # gradients: the first round of calls decides the members
+    plan = BucketPlan(1 << 20)
+    declare_all(plan, [(0, 8, F32), (1, 4, F32), (2, 4, F32), (3, 16, F32), (4, 4, F32)])
+    bucket = plan.use(3)
+    assert bucket.learning and plan.bucket_of(3) is None and plan.sealed_of(3) is bucket
+    learn(bucket, [3, 0])
+    assert members(bucket) == [0, 3] and bucket.nbytes == 24
+    assert [(m.offset, m.nbytes) for m in bucket.members] == [(0, 8), (8, 16)]
+    assert plan.bucket_of(0) is bucket and plan.bucket_of(3) is bucket
+    assert plan.bucket_of(1) is None and plan.sealed_of(2) is None   # left out: alone
+    one = BucketPlan(1 << 20)
+    declare_all(one, [(0, 8, F32), (1, 4, F32)])
+    assert not learn(one.use(0), [0]).fused          # one key pushed: it goes alone
