@@ -26,7 +26,7 @@ from ..mxproto import RequestType, encode_cmd
 from .buckets import Bucket, BucketPlan, BucketRound
 from .layout import KeyLayout
 from .partition import MAX_PARTITIONS, KeyLayoutError, Partition, encode_ps_key
-from .reduce import cpu_sum
+from .reduce import local_reduce
 from .upstream import dtype_code
 
 __all__ = ["Fusion", "BUCKET_INDEX"]
@@ -181,11 +181,7 @@ class Fusion:
             if failure is None:
                 bucket_round, complete = bucket.arrive(key, (outs, on_done, priority), priority,
                                                        time.monotonic())
-                target = bucket_round.slot.send[member.offset:member.end]
-                if len(inputs) == 1:
-                    copy_bytes(target, inputs[0].reshape(-1).view(np.uint8))
-                else:
-                    cpu_sum(list(inputs), target.view(inputs[0].dtype).reshape(inputs[0].shape))
+                local_reduce(inputs, into=bucket_round.slot.send[member.offset:member.end])
         if failure is not None:
             if on_done is not None:
                 on_done(failure)
@@ -245,7 +241,7 @@ class Fusion:
 
     def _overdue_error(self, bucket: Bucket, late: BucketRound) -> KVStoreBytePSError:
         missing = bucket.missing_keys(late)
-        pushed = [m.key for m, a in zip(bucket.members, late.arrivals) if a is not None]
+        pushed = [m.key for m in bucket.members if m.key not in missing]
         return KVStoreBytePSError(
             "worker rank %d: %s waited %g s for the gradient of key%s %s after key%s %s (its "
             "pushpull was called, its input was not ready in that time; gradient buckets send "

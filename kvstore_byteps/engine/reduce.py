@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from ..errors import KVStoreBytePSError
+from ..memory import copy_bytes
 
 __all__ = ["GpuSupportError", "flat_view", "cpu_sum", "local_reduce", "HostBuffers",
            "import_cupy", "NcclLocalReducer"]
@@ -66,9 +67,16 @@ def cpu_sum(sources: Sequence[np.ndarray], out: np.ndarray) -> np.ndarray:
     return out
 
 
-def local_reduce(inputs: Sequence[np.ndarray]) -> np.ndarray:
+def local_reduce(inputs: Sequence[np.ndarray], into: Optional[np.ndarray] = None) -> np.ndarray:
     """The bytes a worker sends for ``inputs`` (one per local device): the one input itself, or
-    the sum of several into a new buffer."""
+    the sum of several into a new buffer; with ``into`` (bytes, e.g. a gradient bucket's span),
+    the one input copied or the sum written there, and ``into`` returned."""
+    if into is not None:
+        if len(inputs) == 1:
+            copy_bytes(into, inputs[0].reshape(-1).view(np.uint8))
+        else:
+            cpu_sum(list(inputs), into.view(inputs[0].dtype).reshape(inputs[0].shape))
+        return into
     if len(inputs) == 1:
         return inputs[0].reshape(-1).view(np.uint8)
     reduced = np.empty_like(inputs[0])

@@ -47,6 +47,15 @@ def split_answer(result, count: int) -> List[memoryview]:
     return [vals[offsets[i]:offsets[i + 1]] for i in range(count)]
 
 
+def _handling_failed(exc: Exception) -> Exception:
+    """The error that handling a pull's answer gives its items when it raised: ours as it is;
+    anything else (a bug) logged with its traceback too. The items fail either way: a task
+    left pending would be a silent hang."""
+    if not isinstance(exc, KVStoreBytePSError):
+        log.exception("handling a pull's answer failed")
+    return exc
+
+
 def span(array: np.ndarray, part) -> np.ndarray:
     """The bytes of partition ``part`` in a flat byte view of its tensor."""
     return array[part.offset:part.offset + part.nbytes]
@@ -107,11 +116,8 @@ class PlainRoute:
                 try:
                     for item, vals in zip(group, split_answer(request.result, len(group))):
                         broadcast(item, vals, self.tracer, maybe_in_place=request.landed)
-                except KVStoreBytePSError as exc:
-                    error = exc
-                except Exception as exc:  # a bug here must fail the task, never leave it pending
-                    log.exception("handling a pull's answer failed")
-                    error = exc
+                except Exception as exc:
+                    error = _handling_failed(exc)
             done(error, group)
         self.kv.pull([item.partition.ps_key for item in group],
                      cmd=group[0].task.context.layout.round_cmd, priority=group[0].priority,
@@ -175,11 +181,8 @@ class RidingPull:
             try:
                 values = {id(item): vals for item, vals in
                           zip(self._group, split_answer(request.result, len(self._group)))}
-            except KVStoreBytePSError as exc:
-                error = exc
-            except Exception as exc:  # a bug here must fail the task, never leave it pending
-                log.exception("handling a pull's answer failed")
-                error = exc
+            except Exception as exc:
+                error = _handling_failed(exc)
         self._group = None    # the items refer to this object: no reference cycle
         with self._lock:
             self._answered, self._error, self._values = True, error, values
@@ -203,11 +206,8 @@ class RidingPull:
                 for item in items:   # (popped: the receive buffer goes back to the pool)
                     broadcast(item, self._values.pop(id(item)), self._tracer,
                               maybe_in_place=self._landed)
-            except KVStoreBytePSError as exc:
-                error = exc
-            except Exception as exc:  # a bug here must fail the task, never leave it pending
-                log.exception("handling a pull's answer failed")
-                error = exc
+            except Exception as exc:
+                error = _handling_failed(exc)
         done(error, items)
 
 
@@ -277,9 +277,8 @@ class CompressedRoute:
                 except (ValueError, IndexError) as exc:   # bytes that do not decode
                     error = PeerError("ps key %d: the server's compressed answer does not "
                                       "decode: %s" % (ps_key, exc))
-                except Exception as exc:  # a bug here must fail the task, never leave it pending
-                    log.exception("handling a pull's answer failed")
-                    error = exc
+                except Exception as exc:
+                    error = _handling_failed(exc)
             done(error, group)
         self.kv.pull([ps_key], cmd=_COMPRESSED_CMD, priority=item.priority,
                      extra={"round": r}, callback=on_answer)

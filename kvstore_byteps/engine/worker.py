@@ -342,19 +342,17 @@ class WorkerEngine:
             return None
         traced = self.tracer.enabled and len(inputs) > 1   # one input is sent as is: no reduce
         reduce_start = now_ns() if traced else 0
-        context = RoundData(layout, local_reduce(inputs),
-                            [a.reshape(-1).view(np.uint8) for a in outputs],
-                            (reduce_start, now_ns()) if traced else None)
-        task = Task(key, layout.partitions, priority, name=layout.name, context=context)
-        task.future.add_done_callback(_Finished(self, on_done))
-        self._submit_in_order(task)
-        return task
+        send = local_reduce(inputs)
+        return self.submit_round(layout, send, [a.reshape(-1).view(np.uint8) for a in outputs],
+                                 priority, on_done, (reduce_start, now_ns()) if traced else None)
 
     def submit_round(self, layout: KeyLayout, send: np.ndarray, outputs: List[np.ndarray],
-                     priority: int, on_done) -> Task:
-        """Run one round of ``layout`` (already reduced into ``send``) through the pipeline."""
+                     priority: int, on_done, reduced_ns: Optional[Tuple[int, int]] = None
+                     ) -> Task:
+        """Run one round of ``layout`` (already reduced into ``send``; flat byte views of the
+        ``outputs``) through the pipeline; ``reduced_ns``: when the local reduce ran."""
         task = Task(layout.key, layout.partitions, priority, name=layout.name,
-                    context=RoundData(layout, send, outputs, None))
+                    context=RoundData(layout, send, outputs, reduced_ns))
         task.future.add_done_callback(_Finished(self, on_done))
         self._submit_in_order(task)
         return task
