@@ -3,6 +3,9 @@
     kvstore-byteps-launch -n 2 -s 2 python train.py --kv-store dist_byteps
     kvstore-byteps-launch --launcher ssh -H hosts.txt -n 4 -s 4 python train.py
     kvstore-byteps-launch --launcher netns --link-rate 1gbit -n 4 -s 4 python train.py
+    salloc -n 9 kvstore-byteps-launch --launcher slurm -n 4 -s 4 python train.py
+    kvstore-byteps-launch --launcher mpi [-H hosts] -n 4 -s 4 python train.py
+    kvstore-byteps-launch --launcher kubernetes --image IMAGE -n 4 -s 4 [--dry-run] python train.py
 
 (``python launch.py ...`` from a checkout is the same program.) Every node gets the DMLC
 environment that ps-lite, MXNet and BytePS read; workers get their rank as ``DMLC_WORKER_ID``
@@ -22,13 +25,13 @@ from typing import List, Optional, Sequence
 
 import kvstore_byteps
 
-from ..config import Env
+from ..config import Env, Role
 from ..ports import free_port
-from . import netns, ssh
+from . import mpi, netns, slurm, ssh
 from .job import EXIT_SPAWN_FAILED, STOP_SIGNALS, Job, NodeStarter
 from .plan import (JobShape, Launcher, LaunchError, ProcSpec, SchedulerProgram, ServerProgram,
-                   describe_placement, local_hosts, parse_env_options, parse_hostfile, plan_job,
-                   scheduler_argv, server_program, Host)
+                   LOCALHOST, describe_placement, local_hosts, parse_env_options, parse_hostfile,
+                   plan_job, scheduler_argv, server_program, Host)
 
 PROG = "kvstore-byteps-launch"
 #: The scheduler's port inside an emulated network (fresh namespaces: nothing else is bound there).
@@ -74,8 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="number of servers (default: as many as workers, as MXNet's launcher)")
     p.add_argument("--launcher", choices=[x.value for x in Launcher], default=Launcher.LOCAL.value,
                    help="local: this machine, 127.0.0.1 (default); ssh: the hosts of -H; netns: "
-                        "an emulated cluster of network namespaces with shaped links (root)")
-    p.add_argument("-H", "--hostfile", help="ssh: hosts, one per line: [user@]host[:ssh_port] "
+                        "an emulated cluster of network namespaces with shaped links (root); "
+                        "slurm: job steps inside a Slurm allocation (salloc, sbatch); mpi: one "
+                        "mpirun (-H: an MPI hostfile); kubernetes: a Service and Indexed Jobs, "
+                        "applied with kubectl (--dry-run prints them)")
+    p.add_argument("-H", "--hostfile", help="ssh, mpi: hosts, one per line: [user@]host[:ssh_port] "
                                             "[slots=N]")
     p.add_argument("--scheduler-host", metavar="HOST",
                    help="ssh: the hostfile entry (name or 0-based index) that runs the scheduler "
@@ -95,6 +101,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--link-rate", default=DEFAULT_LINK_RATE, metavar="RATE",
                    help="netns: every host's link rate in each direction, e.g. 1gbit, 100mbit; "
                         "'none' leaves links unshaped (default %s)" % DEFAULT_LINK_RATE)
+    p.add_argument("--srun-args", type=shlex.split, default=[], metavar="'ARGS'",
+                   help="slurm: extra (shell-quoted) srun options for every node's job step")
+    p.add_argument("--mpirun", metavar="PROGRAM",
+                   help="mpi: the MPI starter (default: mpirun, else mpiexec, on PATH)")
+    p.add_argument("--mpirun-args", type=shlex.split, default=[], metavar="'ARGS'",
+                   help="mpi: extra (shell-quoted) options for mpirun, e.g. '--mca btl_tcp_if_include eth0'")
+    p.add_argument("--image", help="kubernetes: the container image every node runs (it has "
+                                   "kvstore-byteps and the training script; see docker/Dockerfile)")
+    p.add_argument("--name", help="kubernetes: the job's name, prefix of its objects' names "
+                                  "(default: kvstore-byteps-<random>)")
+    p.add_argument("--namespace", help="kubernetes: the namespace (default: kubectl's)")
+    p.add_argument("--cpu", metavar="N", help="kubernetes: CPU request and limit of each "
+                                              "server and worker container, e.g. 4 or 3500m")
+    p.add_argument("--memory", metavar="SIZE", help="kubernetes: memory request and limit of "
+                                                    "each server and worker container, e.g. 16Gi")
+    p.add_argument("--gpus", type=_positive(int), metavar="N",
+                   help="kubernetes: GPUs (nvidia.com/gpu) for each worker container")
+    p.add_argument("--node-selector", action="append", default=[], metavar="LABEL=VALUE",
+                   help="kubernetes: run pods only on nodes with this label (repeatable)")
     p.add_argument("--scheduler", choices=[x.value for x in SchedulerProgram],
                    default=SchedulerProgram.BYTEPS.value, help="scheduler program (default byteps)")
     p.add_argument("--server", choices=[x.value for x in ServerProgram],
@@ -162,10 +187,22 @@ def parse_args(argv: Optional[Sequence[str]] = None,
             args.rate = netns.parse_rate(args.link_rate)
     except LaunchError as exc:
         p.error(str(exc))
-    for option, needs in (("hostfile", Launcher.SSH), ("scheduler_host", Launcher.SSH),
-                          ("hosts", Launcher.NETNS)):
-        if getattr(args, option) is not None and args.launcher is not needs:
-            p.error("--%s is for --launcher %s" % (option.replace("_", "-"), needs.value))
+    k8s = (Launcher.KUBERNETES,)
+    for option, needs in (("hostfile", (Launcher.SSH, Launcher.MPI)),
+                          ("scheduler_host", (Launcher.SSH,)), ("hosts", (Launcher.NETNS,)),
+                          ("srun_args", (Launcher.SLURM,)), ("mpirun", (Launcher.MPI,)),
+                          ("mpirun_args", (Launcher.MPI,)), ("image", k8s), ("name", k8s),
+                          ("namespace", k8s), ("cpu", k8s), ("memory", k8s), ("gpus", k8s),
+                          ("node_selector", k8s)):
+        if getattr(args, option) not in (None, []) and args.launcher not in needs:
+            p.error("--%s is for --launcher %s" % (option.replace("_", "-"),
+                                                   " or ".join(x.value for x in needs)))
+    if args.launcher is Launcher.MPI and args.local_groups:
+        p.error("--local-groups is not for --launcher mpi (MPI places the ranks; use "
+                "--launcher slurm or ssh)")
+    if args.launcher is Launcher.KUBERNETES and not args.image:
+        p.error("--launcher kubernetes needs --image IMAGE (one with kvstore-byteps and the "
+                "training script; docker/Dockerfile builds one)")
     if args.launcher is Launcher.SSH and not args.hostfile:
         p.error("--launcher ssh needs -H HOSTFILE (one host per line: [user@]host[:port] [slots=N])")
     _check_auth(p, args, environ)
@@ -286,6 +323,63 @@ def run_ssh(args) -> int:
     return _run_job(args, specs, ssh.SshStarter(hosts, args.python, args.workdir, args.ssh_args))
 
 
+def run_slurm(args) -> int:
+    """Every node a job step on the allocation's nodes, placed as over ssh."""
+    found = slurm.allocation(os.environ)
+    slurm.check_size(found, args.num_servers, args.num_workers)
+    hosts = slurm.hosts_of(found, slurm.node_addresses(found.nodes))
+    # On the scheduler's node (an sbatch script) a port free now; elsewhere (salloc on a login
+    # node) one derived from the job's id.
+    on_first = os.environ.get("SLURMD_NODENAME") == found.nodes[0]
+    port = args.port or (free_port("") if on_first else slurm.job_port(os.environ))
+    specs = plan(args, hosts, port)
+    if args.dry_run:
+        _print_dry_run(specs, hosts)
+        return 0
+    starter = slurm.SrunStarter(found.nodes, args.python, args.srun_args)
+    _say("Slurm job %s: %d tasks on %s; scheduler on %s:%d; %s"
+         % (found.job_id, found.total_tasks, ",".join(found.nodes), hosts[0].address, port,
+            "; ".join(describe_placement(specs, hosts))))
+    return _run_job(args, specs, starter)
+
+
+def run_mpi(args) -> int:
+    """One mpirun of 1 + S + W ranks; each rank's kvstore-byteps-node takes its role."""
+    starter = mpi.find_starter(args.mpirun)
+    kind = mpi.flavor(starter)
+    hosts = _read_hostfile(args.hostfile) if args.hostfile else None
+    root = hosts[0].address if hosts else LOCALHOST
+    port = args.port or free_port("" if hosts else LOCALHOST)
+    options = ["--scheduler", args.scheduler, "--server", args.server]
+    if args.scheduler_cmd:
+        options += ["--scheduler-cmd", shlex.join(args.scheduler_cmd)]
+    if args.server_cmd:
+        options += ["--server-cmd", shlex.join(args.server_cmd)]
+    for option, values in (("--env-server", args.env_server), ("--env-worker", args.env_worker)):
+        for name, value in values.items():
+            options += [option, "%s=%s" % (name, value)]
+    node = mpi.node_command(args.python, args.num_servers, args.num_workers, root, port,
+                            args.command, None if hosts else LOCALHOST, options)
+    env = dict(args.env_all, PYTHONUNBUFFERED="1")
+    argv = mpi.mpirun_argv(starter, kind, 1 + args.num_servers + args.num_workers, node,
+                           mpi.exported_names(os.environ, env), args.hostfile, args.mpirun_args,
+                           mpi.is_root())
+    if args.dry_run:
+        print(" ".join("%s=%s" % (k, shlex.quote(v)) for k, v in sorted(env.items())),
+              shlex.join(argv))
+        return 0
+    _say("%s: %d ranks (rank 0 the scheduler on %s:%d, 1-%d servers, the rest workers)"
+         % (kind.value, 1 + args.num_servers + args.num_workers, root, port, args.num_servers))
+    spec = ProcSpec(Role.WORKER, None, tuple(argv), env, title="mpirun", prefixed=False)
+    return _run_job(args, [spec], NodeStarter(args.python))
+
+
+def run_kubernetes(args) -> int:
+    """The job as Kubernetes objects, applied with kubectl and followed (:mod:`.kubernetes`)."""
+    from . import kubernetes  # only this launcher needs it
+    return kubernetes.run(args)
+
+
 def _raise_stopped(signum, _frame):
     raise _Stopped(signal.Signals(signum).name)
 
@@ -293,7 +387,9 @@ def _raise_stopped(signum, _frame):
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Command-line entry point; returns the exit status."""
     args = parse_args(argv)
-    run = {Launcher.LOCAL: run_local, Launcher.NETNS: run_netns, Launcher.SSH: run_ssh}[args.launcher]
+    run = {Launcher.LOCAL: run_local, Launcher.NETNS: run_netns, Launcher.SSH: run_ssh,
+           Launcher.SLURM: run_slurm, Launcher.MPI: run_mpi,
+           Launcher.KUBERNETES: run_kubernetes}[args.launcher]
     # Until the job supervises (it handles these itself), a stop signal unwinds set-up cleanly,
     # so a network half made is still removed.
     previous = {s: signal.signal(s, _raise_stopped) for s in STOP_SIGNALS}

@@ -40,11 +40,19 @@ class Guard:
     """One node's process group, its exit status, and the watch on the launcher's pipe."""
 
     def __init__(self, argv: Sequence[str], cwd: Optional[str] = None,
-                 env: Optional[Mapping[str, str]] = None):
+                 env: Optional[Mapping[str, str]] = None, output: Optional[int] = None):
         guard_pid = os.getpid()
+        #: the stop signal passed on to the node, if any (it did not fail by itself then)
+        self.signalled: Optional[int] = None
         self.proc = subprocess.Popen(
-            list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+            # output: None (ours) or subprocess.PIPE (stdout and stderr, for whoever copies them)
+            list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=output, stderr=output,
+            start_new_session=True,
             preexec_fn=lambda: die_with_parent(signal.SIGKILL, guard_pid))
+
+    def _forward(self, signum: int) -> None:
+        self.signalled = signum
+        self.signal_group(signum)
 
     def signal_group(self, signum: int) -> None:
         """Signal the node's process group (it may outlive the node's first process)."""
@@ -72,9 +80,9 @@ class Guard:
         """Wait for the node or for end-of-file on ``watch_fd``; return the shell exit status.
         ``early_signal``: a stop signal that arrived while the node was being started."""
         for signum in STOP_SIGNALS:
-            signal.signal(signum, lambda s, _f: self.signal_group(s))
+            signal.signal(signum, lambda s, _f: self._forward(s))
         if early_signal is not None:
-            self.signal_group(early_signal)
+            self._forward(early_signal)
         selector = selectors.DefaultSelector()
         if watch_fd is not None:
             try:

@@ -77,7 +77,7 @@ def log_file_name(spec: ProcSpec) -> str:
 
 
 
-class _Output:
+class OutputCopy:
     """Copies a child's stream to ours line by line with a prefix (and to a log file, if any)."""
 
     _lock = threading.Lock()
@@ -125,9 +125,9 @@ class _Child:
             raise LaunchError("cannot start %s (%s): %s"
                               % (spec.label, shlex.join(argv), exc)) from None
         self.log = open(os.path.join(log_dir, log_file_name(spec)), "wb") if log_dir else None
-        prefix = "[%s] " % spec.label
-        self.outputs = [_Output(self.proc.stdout, prefix, sys.stdout.buffer, self.log),
-                        _Output(self.proc.stderr, prefix, sys.stderr.buffer, self.log)]
+        prefix = "[%s] " % spec.label if spec.prefixed else ""
+        self.outputs = [OutputCopy(self.proc.stdout, prefix, sys.stdout.buffer, self.log),
+                        OutputCopy(self.proc.stderr, prefix, sys.stderr.buffer, self.log)]
 
     @property
     def running(self) -> bool:

@@ -37,6 +37,9 @@ class Launcher(enum.Enum):
     LOCAL = "local"   # processes on this machine, 127.0.0.1
     SSH = "ssh"       # processes on the hosts of a hostfile, started over ssh
     NETNS = "netns"   # processes on this machine, each host a network namespace on a shaped link
+    SLURM = "slurm"   # inside a Slurm allocation: every node a job step (srun) on the allocation's nodes
+    MPI = "mpi"       # every node a rank of one mpirun; roles from MPI ranks (rankrole)
+    KUBERNETES = "kubernetes"  # core Kubernetes objects (Service, Indexed Jobs), applied with kubectl
 
 
 class SchedulerProgram(enum.Enum):
@@ -80,10 +83,17 @@ class ProcSpec:
     env: Mapping[str, str]
     host: int = 0
     detail: str = ""
+    #: what messages call it, when it is not one node (e.g. ``mpirun``, which starts them all)
+    title: str = ""
+    #: whether the launcher prefixes its output lines with ``[label]`` (mpirun's nodes do that
+    #: themselves)
+    prefixed: bool = True
 
     @property
     def label(self) -> str:
         """``scheduler``, ``server 1``, ``worker 0``: how messages and output prefixes name it."""
+        if self.title:
+            return self.title
         name = self.role.name.lower()
         return name if self.rank is None else "%s %d" % (name, self.rank)
 

@@ -1,0 +1,201 @@
+"""The digits demo under the engines users start jobs with: a real Slurm (slurmctld + slurmd on
+127.0.0.1, started for this module) and Open MPI's mpirun.
+
+Each run must give byte for byte the parameters of the local launcher, exit 0 and leave nothing
+running (no Slurm job or step, no process of the job); too few tasks stop at once with one line;
+a worker that fails fails the job with its exit status, naming it. Needs root and Debian's
+slurm-wlm + munge / openmpi-bin (.ci/run installs them when it runs as root); skipped with the
+reason otherwise.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.support import slurm_cluster
+from tests.support.demo import DEMO, LAUNCH, run_demo
+from tests.support.paths import REPO
+from tests.support.procs import descendants
+
+NODE_MODULE = "kvstore_byteps.launcher.node"
+EPOCHS = 2
+JOB_TIMEOUT_S = 150
+#: the environment every demo run gets (as tests/support/demo.py's run_demo)
+TIMEOUTS = ("BYTEPS_START_TIMEOUT=60", "BYTEPS_REQUEST_TIMEOUT=90")
+
+requires_slurm = pytest.mark.skipif(slurm_cluster.missing() is not None,
+                                    reason="no private Slurm: %s" % slurm_cluster.missing())
+requires_mpi = pytest.mark.skipif(shutil.which("mpirun") is None,
+                                  reason="mpirun not installed: apt-get install openmpi-bin")
+
+
+@pytest.fixture(scope="module")
+def local_params(tmp_path_factory):
+    """The demo's parameters under the local launcher (the reference)."""
+    path = tmp_path_factory.mktemp("local") / "local.params"
+    procs = []
+
+    def spawn(argv, **kwargs):
+        proc = subprocess.Popen(argv, start_new_session=True, **kwargs)
+        procs.append(proc)
+        return proc
+
+    run_demo(spawn, path, epochs=EPOCHS)
+    return path.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    cluster = slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    yield cluster
+    cluster.stop()
+
+
+def _demo_args(params):
+    return [sys.executable, DEMO, "--epochs", str(EPOCHS), "--save-params", str(params)]
+
+
+def _launch_args(launcher, workers=2, servers=2):
+    argv = [sys.executable, LAUNCH, "--launcher", launcher, "-n", str(workers), "-s",
+            str(servers), "--timeout", str(JOB_TIMEOUT_S)]
+    for setting in TIMEOUTS:
+        argv += ["--env", setting]
+    return argv
+
+
+def _run(argv, env=None, timeout=JOB_TIMEOUT_S + 30):
+    done = subprocess.run(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout, start_new_session=True)
+    return done.returncode, done.stdout
+
+
+def _job_processes(marker):
+    """Pids of live processes whose environment holds ``marker`` (our SLURM_CONF, a port)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/environ" % entry, "rb") as f:
+                environ = f.read()
+            with open("/proc/%s/stat" % entry) as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in environ and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+def _assert_nothing_left(slurm):
+    """No Slurm job or step, and of the processes started with our SLURM_CONF only the daemons."""
+    deadline = time.monotonic() + 15
+    while True:
+        daemons = {p.pid for p in slurm.procs}  # and their helpers (slurmctld's slurmscriptd)
+        daemons.update(*(descendants(pid) for pid in list(daemons)))
+        jobs, left = slurm.jobs(), set(_job_processes("SLURM_CONF=" + slurm.conf)) - daemons
+        if not jobs and not left:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail("left running: jobs %s, processes %s" % (jobs, sorted(left)))
+        time.sleep(0.2)
+
+
+def test_a_failing_node_names_itself():
+    # A worker whose command exits 3 says so, and the exit status is its.
+    environ = {"PMI_RANK": "2", "PMI_SIZE": "3", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-m", "kvstore_byteps.launcher.node", "-s", "1",
+                           "--root-uri", "127.0.0.1", "--port", "1", "--node-host", "127.0.0.1",
+                           "--", sys.executable, "-c", "print('hi'); raise SystemExit(3)"],
+                          env=environ, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3
+    assert done.stdout == "[worker 0] hi\n"
+    assert done.stderr == ("[kvstore-byteps-node] worker 0 (MPICH rank 2 of 3, on 127.0.0.1) "
+                           "exited with code 3\n")
+
+
+# ------------------------------------------------------------------------------------ Slurm
+@requires_slurm
+@pytest.mark.timeout(240)
+def test_launcher_slurm_inside_salloc_trains_as_the_local_launcher(slurm, local_params, tmp_path):
+    params = tmp_path / "slurm.params"
+    code, out = _run(["salloc", "-n", "5"] + _launch_args("slurm") + _demo_args(params),
+                     env=slurm.env)
+    assert code == 0, out
+    assert "[launch] Slurm job" in out and "5 tasks on %s" % slurm_cluster.NODE in out, out
+    assert params.read_bytes() == local_params
+    _assert_nothing_left(slurm)
+
+
+@requires_slurm
+@pytest.mark.timeout(240)
+def test_srun_tasks_take_their_roles_from_their_ranks(slurm, local_params, tmp_path):
+    params = tmp_path / "srun.params"
+    argv = ["srun", "-n", "5", "--kill-on-bad-exit=1", sys.executable, "-m", NODE_MODULE,
+            "-s", "2"] + ["--env=" + s for s in TIMEOUTS] + ["--"] + _demo_args(params)
+    code, out = _run(argv, env=slurm.env)
+    assert code == 0, out
+    assert "[kvstore-byteps-node] Slurm rank 0 of 5: the scheduler" in out, out
+    assert "[worker 0] [digits] final test accuracy" in out, out
+    assert params.read_bytes() == local_params
+    _assert_nothing_left(slurm)
+
+
+@requires_slurm
+@pytest.mark.timeout(120)
+def test_too_few_tasks_stop_at_once_with_one_line(slurm):
+    started = time.monotonic()
+    code, out = _run(["salloc", "-n", "3"] + _launch_args("slurm") + ["true"], env=slurm.env)
+    assert code == 127, out
+    said = [line for line in out.splitlines() if line.startswith("[launch]")]
+    assert said == ["[launch] Slurm job %s has 3 tasks; 1 scheduler + 2 servers + 2 workers "
+                    "need 5 (salloc -n 5, or #SBATCH --ntasks=5)" % said[0].split()[3]], out
+
+    code, out = _run(["srun", "-n", "3", sys.executable, "-m", NODE_MODULE, "-s", "2", "true"],
+                     env=slurm.env)
+    assert code == 2, out
+    said = [line for line in out.splitlines() if line.startswith("[kvstore-byteps-node]")]
+    assert said == ["[kvstore-byteps-node] Slurm started 3 processes; 1 scheduler + 2 servers "
+                    "+ at least 1 worker need at least 4 (srun -n / mpirun -np)"], out
+    assert time.monotonic() - started < 60
+    _assert_nothing_left(slurm)
+
+
+@requires_slurm
+@pytest.mark.timeout(120)
+def test_a_failing_worker_fails_the_slurm_job_naming_it(slurm):
+    code, out = _run(["salloc", "-n", "4"] + _launch_args("slurm", workers=1) +
+                     ["bash", "-c", "sleep 1; exit 3"], env=slurm.env)
+    assert code == 3, out
+    said = ("[launch] worker 0 (on Slurm node %s) exited with code 3; stopping all processes"
+            % slurm_cluster.NODE)
+    assert said in out, out
+    _assert_nothing_left(slurm)
+
+
+# -------------------------------------------------------------------------------------- MPI
+@requires_mpi
+@pytest.mark.timeout(240)
+def test_launcher_mpi_trains_as_the_local_launcher(local_params, tmp_path):
+    params = tmp_path / "mpi.params"
+    code, out = _run(_launch_args("mpi") + _demo_args(params))
+    assert code == 0, out
+    assert "[launch] Open MPI: 5 ranks" in out, out
+    assert "[worker 0] [digits] final test accuracy" in out, out
+    assert params.read_bytes() == local_params
+    marker = "DMLC_PS_ROOT_PORT=%s" % out.split("scheduler on 127.0.0.1:")[1].split(",")[0]
+    assert _job_processes(marker) == []
+
+
+@requires_mpi
+@pytest.mark.timeout(120)
+def test_a_failing_worker_fails_the_mpi_job_naming_it():
+    code, out = _run(_launch_args("mpi", workers=1) + ["bash", "-c", "sleep 1; exit 3"])
+    assert code == 3, out
+    assert "[kvstore-byteps-node] worker 0 (Open MPI rank 3 of 4, on 127.0.0.1) exited with " \
+           "code 3" in out, out
+    assert "[launch] mpirun (on this machine) exited with code 3" in out, out
