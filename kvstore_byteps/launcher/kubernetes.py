@@ -1,0 +1,306 @@
+"""``--launcher kubernetes``: the job as core Kubernetes objects, created with kubectl and followed.
+
+:func:`render` turns a :class:`KubeJob` into plain dicts, with no kubectl and no I/O:
+
+* a headless Service ``<name>-scheduler`` (``clusterIP: None``) selecting the scheduler's pod;
+  ``publishNotReadyAddresses`` makes its DNS name answer as soon as the pod has an address;
+* Jobs ``<name>-scheduler`` (one pod), ``<name>-server`` and ``<name>-worker``, Indexed Jobs of
+  S and W pods, one node per pod. ``backoffLimit: 0`` and ``restartPolicy: Never``: a
+  parameter-server node cannot rejoin a running job, so a node that fails fails its Job.
+
+Addresses: servers and workers reach the scheduler at the Service's name, ``<name>-scheduler``
+(``DMLC_PS_ROOT_URI``), which resolves inside the job's namespace whatever the cluster's domain.
+ZeroMQ resolves a name when it connects and retries, so a node that starts before the name exists
+waits for it. The scheduler itself gets its pod IP there instead: it binds its socket to
+``DMLC_PS_ROOT_URI`` verbatim (van/zmq/van.py), and a DNS name cannot be bound. Every node
+announces its pod IP (``DMLC_NODE_HOST``, from the downward API); a worker's rank
+(``DMLC_WORKER_ID``) is its pod's completion index; a pod is a host with one worker
+(``BYTEPS_LOCAL_RANK`` 0 of ``BYTEPS_LOCAL_SIZE`` 1).
+
+:func:`run` creates the objects with ``kubectl create``, streams every node's output with the
+usual ``[worker 0]`` prefixes, and polls the Jobs and pods (:mod:`.kubectl`) until the
+workers' Job is complete (exit 0) or a node fails (its exit code), the timeout passes (124) or a
+signal arrives (128+N). Whatever happens after creation, it then deletes the job's objects and
+waits until their pods are gone.
+"""
+import dataclasses
+import json
+import math
+import random
+import re
+import signal
+import string
+import sys
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from kvstore_byteps.config import Env, Role
+
+from . import kubectl as cluster
+from .job import EXIT_TIMEOUT, STOP_SIGNALS
+from .kubectl import APP, COMPLETION_INDEX, LABEL_APP, LABEL_JOB, LABEL_ROLE, Kubectl, say
+from .plan import (LaunchError, SchedulerProgram, ServerProgram, WORKER_ID, lay_out_workers,
+                   role_env, scheduler_argv, server_program, worker_env)
+
+DEFAULT_PORT = 9091           # each pod has its own network namespace: no port to avoid
+CONTAINER_PYTHON = "python"   # the image's interpreter, not this machine's sys.executable
+GPU_RESOURCE = "nvidia.com/gpu"
+#: Leaves room for ``-scheduler`` and ``-worker-<index>`` within a 63-character DNS label (an
+#: Indexed Job's pod host name is ``<job>-<index>``).
+MAX_NAME_LENGTH = 40
+#: Finished Jobs go away on their own an hour later even if the launcher was killed.
+TTL_AFTER_FINISHED_S = 3600
+#: Past --timeout, the cluster stops the Jobs itself (the launcher may be gone by then).
+CLUSTER_DEADLINE_MARGIN_S = 60
+
+_DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")   # Service names
+_DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # namespaces
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                        r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+_QUANTITY = re.compile(r"^(\d+(\.\d*)?|\.\d+)([KMGTPE]i|[mkMGTPE]|[eE][+-]?\d+)?$")
+
+
+@dataclasses.dataclass(frozen=True)
+class KubeJob:
+    """Everything :func:`render` needs; checked on construction (LaunchError quotes the value)."""
+
+    name: str
+    image: str
+    num_workers: int
+    num_servers: int
+    worker_argv: Tuple[str, ...]
+    scheduler_argv: Tuple[str, ...]
+    server_argv: Tuple[str, ...]
+    server_env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    env_all: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    env_server: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    env_worker: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    namespace: Optional[str] = None
+    port: int = DEFAULT_PORT
+    cpu: Optional[str] = None
+    memory: Optional[str] = None
+    gpus: Optional[int] = None
+    node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    local_groups: bool = False
+    timeout_s: Optional[float] = None
+
+    def __post_init__(self):
+        if len(self.name) > MAX_NAME_LENGTH or not _DNS_1035_LABEL.match(self.name):
+            raise LaunchError("--name %r: expected at most %d lower-case letters, digits and '-', "
+                              "starting with a letter and not ending with '-' (it names "
+                              "Kubernetes objects)" % (self.name, MAX_NAME_LENGTH))
+        if self.namespace is not None and (len(self.namespace) > 63
+                                           or not _DNS_1123_LABEL.match(self.namespace)):
+            raise LaunchError("--namespace %r is not a namespace name (lower-case letters, digits "
+                              "and '-')" % self.namespace)
+        if not self.image or any(c.isspace() for c in self.image):
+            raise LaunchError("--image %r is not an image reference" % self.image)
+        for option, value in (("--cpu", self.cpu), ("--memory", self.memory)):
+            if value is not None and not _QUANTITY.match(value):
+                raise LaunchError("%s %r is not a Kubernetes quantity (e.g. 4, 3500m, 16Gi)"
+                                  % (option, value))
+
+    @property
+    def scheduler_host(self) -> str:
+        """The scheduler's address for servers and workers: its Service's name."""
+        return self.name + "-scheduler"
+
+
+def parse_node_selector(options: Sequence[str]) -> Dict[str, str]:
+    """``--node-selector LABEL=VALUE`` options as a nodeSelector; LaunchError on a bad one."""
+    selector = {}
+    for text in options:
+        key, sep, value = text.partition("=")
+        if not sep or not _LABEL_KEY.match(key) or len(key.rpartition("/")[0]) > 253 \
+                or not _LABEL_VALUE.match(value):
+            raise LaunchError("--node-selector %r: expected LABEL=VALUE with a Kubernetes label "
+                              "name and value, e.g. kubernetes.io/arch=amd64" % text)
+        selector[key] = value
+    return selector
+
+
+def random_name() -> str:
+    """``kvstore-byteps-`` and 6 random lower-case letters and digits."""
+    alphabet = string.ascii_lowercase + string.digits
+    return "kvstore-byteps-" + "".join(random.choice(alphabet) for _ in range(6))
+
+
+def job_from_args(args) -> KubeJob:
+    """The :class:`KubeJob` a parsed command line (``cli.parse_args``) asks for."""
+    server_argv, server_env = server_program(ServerProgram(args.server), CONTAINER_PYTHON)
+    return KubeJob(
+        name=random_name() if args.name is None else args.name, image=args.image,
+        num_workers=args.num_workers, num_servers=args.num_servers,
+        worker_argv=tuple(args.command),
+        scheduler_argv=tuple(args.scheduler_cmd or scheduler_argv(
+            SchedulerProgram(args.scheduler), CONTAINER_PYTHON)),
+        server_argv=tuple(args.server_cmd or server_argv), server_env=server_env,
+        env_all=args.env_all, env_server=args.env_server, env_worker=args.env_worker,
+        namespace=args.namespace, port=args.port or DEFAULT_PORT, cpu=args.cpu,
+        memory=args.memory, gpus=args.gpus, node_selector=parse_node_selector(args.node_selector),
+        local_groups=args.local_groups, timeout_s=args.timeout)
+
+
+# ------------------------------------------------------------------------------- render
+def _literal(text: str) -> str:
+    """``text`` as Kubernetes passes it on: it expands ``$(NAME)`` in commands and variables and
+    reduces ``$$`` to ``$``, so doubling every ``$`` keeps the text exactly as the user wrote it."""
+    return text.replace("$", "$$")
+
+
+def _env_list(values: Mapping[str, str], fields: Mapping[str, str]) -> List[dict]:
+    """Container variables: ``values`` as text, ``fields`` (name: field path) from the pod."""
+    entries = [{"name": k, "value": _literal(v)} for k, v in values.items() if k not in fields]
+    return entries + [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+                      for k, path in fields.items()]
+
+
+def _labels(job: KubeJob, role: Optional[Role] = None) -> Dict[str, str]:
+    labels = {LABEL_APP: APP, LABEL_JOB: job.name}
+    if role is not None:
+        labels[LABEL_ROLE] = role.name.lower()
+    return labels
+
+
+def _metadata(job: KubeJob, name: str, role: Optional[Role]) -> dict:
+    metadata = {"name": name, "labels": _labels(job, role)}
+    if job.namespace:
+        metadata["namespace"] = job.namespace
+    return metadata
+
+
+def _container(job: KubeJob, role: Role, argv: Sequence[str], env: List[dict]) -> dict:
+    container = {"name": role.name.lower(), "image": job.image, "imagePullPolicy": "IfNotPresent",
+                 "command": [_literal(a) for a in argv], "env": env}
+    if role is Role.SCHEDULER:
+        container["ports"] = [{"name": "scheduler", "containerPort": job.port, "protocol": "TCP"}]
+        return container
+    sizes = {k: v for k, v in (("cpu", job.cpu), ("memory", job.memory)) if v is not None}
+    limits = dict(sizes)
+    if role is Role.WORKER and job.gpus:
+        limits[GPU_RESOURCE] = str(job.gpus)
+    if limits:
+        container["resources"] = {"limits": limits, **({"requests": sizes} if sizes else {})}
+    return container
+
+
+def _job(job: KubeJob, role: Role, pods: int, container: dict) -> dict:
+    pod_spec = {"restartPolicy": "Never", "containers": [container],
+                # a node's environment is what we set, not one variable per Service in the namespace
+                "enableServiceLinks": False, "terminationGracePeriodSeconds": 10}
+    if job.node_selector:
+        pod_spec["nodeSelector"] = dict(job.node_selector)
+    spec = {"backoffLimit": 0, "completions": pods, "parallelism": pods,
+            "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
+            "template": {"metadata": {"labels": _labels(job, role)}, "spec": pod_spec}}
+    if role is not Role.SCHEDULER:
+        spec["completionMode"] = "Indexed"
+    if job.timeout_s:
+        spec["activeDeadlineSeconds"] = math.ceil(job.timeout_s) + CLUSTER_DEADLINE_MARGIN_S
+    name = "%s-%s" % (job.name, role.name.lower())
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _metadata(job, name, role),
+            "spec": spec}
+
+
+def _service(job: KubeJob) -> dict:
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": _metadata(job, job.scheduler_host, Role.SCHEDULER),
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                     "selector": _labels(job, Role.SCHEDULER),
+                     "ports": [{"name": "scheduler", "port": job.port, "targetPort": job.port,
+                                "protocol": "TCP"}]}}
+
+
+def render(job: KubeJob) -> List[dict]:
+    """The job's Kubernetes objects: the scheduler's Service, then the scheduler's, the servers'
+    and the workers' Jobs. Pure: plain dicts, ready for :func:`to_yaml`."""
+    # One worker per pod, so each pod is a worker host of its own: both layouts give the same
+    # counts, and --local-groups only says so (BYTEPS_LOCAL_GROUPS=1).
+    num_workers, places = lay_out_workers(list(range(job.num_workers)), job.local_groups)
+    pod_ip = {Env.NODE_HOST: "status.podIP"}
+
+    def env(role, *layers, fields=pod_ip):
+        extra = {}
+        for layer in layers:
+            extra.update(layer)
+        return _env_list(role_env(role, None, num_workers, job.num_servers, job.scheduler_host,
+                                  job.port, None, extra), fields)
+
+    scheduler_env = env(Role.SCHEDULER, job.env_all,
+                        fields={**pod_ip, Env.ROOT_URI: "status.podIP"})
+    server_env = env(Role.SERVER, job.env_all, job.env_server, job.server_env)
+    worker_fields = {**pod_ip, WORKER_ID: "metadata.annotations['%s']" % COMPLETION_INDEX}
+    worker_vars = env(Role.WORKER, job.env_all, job.env_worker,
+                      worker_env(places[0], job.local_groups), fields=worker_fields)
+    return [_service(job),
+            _job(job, Role.SCHEDULER, 1, _container(job, Role.SCHEDULER, job.scheduler_argv,
+                                                    scheduler_env)),
+            _job(job, Role.SERVER, job.num_servers, _container(job, Role.SERVER, job.server_argv,
+                                                               server_env)),
+            _job(job, Role.WORKER, job.num_workers, _container(job, Role.WORKER, job.worker_argv,
+                                                               worker_vars))]
+
+
+def to_yaml(objects: Sequence[dict], title: str = "kvstore-byteps job") -> str:
+    """The objects as a YAML stream: a comment line, then one JSON document per object.
+
+    JSON is YAML, so no YAML library is needed. The leading comment matters: kubectl reads a
+    stream that starts with ``{`` as a JSON stream, which ``---`` separators would break.
+    """
+    return "# %s\n" % title + "".join(
+        "---\n" + json.dumps(obj, indent=2, ensure_ascii=False) + "\n" for obj in objects)
+
+
+# ------------------------------------------------------------------------------- run
+class _Interrupted(Exception):
+    """A stop signal arrived while the job ran."""
+
+
+def _raise_interrupted(signum, _frame):
+    raise _Interrupted(signum)
+
+
+def run(args) -> int:
+    """``--launcher kubernetes`` for a parsed command line (``cli.parse_args``): with
+    ``--dry-run`` print the objects; otherwise create, follow and delete them. The exit status."""
+    job = job_from_args(args)
+    text = to_yaml(render(job), "kvstore-byteps job %s: a scheduler, servers: %d, workers: %d"
+                   % (job.name, job.num_servers, job.num_workers))
+    if args.dry_run:
+        sys.stdout.write(text)
+        return 0
+    kubectl = Kubectl(job.namespace)
+    existing = kubectl.call("look for objects of job %s" % job.name, "get", "jobs,services",
+                            "-l", cluster.selector(job.name), "-o", "name").split()
+    if existing:   # never follow, then delete, someone else's job of the same name
+        raise LaunchError("job %s already has objects (%s): choose another --name, or delete "
+                          "them with kubectl delete jobs,services -l %s"
+                          % (job.name, ", ".join(existing), cluster.selector(job.name)))
+    previous = {s: signal.signal(s, _raise_interrupted) for s in STOP_SIGNALS}
+    streams = cluster.LogStreams(kubectl, args.log_dir)
+    try:
+        # create, not apply: apply would take over an unlabelled object of the same name. Not
+        # cut short by a signal: an object still being created could outlive the deletion.
+        with cluster.stop_signals_held():
+            kubectl.call("create the job's objects", "create", "-f", "-", stdin=text)
+        say("created job %s%s: Service %s; Jobs %s-scheduler, -server (%d pods), -worker (%d)"
+            % (job.name, " in namespace " + job.namespace if job.namespace else "",
+               job.scheduler_host, job.name, job.num_servers, job.num_workers))
+        code = cluster.follow(kubectl, job.name, job.num_servers, job.num_workers, job.timeout_s,
+                              streams)
+        # the last lines of nodes that ended (a failed worker's traceback), unless time is up
+        streams.close(0 if code == EXIT_TIMEOUT else cluster.LOG_DRAIN_S)
+        return code
+    except _Interrupted as exc:
+        say("received %s; stopping the job" % signal.Signals(exc.args[0]).name)
+        return 128 + exc.args[0]
+    finally:
+        # From here a stop signal only says that the cleanup is under way (it is bounded).
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, lambda *_: say("deleting the job's objects first"))
+        try:
+            streams.close()
+            cluster.delete(kubectl, job.name)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
