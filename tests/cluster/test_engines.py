@@ -15,8 +15,10 @@ import time
 
 import pytest
 
+from kvstore_byteps.launcher import netns
 from tests.support import slurm_cluster
 from tests.support.demo import DEMO, LAUNCH, run_demo
+from tests.support.netns_support import SshCluster, requires_netns, sshd_unavailable_reason
 from tests.support.paths import REPO
 from tests.support.procs import descendants
 
@@ -32,19 +34,31 @@ requires_mpi = pytest.mark.skipif(shutil.which("mpirun") is None,
                                   reason="mpirun not installed: apt-get install openmpi-bin")
 
 
-@pytest.fixture(scope="module")
-def local_params(tmp_path_factory):
+def _local_params(tmp_path_factory, *options):
     """The demo's parameters under the local launcher (the reference)."""
     path = tmp_path_factory.mktemp("local") / "local.params"
-    procs = []
 
     def spawn(argv, **kwargs):
-        proc = subprocess.Popen(argv, start_new_session=True, **kwargs)
-        procs.append(proc)
-        return proc
+        return subprocess.Popen(argv, start_new_session=True, **kwargs)
 
-    run_demo(spawn, path, epochs=EPOCHS)
+    run_demo(spawn, path, *options, epochs=EPOCHS)
     return path.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def local_params(tmp_path_factory):
+    """2 workers x 2 servers."""
+    return _local_params(tmp_path_factory)
+
+
+@pytest.fixture
+def slurm_hosts(tmp_path_factory):
+    """A Slurm of three machines: node kvb<i> on host i of an emulated network (198.18.0.<i+1>).
+    Per test: a process has one emulated network at a time (its names carry the pid)."""
+    with netns.EmulatedNetwork(3) as net:
+        cluster = slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm-hosts"), net)
+        yield cluster
+        cluster.stop()
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +191,32 @@ def test_a_failing_worker_fails_the_slurm_job_naming_it(slurm):
     _assert_nothing_left(slurm)
 
 
+@requires_slurm
+@requires_netns
+@pytest.mark.timeout(300)
+def test_slurm_jobs_span_several_hosts(slurm_hosts, local_params, tmp_path):
+    # Two workers (three would sum in arrival order, and floating-point sums of three depend
+    # on it) on three hosts with the two servers and the scheduler.
+    params = tmp_path / "salloc.params"
+    code, out = _run(slurm_hosts.client + ["salloc", "-N", "3", "-n", "5"] +
+                     _launch_args("slurm") + _demo_args(params), env=slurm_hosts.env)
+    assert code == 0, out
+    # placed as over ssh: servers, then workers round-robin; the scheduler on the first node
+    assert ("5 tasks on kvb0,kvb1,kvb2; scheduler on 198.18.0.1:" in out and
+            "198.18.0.1: scheduler, server 0, worker 1; 198.18.0.2: server 1; "
+            "198.18.0.3: worker 0" in out), out
+    assert params.read_bytes() == local_params
+
+    params = tmp_path / "srun.params"
+    argv = ["srun", "-N", "3", "-n", "5", "--kill-on-bad-exit=1", sys.executable, "-m",
+            NODE_MODULE, "-s", "2"] + ["--env=" + s for s in TIMEOUTS] + ["--"] + _demo_args(params)
+    code, out = _run(slurm_hosts.client + argv, env=slurm_hosts.env)
+    assert code == 0, out
+    assert "Slurm rank 0 of 5: the scheduler, at 198.18.0.1:" in out, out
+    assert params.read_bytes() == local_params
+    _assert_nothing_left(slurm_hosts)
+
+
 # -------------------------------------------------------------------------------------- MPI
 @requires_mpi
 @pytest.mark.timeout(240)
@@ -199,3 +239,29 @@ def test_a_failing_worker_fails_the_mpi_job_naming_it():
     assert "[kvstore-byteps-node] worker 0 (Open MPI rank 3 of 4, on 127.0.0.1) exited with " \
            "code 3" in out, out
     assert "[launch] mpirun (on this machine) exited with code 3" in out, out
+
+
+@requires_mpi
+@pytest.mark.skipif(sshd_unavailable_reason() is not None,
+                    reason="no ssh cluster: %s" % sshd_unavailable_reason())
+@pytest.mark.timeout(300)
+def test_launcher_mpi_spans_the_hosts_of_its_hostfile(local_params, tmp_path):
+    # Three hosts of an emulated network with an sshd each; mpirun (on host 0) reaches them
+    # over ssh as on a real cluster, two slots per host: ranks 0-1 (scheduler, server 0) on
+    # host 0, 2-3 (server 1, worker 0) on host 1, 4 (worker 1) on host 2.
+    params = tmp_path / "mpi.params"
+    with netns.EmulatedNetwork(3) as net:
+        ssh = SshCluster(net, tmp_path).start()
+        try:
+            hostfile = tmp_path / "hosts"
+            hostfile.write_text("".join("%s slots=2\n" % net.address(i) for i in range(3)))
+            ssh_options = " ".join(ssh.ssh_args() + ["-o", "BatchMode=yes"])
+            argv = (net.exec_argv(0) + _launch_args("mpi") +
+                    ["-H", str(hostfile), "--mpirun-args=--mca plm_rsh_args '%s'" % ssh_options]
+                    + _demo_args(params))
+            code, out = _run(argv)
+        finally:
+            ssh.stop()
+    assert code == 0, out
+    assert "Open MPI rank 0 of 5: the scheduler, at 198.18.0.1:" in out, out
+    assert params.read_bytes() == local_params

@@ -1,14 +1,18 @@
-"""A private one-node Slurm for cluster tests: munged, slurmctld and slurmd on 127.0.0.1.
+"""A private Slurm for cluster tests: munged, slurmctld and one slurmd per node.
 
-Everything lives in a temporary directory (configuration, munge key and socket, state, logs);
-the ports are free ones chosen now; the node declares more CPUs than the machine has
-(``SlurmdParameters=config_overrides``), so a job of 1 + S + W tasks fits on two cores. No
-cgroups (``proctrack/linuxproc``, ``task/none``): it runs in a container. Clients reach it
-through ``SLURM_CONF``, which :attr:`SlurmCluster.env` sets. Stopping cancels every job and
-stops the three daemons; nothing is left behind.
+One node on 127.0.0.1, or one node per host of an emulated network (each slurmd inside its
+host's namespace, the controller on host 0: a Slurm of several machines, on one). Everything
+lives in a temporary directory (configuration, munge key and socket, state, logs); the ports
+are free ones chosen now (fixed inside fresh namespaces); each node declares more CPUs than the
+machine has (``SlurmdParameters=config_overrides``), so a job of 1 + S + W tasks fits on two
+cores. No cgroups (``proctrack/linuxproc``, ``task/none``; daemons enter namespaces with
+``nsenter``, which keeps /sys/fs/cgroup, not ``ip netns exec``). Clients reach it through
+``SLURM_CONF`` (:attr:`SlurmCluster.env`), from :attr:`SlurmCluster.client` (the prefix that
+runs a command on host 0). Stopping cancels every job and stops the daemons; nothing is left.
 """
 import os
 import shutil
+import socket
 import subprocess
 import time
 
@@ -18,12 +22,14 @@ from tests.support.procs import free_ports, kill_process_tree
 
 NODE = "kvbnode"
 CPUS = 16
+#: Inside fresh namespaces nothing else listens: Slurm's usual ports.
+NETNS_PORTS = (6817, 6818)
 START_TIMEOUT_S = 30
-_DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "salloc", "scontrol", "squeue")
+_DAEMONS = ("munged", "slurmctld", "slurmd", "srun", "salloc", "scontrol", "squeue", "nsenter")
 
 _CONF = """\
 ClusterName=kvbtest
-SlurmctldHost=localhost(127.0.0.1)
+SlurmctldHost={ctld_host}
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 AuthType=auth/munge
@@ -37,18 +43,17 @@ SelectTypeParameters=CR_Core
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation={dir}/state
-SlurmdSpoolDir={dir}/spool
+SlurmdSpoolDir={dir}/spool-%n
 SlurmctldPidFile={dir}/slurmctld.pid
-SlurmdPidFile={dir}/slurmd.pid
+SlurmdPidFile={dir}/slurmd-%n.pid
 SlurmctldLogFile={dir}/slurmctld.log
-SlurmdLogFile={dir}/slurmd.log
+SlurmdLogFile={dir}/slurmd-%n.log
 ReturnToService=2
 MpiDefault=none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SlurmdParameters=config_overrides
-NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
-PartitionName=test Nodes={node} Default=YES MaxTime=INFINITE State=UP
+{nodes}PartitionName=test Nodes={names} Default=YES MaxTime=INFINITE State=UP
 """
 
 
@@ -69,17 +74,29 @@ def _program(name):
 
 
 class SlurmCluster:
-    """The daemons of one private Slurm, started in ``directory``."""
+    """The daemons of one private Slurm, started in ``directory``: one node (``NODE``, on
+    127.0.0.1), or with ``net`` (an :class:`EmulatedNetwork`) node ``kvb<i>`` on each host i."""
 
-    def __init__(self, directory):
-        self.dir = str(directory)
-        for sub in ("state", "spool"):
-            os.makedirs(os.path.join(self.dir, sub))
-        ctld_port, slurmd_port = free_ports(2)
+    def __init__(self, directory, net=None):
+        self.dir, self.net = str(directory), net
+        os.makedirs(os.path.join(self.dir, "state"))
+        if net is None:
+            self.nodes, addresses = [NODE], ["127.0.0.1"]
+            ctld_port, slurmd_port = free_ports(2)
+            ctld_host = "localhost(127.0.0.1)"
+        else:
+            self.nodes = ["kvb%d" % i for i in range(net.num_hosts)]
+            addresses = [net.address(i) for i in range(net.num_hosts)]
+            ctld_port, slurmd_port = NETNS_PORTS
+            ctld_host = "%s(%s)" % (socket.gethostname(), addresses[0])  # slurmctld checks its name
+        for name in self.nodes:
+            os.makedirs(os.path.join(self.dir, "spool-" + name))
+        nodes = "".join("NodeName=%s NodeAddr=%s CPUs=%d State=UNKNOWN\n" % (name, address, CPUS)
+                        for name, address in zip(self.nodes, addresses))
         self.conf = os.path.join(self.dir, "slurm.conf")
         with open(self.conf, "w") as f:
             f.write(_CONF.format(dir=self.dir, ctld_port=ctld_port, slurmd_port=slurmd_port,
-                                 node=NODE, cpus=CPUS))
+                                 ctld_host=ctld_host, nodes=nodes, names=",".join(self.nodes)))
         key = os.path.join(self.dir, "munge.key")
         with open(key, "wb") as f:
             f.write(os.urandom(1024))
@@ -88,19 +105,30 @@ class SlurmCluster:
         for name in list(self.env):
             if name.startswith("SLURM_") and name != "SLURM_CONF":
                 del self.env[name]  # a test run inside some other allocation must not leak it
+        #: the prefix that runs a client command where the controller is (host 0)
+        self.client = self.on_host(0)
         self.procs = []
+        # munged's socket is a file: one munged serves every namespace.
         self._start([_program("munged"), "--foreground", "--force",
                      "--socket=%s/munge.sock" % self.dir, "--key-file=" + key,
                      "--pid-file=%s/munged.pid" % self.dir, "--log-file=%s/munged.log" % self.dir,
                      "--seed-file=%s/munge.seed" % self.dir])
         self._wait(lambda: os.path.exists(os.path.join(self.dir, "munge.sock")), "munged's socket")
-        self._start([_program("slurmctld"), "-D", "-i", "-f", self.conf])
-        self._start([_program("slurmd"), "-D", "-f", self.conf, "-N", NODE])
-        self._wait(self._node_idle, "the Slurm node %s to be idle (see %s/slurmctld.log and "
-                   "slurmd.log)" % (NODE, self.dir))
+        self._start(self.client + [_program("slurmctld"), "-D", "-i", "-f", self.conf])
+        for host, name in enumerate(self.nodes):
+            self._start(self.on_host(host) + [_program("slurmd"), "-D", "-f", self.conf, "-N", name])
+        self._wait(self._nodes_idle, "the Slurm nodes %s to be idle (see %s/slurmctld.log and "
+                   "slurmd-*.log)" % (",".join(self.nodes), self.dir))
+
+    def on_host(self, host):
+        """The prefix that runs a command on host ``host`` (nothing on 127.0.0.1)."""
+        if self.net is None:
+            return []
+        return ["nsenter", "--net=/run/netns/" + self.net.namespace(host)]
 
     def _start(self, argv):
-        log = open(os.path.join(self.dir, os.path.basename(argv[0]) + ".out"), "wb")
+        name = os.path.basename(argv[0] if argv[0] != "nsenter" else argv[2])
+        log = open(os.path.join(self.dir, "%s-%d.out" % (name, len(self.procs))), "wb")
         self.procs.append(subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL,
                                            stdout=log, stderr=subprocess.STDOUT,
                                            start_new_session=True))
@@ -118,14 +146,14 @@ class SlurmCluster:
                 pytest.fail("timed out after %d s waiting for %s" % (START_TIMEOUT_S, what))
             time.sleep(0.2)
 
-    def _node_idle(self):
-        done = self.run(["sinfo", "-h", "-n", NODE, "-o", "%t"], check=False)
-        return done.returncode == 0 and done.stdout.strip() == "idle"
+    def _nodes_idle(self):
+        done = self.run(["sinfo", "-h", "-o", "%D %t"], check=False)
+        return done.returncode == 0 and done.stdout.strip() == "%d idle" % len(self.nodes)
 
     def run(self, argv, timeout=30, check=True):
         """A Slurm client command against this cluster; its CompletedProcess."""
-        done = subprocess.run(argv, env=self.env, stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True, timeout=timeout)
+        done = subprocess.run(self.client + list(argv), env=self.env, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=timeout)
         if check and done.returncode != 0:
             pytest.fail("%s failed: %s" % (" ".join(argv), done.stderr.strip()))
         return done
