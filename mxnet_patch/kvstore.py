@@ -111,6 +111,16 @@ class _ViewCache(dict):
         return views
 
 
+def _flush_and_exit(code: int) -> None:
+    """Exit now with ``code`` (from an exit hook, which cannot raise), output flushed first."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 def close_at_exit(close) -> None:
     """Run ``close`` when the main thread has finished, before any ``atexit`` handler.
 
@@ -366,18 +376,24 @@ class KVStoreBytePS(KVStoreBase):
         """:meth:`close` as the process ends. If leaving fails (the scheduler is gone, say),
         the process exits with status 1 after one line saying why: a job whose shutdown failed
         must not look like a success, and an exit hook cannot raise (Python would print the
-        traceback and exit 0)."""
+        traceback and exit 0).
+
+        A script that ended with an uncaught exception (Python printed it and set
+        ``sys.last_value``) does not leave: leaving waits for every worker, and the others are
+        waiting for this one's next push, so the failure would only show after
+        BYTEPS_REQUEST_TIMEOUT. It exits 1 at once (Python's status for an uncaught exception);
+        the launcher then stops the job, naming this worker."""
+        failure = getattr(sys, "last_value", None)
+        if failure is not None:
+            log.error("dist_byteps worker rank %s stops on an uncaught %s, without waiting for "
+                      "the other workers", self.rank, type(failure).__name__)
+            _flush_and_exit(1)
         try:
             self.close()
         except Exception as exc:    # KVStoreBytePSError, or MXNet's error from waitall
             log.error("dist_byteps worker rank %s could not leave the job cleanly: %s",
                       self.rank, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-            for stream in (sys.stdout, sys.stderr):
-                try:
-                    stream.flush()
-                except (OSError, ValueError):
-                    pass
-            os._exit(1)
+            _flush_and_exit(1)
 
     def close(self):
         """Finish pending work, then leave the cluster as MXNet's workers do. Idempotent."""

@@ -4,6 +4,7 @@
     python ending.py fit         # Module.fit, then the script ends
     python ending.py fresh STEPS MB   # STEPS rounds of pushpulls of arrays made fresh every
                                      # step and dropped at once; sums checked every 5 steps
+    python ending.py crash       # rank 1 raises after 5 rounds; rank 0 goes on pushing
 
 Prints ``ENDING <mode> rank R`` as its last line; everything after is the store's exit.
 """
@@ -51,6 +52,16 @@ def fresh(kv, steps, megabytes):
             print("step %d exact" % step, flush=True)
 
 
+def crash(kv):
+    kv.init(0, mx.nd.zeros(1024))
+    out = mx.nd.zeros(1024)
+    for step in range(1, 10 ** 6):
+        kv.pushpull(0, mx.nd.ones(1024), out=out)
+        out.wait_to_read()
+        if step == 5 and kv.rank == 1:
+            raise RuntimeError("rank 1 fails at step 5")
+
+
 def main():
     kv = mx.kv.create("dist_byteps")
     mode = sys.argv[1]
@@ -58,6 +69,8 @@ def main():
         pushpull(kv)
     elif mode == "fit":
         fit(kv)
+    elif mode == "crash":
+        crash(kv)
     elif mode == "fresh":
         fresh(kv, int(sys.argv[2]), int(sys.argv[3]))
     else:
