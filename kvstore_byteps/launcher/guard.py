@@ -51,8 +51,11 @@ class Guard:
             preexec_fn=lambda: die_with_parent(signal.SIGKILL, guard_pid))
 
     def _forward(self, signum: int) -> None:
-        self.signalled = signum
-        self.signal_group(signum)
+        # Once: a stop comes both as the launcher's word and as its signal, and some nodes take
+        # a second signal as "give up now" (mpirun then exits before stopping its ranks).
+        if self.signalled is None:
+            self.signalled = signum
+            self.signal_group(signum)
 
     def signal_group(self, signum: int) -> None:
         """Signal the node's process group (it may outlive the node's first process)."""
@@ -63,7 +66,7 @@ class Guard:
 
     def stop(self, signum: int = signal.SIGTERM) -> None:
         """Signal the group, and SIGKILL it if the node is still running after the grace."""
-        self.signal_group(signum)
+        self._forward(signum)
         try:
             self.proc.wait(timeout=KILL_GRACE_S)
         except subprocess.TimeoutExpired:

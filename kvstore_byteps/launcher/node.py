@@ -14,6 +14,7 @@ fails says which node it was; the exit status is the node's.
 import argparse
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from typing import Dict, List, Mapping, Optional, Sequence
@@ -25,7 +26,7 @@ from .guard import Guard
 from .job import READER_JOIN_S, OutputCopy
 from .plan import (LaunchError, SchedulerProgram, ServerProgram, WorkerPlace, parse_env_options,
                    role_env, scheduler_argv, server_program, worker_env)
-from .procs import EXIT_CANNOT_START
+from .procs import EXIT_CANNOT_START, die_with_parent
 from .rankrole import EngineRank, NodeRole, engine_rank, node_role
 
 PROG = "kvstore-byteps-node"
@@ -144,6 +145,9 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         if found is None or found.rank == 0:
             _say(str(exc))
         return EXIT_USAGE
+    # Whatever started us (mpirun, orted, slurmstepd) may be killed before it stops its ranks:
+    # its death stops this node too (the guard passes the SIGTERM on to the node's group).
+    die_with_parent(signal.SIGTERM, os.getppid())
     where = "%s rank %d of %d" % (found.engine, found.rank, found.size)
     if place.role is Role.SCHEDULER:
         _say("%s: the scheduler, at %s:%d; %d servers, %d workers"

@@ -9,6 +9,7 @@ reason otherwise.
 """
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -265,3 +266,34 @@ def test_launcher_mpi_spans_the_hosts_of_its_hostfile(local_params, tmp_path):
     assert code == 0, out
     assert "Open MPI rank 0 of 5: the scheduler, at 198.18.0.1:" in out, out
     assert params.read_bytes() == local_params
+
+
+@requires_mpi
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_stopping_the_mpi_launcher_stops_every_rank(signum):
+    argv = _launch_args("mpi", servers=1) + [sys.executable, DEMO, "--epochs", "100000"]
+    proc = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines = []
+    try:
+        for line in proc.stdout:        # until the job trains
+            lines.append(line)
+            if "epoch 2/" in line:
+                break
+        out = "".join(lines)
+        assert "epoch 2/" in out, out
+        port = out.split("scheduler on 127.0.0.1:")[1].split(",")[0]
+        os.kill(proc.pid, signum)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signum, out + rest
+    deadline = time.monotonic() + 15
+    while _job_processes("DMLC_PS_ROOT_PORT=" + port) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = _job_processes("DMLC_PS_ROOT_PORT=" + port)
+    for pid in left:                    # never leave them to the next test
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "left running after the launcher stopped:\n" + out + rest
