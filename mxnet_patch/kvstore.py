@@ -111,6 +111,10 @@ class _ViewCache(dict):
         return views
 
 
+#: After the script raised, how long the other workers get to leave the job with this one.
+LEAVE_AFTER_FAILURE_S = 10.0
+
+
 def _flush_and_exit(code: int) -> None:
     """Exit now with ``code`` (from an exit hook, which cannot raise), output flushed first."""
     for stream in (sys.stdout, sys.stderr):
@@ -379,24 +383,28 @@ class KVStoreBytePS(KVStoreBase):
         traceback and exit 0).
 
         A script that ended with an uncaught exception (Python printed it and set
-        ``sys.last_value``) does not leave: leaving waits for every worker, and the others are
-        waiting for this one's next push, so the failure would only show after
-        BYTEPS_REQUEST_TIMEOUT. It exits 1 at once (Python's status for an uncaught exception);
-        the launcher then stops the job, naming this worker."""
+        ``sys.last_value``) gives the other workers LEAVE_AFTER_FAILURE_S to leave with it
+        (they do when they all failed alike, e.g. a refused setting, and the servers then stop
+        as usual): the others may instead be waiting for this one's next push, and would keep
+        it until BYTEPS_REQUEST_TIMEOUT. Then it exits 1 (Python's status for an uncaught
+        exception) and the launcher stops the job, naming this worker."""
         failure = getattr(sys, "last_value", None)
-        if failure is not None:
-            log.error("dist_byteps worker rank %s stops on an uncaught %s, without waiting for "
-                      "the other workers", self.rank, type(failure).__name__)
-            _flush_and_exit(1)
         try:
-            self.close()
+            self.close(None if failure is None else LEAVE_AFTER_FAILURE_S)
         except Exception as exc:    # KVStoreBytePSError, or MXNet's error from waitall
-            log.error("dist_byteps worker rank %s could not leave the job cleanly: %s",
-                      self.rank, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            if failure is not None:
+                log.error("dist_byteps worker rank %s stops on an uncaught %s; the other workers "
+                          "did not stop with it within %g s: it leaves without them", self.rank,
+                          type(failure).__name__, LEAVE_AFTER_FAILURE_S)
+            else:
+                log.error("dist_byteps worker rank %s could not leave the job cleanly: %s",
+                          self.rank,
+                          str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             _flush_and_exit(1)
 
-    def close(self):
-        """Finish pending work, then leave the cluster as MXNet's workers do. Idempotent."""
+    def close(self, leave_within=None):
+        """Finish pending work, then leave the cluster as MXNet's workers do (the other workers
+        must leave within ``leave_within`` seconds, default BYTEPS_REQUEST_TIMEOUT). Idempotent."""
         engine = self._engine
         if engine.closed:
             return
@@ -404,4 +412,4 @@ class KVStoreBytePS(KVStoreBase):
             nd.waitall()
         except Exception as exc:     # a failed op was already reported to its reader
             log.warning("pending operations failed before close: %s", exc)
-        engine.close()
+        engine.close(leave_within)

@@ -444,10 +444,11 @@ class WorkerEngine:
         self.fusion.disable("gradients are compressed")
 
     # ------------------------------------------------------------------ shutdown
-    def close(self) -> None:
+    def close(self, leave_within: Optional[float] = None) -> None:
         """MXNet's exit sequence: Barrier(4), kStopServer from rank 0, Barrier(7), each with a
-        deadline. After a failed request the worker leaves at once instead: its peers' waits
-        then end at their deadlines, naming what they waited for. Idempotent."""
+        deadline (BYTEPS_REQUEST_TIMEOUT, or ``leave_within`` seconds). After a failed request
+        the worker leaves at once instead: its peers' waits then end at their deadlines, naming
+        what they waited for. Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -466,10 +467,11 @@ class WorkerEngine:
                 return
             if self.finish_training() and self.dialect.extensions_missing is None:
                 self._warn_if_stale()       # our servers know the versions of the weights
-            self.po.barrier(WORKER_GROUP, timeout=self.config.request_timeout)
+            leaving = leave_within or self.config.request_timeout
+            self.po.barrier(WORKER_GROUP, timeout=leaving)
             if self.rank == 0:
                 self._command(ServerCommand.STOP_SERVER, b"", "kStopServer")
-            self.po.finalize(timeout=timeout)
+            self.po.finalize(timeout=leaving)
         finally:
             self.po.stop()
 
