@@ -31,7 +31,7 @@ from . import mpi, netns, slurm, ssh
 from .job import EXIT_SPAWN_FAILED, STOP_SIGNALS, Job, NodeStarter
 from .plan import (JobShape, Launcher, LaunchError, ProcSpec, SchedulerProgram, ServerProgram,
                    LOCALHOST, describe_placement, local_hosts, parse_env_options, parse_hostfile,
-                   plan_job, scheduler_argv, server_program, Host)
+                   plan_job, scheduler_argv, server_program, worker_command, Host)
 
 PROG = "kvstore-byteps-launch"
 #: The scheduler's port inside an emulated network (fresh namespaces: nothing else is bound there).
@@ -169,10 +169,7 @@ def parse_args(argv: Optional[Sequence[str]] = None,
     p = build_parser()
     args = p.parse_args(argv)
     environ = os.environ if environ is None else environ
-    if args.command[:1] == ["--"]:
-        args.command = args.command[1:]
-    if not args.command:
-        p.error("missing CMD: the program each worker runs")
+    args.command = worker_command(p, args.command)
     if args.num_servers is None:
         args.num_servers = args.num_workers
     args.launcher = Launcher(args.launcher)

@@ -22,7 +22,7 @@ from kvstore_byteps.config import Role
 
 from .job import (EXIT_TIMEOUT, STOP_SIGNALS, OutputCopy, describe_exit,
                   log_file_name)
-from .plan import LaunchError
+from .plan import LaunchError, node_label
 
 LABEL_APP, APP = "app.kubernetes.io/name", "kvstore-byteps"
 LABEL_JOB = "kvstore-byteps/job"
@@ -78,8 +78,7 @@ class PodState:
     @property
     def label(self) -> str:
         """``scheduler``, ``server 1``, ``worker 0``, as the other launchers name nodes."""
-        name = self.role.name.lower()
-        return name if self.index is None else "%s %d" % (name, self.index)
+        return node_label(self.role, self.index)
 
 
 def pod_states(listing: Mapping) -> List[PodState]:

@@ -17,7 +17,7 @@ import shlex
 import signal
 import subprocess
 import sys
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from kvstore_byteps.config import Env, Role
 
@@ -25,7 +25,7 @@ from . import slurm
 from .guard import Guard
 from .job import READER_JOIN_S, OutputCopy
 from .plan import (LaunchError, SchedulerProgram, ServerProgram, WorkerPlace, parse_env_options,
-                   role_env, scheduler_argv, server_program, worker_env)
+                   role_env, scheduler_argv, server_program, worker_command, worker_env)
 from .procs import EXIT_CANNOT_START, die_with_parent
 from .rankrole import EngineRank, NodeRole, engine_rank, node_role
 
@@ -70,15 +70,22 @@ def _say(text: str) -> None:
     print("[%s] %s" % (PROG, text), file=sys.stderr, flush=True)
 
 
-def _scheduler_address(args, found: EngineRank, environ: Mapping[str, str]) -> str:
-    if args.root_uri:
-        return args.root_uri
+def _addresses(args, found: EngineRank, environ: Mapping[str, str]) -> Tuple[str, Optional[str]]:
+    """The scheduler's address and this node's (None: ps-lite's rule picks it): the options',
+    else under Slurm the NodeAddr of the step's first node and of this one (one scontrol
+    question for both)."""
+    root_uri, node_host = args.root_uri, args.node_host
     nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
-    if found.engine == "Slurm" and nodelist:
-        first = slurm.hostnames(nodelist)[0]
-        return slurm.node_addresses([first])[first]
-    raise LaunchError("%s gives no scheduler address: pass --root-uri HOST (the host that runs "
-                      "rank 0) and --port PORT" % found.engine)
+    first = slurm.hostnames(nodelist)[0] if not root_uri and found.engine == "Slurm" \
+        and nodelist else None
+    mine = environ.get("SLURMD_NODENAME") if not node_host else None
+    wanted = [name for name in (first, mine) if name]
+    addresses = slurm.node_addresses(wanted) if wanted else {}
+    root_uri = root_uri or addresses.get(first)
+    if not root_uri:
+        raise LaunchError("%s gives no scheduler address: pass --root-uri HOST (the host that "
+                          "runs rank 0) and --port PORT" % found.engine)
+    return root_uri, node_host or addresses.get(mine)
 
 
 def _port(args, found: EngineRank, environ: Mapping[str, str]) -> int:
@@ -87,13 +94,6 @@ def _port(args, found: EngineRank, environ: Mapping[str, str]) -> int:
     if found.engine == "Slurm" and "SLURM_JOB_ID" in environ:
         return slurm.job_port(environ)
     raise LaunchError("%s gives no scheduler port: pass --port PORT" % found.engine)
-
-
-def _node_host(args, environ: Mapping[str, str]) -> Optional[str]:
-    if args.node_host:
-        return args.node_host
-    name = environ.get("SLURMD_NODENAME")
-    return slurm.node_addresses([name])[name] if name else None
 
 
 def node_environment(args, place: NodeRole, root_uri: str, port: int,
@@ -128,18 +128,16 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
     parser = build_parser()
     args = parser.parse_args(argv)
     environ = os.environ if environ is None else environ
-    if args.command[:1] == ["--"]:
-        args.command = args.command[1:]
-    if not args.command:
-        parser.error("missing CMD: the program each worker runs")
+    args.command = worker_command(parser, args.command)
     if args.num_servers < 1 or (args.num_workers is not None and args.num_workers < 1):
         parser.error("-s and -n need at least 1")
     found = None
     try:
         found = engine_rank(environ)
         place = node_role(found, args.num_servers, args.num_workers)
-        root_uri, port = _scheduler_address(args, found, environ), _port(args, found, environ)
-        env = node_environment(args, place, root_uri, port, _node_host(args, environ), environ)
+        root_uri, node_host = _addresses(args, found, environ)
+        port = _port(args, found, environ)
+        env = node_environment(args, place, root_uri, port, node_host, environ)
     except LaunchError as exc:
         # Every task finds the same problem: one line (rank 0's) says it for the whole job.
         if found is None or found.rank == 0:

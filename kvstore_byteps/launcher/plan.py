@@ -92,10 +92,22 @@ class ProcSpec:
     @property
     def label(self) -> str:
         """``scheduler``, ``server 1``, ``worker 0``: how messages and output prefixes name it."""
-        if self.title:
-            return self.title
-        name = self.role.name.lower()
-        return name if self.rank is None else "%s %d" % (name, self.rank)
+        return self.title or node_label(self.role, self.rank)
+
+
+def node_label(role: Role, rank: Optional[int]) -> str:
+    """``scheduler``, ``server 1``, ``worker 0``: how every launcher names a node."""
+    name = role.name.lower()
+    return name if rank is None else "%s %d" % (name, rank)
+
+
+def worker_command(parser, command: Sequence[str]) -> List[str]:
+    """The worker's program from the command line's remainder (a leading ``--`` dropped);
+    ``parser`` exits with a usage error when there is none."""
+    command = list(command[1:] if command[:1] == ["--"] else command)
+    if not command:
+        parser.error("missing CMD: the program each worker runs")
+    return command
 
 
 def scheduler_argv(program: SchedulerProgram, python: str = sys.executable) -> List[str]:

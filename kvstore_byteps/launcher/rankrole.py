@@ -13,7 +13,7 @@ from typing import List, Mapping, Optional, Tuple
 
 from kvstore_byteps.config import Role
 
-from .plan import LaunchError
+from .plan import LaunchError, node_label
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,8 +98,7 @@ class NodeRole:
     @property
     def label(self) -> str:
         """``scheduler``, ``server 1``, ``worker 0``, as the launcher names nodes."""
-        name = self.role.name.lower()
-        return name if self.rank is None else "%s %d" % (name, self.rank)
+        return node_label(self.role, self.rank)
 
 
 def minimum_size(num_servers: int, num_workers: int = 1) -> int:

@@ -17,8 +17,8 @@ from .plan import Host, LaunchError, ProcSpec
 from .rankrole import expand_counts
 
 SCONTROL_TIMEOUT_S = 30
-#: Ports derived from the job's id lie here (:func:`job_port`): above the usual ephemeral range's
-#: start on many systems is avoided by staying below 32768.
+#: Ports derived from the job's id lie here (:func:`job_port`): below 32768, where Linux's
+#: ephemeral ports begin, so no outgoing connection holds one.
 JOB_PORT_BASE, JOB_PORT_SPAN = 20000, 12000
 
 
