@@ -9,7 +9,8 @@ van/runtime/postoffice.py and van/kv/app.py). It has ps-lite's four hooks plus a
 * ``send(message)``: thread-safe, to ``message.meta.recver``; returns bytes sent;
 * ``run(on_message, on_tick, tick_seconds)``: the receive loop, run on the van's own thread; it
   returns after delivering a TERMINATE;
-* ``close()``: release everything, called after ``run`` returned.
+* ``close()``: release everything, called after ``run`` returned;
+* ``interrupt()``: optional, make ``run`` return without a TERMINATE (thread-safe).
 
 Receive-into-place transports (byteps_tcp: ``recv_into`` a reused buffer; RDMA: the sender
 writes straight into a buffer the receiver registered) use ``register_recv_buffer``; a van that
@@ -49,6 +50,11 @@ class Van(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Close every socket; call once ``run`` has returned."""
+
+    def interrupt(self) -> None:
+        """Make ``run`` return soon even if this node's TERMINATE to itself cannot arrive (a
+        node stopped while the cluster forms: its connection to itself may not be read yet).
+        Thread-safe. Optional: a van whose TERMINATE always arrives needs nothing here."""
 
     def register_recv_buffer(self, key: int, nbytes: int) -> None:
         """Announce that data frames of ``nbytes`` bytes for ps key ``key`` will arrive every

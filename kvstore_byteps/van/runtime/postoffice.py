@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 _TICK_SECONDS = 0.05
 _STOP_SECONDS = 10.0
+_TERMINATE_SECONDS = 1.0
 _PROGRESS_LOG_SECONDS = 30.0
 #: data messages kept while the node is not ready yet (a restarted server hears from workers
 #: that learnt of it before its own ADD_NODE answer arrived); more are dropped
@@ -453,6 +454,12 @@ class Postoffice:
             except Exception as exc:  # van already broken: the loop ends anyway
                 log.debug("could not send TERMINATE to self: %s", exc)
         if self._thread is not None:
+            # The TERMINATE comes after everything sent before it; one that has not arrived
+            # within a second may never (a node stopped while the cluster forms may not read
+            # its own connection yet): then the van stops without it.
+            self._thread.join(_TERMINATE_SECONDS)
+            if self._thread.is_alive():
+                self.van.interrupt()
             self._thread.join(_STOP_SECONDS)
             if self._thread.is_alive():
                 log.error("the van's receive loop did not stop within %.0f s", _STOP_SECONDS)

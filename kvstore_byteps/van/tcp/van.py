@@ -182,6 +182,7 @@ class TcpVan(Van):
         self._accepted: "queue.SimpleQueue" = queue.SimpleQueue()
         self._wake_r, self._wake_w = socket.socketpair()
         self._closed = threading.Event()
+        self._interrupted = False
         self._forming = True
         self._accept_thread: Optional[threading.Thread] = None
         self._claims = claims.Claims()
@@ -266,6 +267,12 @@ class TcpVan(Van):
         """(Connect side, after the hellos.) What sends on the connection."""
         return Outbound(sock, what)
 
+    def interrupt(self) -> None:
+        # A connection to itself is held like any other until the node list admits it
+        # (claims.py), so a scheduler stopped while forming never read its own TERMINATE.
+        self._interrupted = True
+        self._wake()
+
     def _wake(self) -> None:
         try:
             self._wake_w.send(b"x")
@@ -337,6 +344,8 @@ class TcpVan(Van):
                 for key, _ in selector.select(tick_seconds):
                     inbound = key.data
                     if inbound is None:
+                        if self._interrupted:
+                            return
                         self._register_accepted(selector)
                     elif not self._drain(inbound, selector, on_message):
                         return
