@@ -155,14 +155,23 @@ class Fusion:
         try:
             stored = engine._pull_all(layout, {"await_init": True})
         except KeyLayoutError as exc:      # rank 0's bucket has another size
-            raise KeyLayoutError("%s: %s" % (differ, exc)) from exc
+            self._end_job(KeyLayoutError("%s: %s" % (differ, exc)))
         if stored[:len(digest)].tobytes() != digest:
-            raise KeyLayoutError(differ)
+            self._end_job(KeyLayoutError(differ))
         bucket.lock = threading.Lock()
         bucket.layout = layout
         log.info("worker rank %d: %s travels as ps key %d", engine.rank, layout.name,
                  part.ps_key)
         self._start_watch()
+
+    def _end_job(self, error: KeyLayoutError) -> None:
+        """Raise ``error`` here, and end the job for every node saying it: the other workers
+        would otherwise wait for this one's pushes until BYTEPS_REQUEST_TIMEOUT."""
+        try:
+            self.engine.po.end_job(str(error))
+        except Exception as exc:      # the scheduler is gone: this worker still stops
+            log.debug("could not ask the scheduler to end the job: %s", exc)
+        raise error
 
     # -- rounds (any thread) ----------------------------------------------------------------
     def arrive(self, key: int, inputs, outputs, priority: int, on_done) -> bool:

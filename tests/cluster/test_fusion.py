@@ -1,6 +1,7 @@
 """Gradient buckets (BYTEPS_FUSION_BYTES) in real clusters: exact sums against dist_sync's,
 and the two ways a program can break them ending in clear errors."""
 import re
+import time
 
 import pytest
 
@@ -67,13 +68,20 @@ def test_a_member_whose_gradient_never_comes_fails_the_round_naming_it():
 def test_workers_whose_buckets_differ_stop_when_the_buckets_are_formed():
     # (keys declared in different orders already fail at their own initialisation:
     # test_worker_behaviour.py; here only the buckets differ)
-    results = run("dist_byteps", "mismatch", env={"BYTEPS_REQUEST_TIMEOUT": "20"},
+    started = time.monotonic()
+    results = run("dist_byteps", "mismatch", env={"BYTEPS_REQUEST_TIMEOUT": "30"},
                   worker1_env={"BYTEPS_FUSION_BYTES": "12"}, expect_ok=False, timeout=60)
-    # rank 1 (whichever process it is) says why; rank 0's round then ends at its deadline
+    # rank 1 (whichever process it is) says why and ends the job: rank 0's round fails at
+    # once with rank 1's reason, not at its deadline (BYTEPS_REQUEST_TIMEOUT)
     said = [out for code, out in results.values()
             if "MISMATCH FAILED rank 1: worker rank 1 fused keys differently from rank 0" in out]
     assert len(said) == 1, results
+    told = [out for code, out in results.values()
+            if re.search(r"MISMATCH FAILED rank 0: .*worker rank 1 \(node \d+\) at \S+ ended the "
+                         r"job: worker rank 1 fused keys differently", out)]
+    assert len(told) == 1, results
     assert all(code == 3 for code, _ in results.values()), results
+    assert time.monotonic() - started < 25, results
 
 
 @pytest.mark.timeout(200)
