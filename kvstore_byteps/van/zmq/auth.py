@@ -24,6 +24,8 @@ from .. import auth
 log = logging.getLogger(__name__)
 
 _WATCH_POLL_MS = 100
+#: handshakes a peer closes in a row before a keyless node concludes it requires a key
+KEYLESS_FAILED_HANDSHAKES = 3
 _NO_KEY_HINT = ("it has no BYTEPS_AUTH_KEY, or it is an upstream MXNet node, which cannot "
                 "authenticate (with BYTEPS_AUTH_KEY every node must be a kvstore-byteps node: "
                 "dist_byteps workers, our servers and scheduler)")
@@ -150,6 +152,7 @@ class KeylessWatch:
         self._zmq = zmq
         self._new: "queue.SimpleQueue[tuple]" = queue.SimpleQueue()
         self._monitors: List[tuple] = []     # (monitor, what, socket, the socket's lock)
+        self._failed: Dict[str, int] = {}    # per peer, handshakes failed in a row
 
     def watch(self, socket, what: str, lock: threading.Lock) -> None:
         """Before connect: watch the handshakes of ``socket`` (to the peer ``what``), which the
@@ -157,20 +160,36 @@ class KeylessWatch:
         self._new.put((socket.get_monitor_socket(), what, socket, lock))
 
     def failure(self) -> Optional[AuthenticationError]:
-        """The first peer found to require a key, if one was."""
+        """The first peer found to require a key, if one was: it reported the mechanism
+        mismatch, or it closed KEYLESS_FAILED_HANDSHAKES handshakes in a row (a CURVE server
+        that closes first leaves the client only "broken pipe", no detail; a keyless peer
+        never fails a handshake with a keyless node)."""
         from zmq.utils.monitor import recv_monitor_message
         zmq = self._zmq
         self._take_new()
         for monitor, what, _, _ in self._monitors:
             while monitor.poll(0):
                 event = recv_monitor_message(monitor)
-                if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and \
+                kind = event["event"]
+                if kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and \
                         event["value"] == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
-                    return AuthenticationError(
-                        "%s requires authentication (it has BYTEPS_AUTH_KEY) but this node has "
-                        "no key; give every node the same BYTEPS_AUTH_KEY or "
-                        "BYTEPS_AUTH_KEY_FILE" % what)
+                    return self._requires_key(what, "")
+                if kind in (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL,
+                            zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL):
+                    failed = self._failed[what] = self._failed.get(what, 0) + 1
+                    log.debug("handshake with %s failed (%s)", what, event)
+                    if failed >= KEYLESS_FAILED_HANDSHAKES:
+                        return self._requires_key(
+                            what, " (it closed %d handshakes in a row)" % failed)
+                elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    self._failed.pop(what, None)
         return None
+
+    @staticmethod
+    def _requires_key(what: str, how: str) -> AuthenticationError:
+        return AuthenticationError(
+            "%s requires authentication (it has BYTEPS_AUTH_KEY) but this node has no key%s; "
+            "give every node the same BYTEPS_AUTH_KEY or BYTEPS_AUTH_KEY_FILE" % (what, how))
 
     def close(self) -> None:
         """Stop watching (the cluster formed, or the van closes): close the monitors' ends."""
