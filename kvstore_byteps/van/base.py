@@ -26,6 +26,11 @@ class Van(abc.ABC):
     """Abstract transport. Only ``send``, ``register_recv_buffer``, ``expect_frame`` and
     ``revoke_frame`` are thread-safe."""
 
+    #: whether an app's handler may run on the receive loop (customer.InlineHandler): a
+    #: ``send`` from it never waits for a peer to read, so two nodes handling each other's
+    #: messages that way cannot wait for each other
+    handlers_inline_ok = False
+
     #: whether each peer receives this van's messages in the order ``send`` was called
     #: (PS_RESEND's fast retransmit relies on it)
     in_order = True

@@ -38,6 +38,11 @@ class _Stopped(Exception):
 class AutoVan(Van):
     """ZeroMQ with every peer, byteps_tcp with the peers that announced a byteps_tcp port."""
 
+    #: byteps_tcp's sends never wait; ZeroMQ's wait only once SNDHWM messages (1000 unless
+    #: DMLC_PS_WATER_MARK says otherwise) are queued for one peer, which a handler that sends
+    #: nothing but a recovery's resends (a worker's) does not reach
+    handlers_inline_ok = True
+
     def __init__(self, config: Config):
         self.config = config
         self.zmq = ZMQVan(config)

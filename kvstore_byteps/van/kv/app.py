@@ -219,7 +219,9 @@ class KVWorker:
         self._lock = threading.Lock()
         self._next_timestamp = 0
         self._pending: Dict[int, Request] = {}       # in the order sent: oldest first
-        self._customer = postoffice.register_handler(app_id, customer_id, self._on_message)
+        # answers only complete requests: handled on the receive loop where the van allows
+        self._customer = postoffice.register_handler(app_id, customer_id, self._on_message,
+                                                     inline=True)
         postoffice.on_failure(self._fail_pending)
         #: held while a request is stamped and sent, and while a restarted server is restored:
         #: a request is either in the recovering worker's report or sent after it, never both
@@ -228,8 +230,8 @@ class KVWorker:
         self.recovery = (ServerRecovery if postoffice.config.server_recovery
                          else NoServerRecovery)(self)
         # Requests completed by callback (no one calls wait) still get a deadline: the
-        # postoffice's tick notices an overdue request and the customer thread, which also
-        # completes requests with their answers, fails it.
+        # postoffice's tick notices an overdue request and the customer, which also completes
+        # requests with their answers, fails it.
         self._check_period = min(1.0, self.request_timeout / 10)
         self._next_check = 0.0
         self._expiry_posted = False

@@ -1,7 +1,11 @@
-"""A customer (ps-lite's Customer): one app's message handler on a thread of its own.
+"""A customer (ps-lite's Customer): one app's message handler, on a thread of its own or inline.
 
-The postoffice hands each data message to its app's customer, so a slow handler never stalls
-the van's receive loop. Thread-safety: ``accept``, ``post`` and ``stop`` are thread-safe.
+The postoffice hands each data message to its app's customer. :class:`HandlerThread` runs the
+handler on a thread of its own, so a slow handler never stalls the van's receive loop (a
+server's handlers, which sum and may run an optimizer). :class:`InlineHandler` runs it on the
+thread that delivers the message (a worker's, which only complete requests: the hand-off to
+another thread, a queue, a wake-up and a GIL switch per answer, cost more than the handling).
+Thread-safety: ``accept``, ``post`` and ``stop`` are thread-safe.
 """
 import logging
 import queue
@@ -57,3 +61,47 @@ class HandlerThread:
                                        "app %d customer %d failed on a message from node %s",
                                        self.app_id, self.customer_id, message.meta.sender,
                                        exc_info=True)
+
+
+class InlineHandler:
+    """Runs one app's message handler on the delivering thread (the van's receive loop), one
+    message at a time. Only for handlers that never wait for the van (a worker's: answers
+    complete requests and wake the threads that send), and on vans whose sends from that
+    thread do not wait for a peer (``Van.handlers_inline_ok``)."""
+
+    def __init__(self, app_id: int, customer_id: int, handler: Callable[[Message], None]):
+        self.app_id, self.customer_id, self.handler = app_id, customer_id, handler
+        self._lock = threading.Lock()       # a van may deliver from two loops (auto)
+        self._stopped = False
+        self._peer_log = PeerLog(log)
+
+    def accept(self, message: Message) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            try:
+                self.handler(message)
+            except Exception:  # a bad message must not kill the app (or the receive loop)
+                self._peer_log.warning(message.meta.sender,
+                                       "app %d customer %d failed on a message from node %s",
+                                       self.app_id, self.customer_id, message.meta.sender,
+                                       exc_info=True)
+
+    def post(self, work: Callable[[], None]) -> None:
+        """Run ``work()`` now, between two messages."""
+        with self._lock:
+            if self._stopped:
+                return
+            try:
+                work()
+            except Exception:
+                log.exception("app %d customer %d: posted work failed", self.app_id,
+                              self.customer_id)
+
+    def stop(self, timeout: float) -> None:
+        """Handle nothing more (waits at most ``timeout`` for a message being handled)."""
+        if self._lock.acquire(timeout=timeout):
+            self._stopped = True
+            self._lock.release()
+        else:
+            self._stopped = True

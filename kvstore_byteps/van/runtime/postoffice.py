@@ -13,12 +13,12 @@ import logging
 import random
 import threading
 import time
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ...config import Config, Role
 from ...errors import ConfigError, DeadlineError, PeerError, ProtocolError
 from ...logs import PeerLog
-from .customer import HandlerThread
+from .customer import HandlerThread, InlineHandler
 from .membership import (Connect, Fail, NodeDead, NodeMembership, NodeRecovered, Ready, Refused,
                          ReleaseBarrier,
                          SchedulerMembership,
@@ -51,7 +51,7 @@ class Postoffice:
         self.my_node: Optional[Node] = None
         self.nodes: List[Node] = []
         self.membership = None
-        self._customers: Dict[Tuple[int, int], HandlerThread] = {}
+        self._customers: Dict[Tuple[int, int], Any] = {}   # customer.py's
         self._early: Dict[Tuple[int, int], List[Message]] = {}
         self._lock = threading.Lock()
         self._ready = threading.Event()
@@ -331,9 +331,12 @@ class Postoffice:
 
     # ------------------------------------------------------------------ apps
     def register_handler(self, app_id: int, customer_id: int,
-                          handler: Callable[[Message], None]) -> HandlerThread:
-        """Route data messages of (app_id, customer_id) to ``handler`` on its own thread."""
-        customer = HandlerThread(app_id, customer_id, handler)
+                          handler: Callable[[Message], None], inline: bool = False):
+        """Route data messages of (app_id, customer_id) to ``handler`` on its own thread, or,
+        with ``inline`` (a handler that never waits for the van) where the van allows it, on
+        the receive loop's (customer.py)."""
+        kind = InlineHandler if inline and self.van.handlers_inline_ok else HandlerThread
+        customer = kind(app_id, customer_id, handler)
         with self._lock:
             if (app_id, customer_id) in self._customers:
                 raise ValueError("customer (%d, %d) is already registered" % (app_id, customer_id))

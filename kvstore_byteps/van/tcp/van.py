@@ -169,6 +169,9 @@ class TcpVan(Van):
 
     #: whether this node's connections carry RDMA channels (its hello says so)
     rdma = False
+    #: ``send`` queues what the socket does not take (outbound.py; RDMA: what credits do not
+    #: cover) and returns
+    handlers_inline_ok = True
 
     def __init__(self, config: Config, pool: Optional[RecvBufferPool] = None):
         self.config = config
