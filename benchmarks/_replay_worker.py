@@ -14,7 +14,8 @@ time; after the last step every sum must be ``W * (W + 1) / 2`` (exit 3 otherwis
 
 Prints ``REPLAY_RESULT {json}``: each step's seconds, the seconds the forward waited for sums
 in each step, the wall-clock window of the measured steps (``time.time()``; the benchmark reads
-every role's CPU over it from outside) and the timeline of the last step (``[kind, start,
+every role's CPU over it from outside), this process's CPU seconds per measured step by thread,
+``[user, system]`` (``_cost_worker.threads``) and the timeline of the last step (``[kind, start,
 end]`` from the step's start; kinds forward, wait, backward).
 """
 import argparse
@@ -25,6 +26,8 @@ import time
 
 import mxnet as mx
 import numpy as np
+
+from _cost_worker import threads
 
 RESULT_TAG = "REPLAY_RESULT "
 EXIT_WRONG_SUM = 3
@@ -161,6 +164,7 @@ def main(argv=None) -> int:
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
             window_start = time.time()
+            threads_before = threads()
         waited, timeline = 0.0, []
         for layer, seconds in zip(layers, forward):
             before = time.perf_counter()
@@ -185,13 +189,19 @@ def main(argv=None) -> int:
             waits.append(waited)
         started = now
     window = [window_start, time.time()]
+    threads_after = threads()
+    per_thread = {name: [round((threads_after[name][i] - was[i]) / args.steps, 4)
+                         for i in (0, 1)]
+                  for name, was in threads_before.items() if name in threads_after}
     want = workers * (workers + 1) / 2
     wrong = [i for i in sorted(shapes) if not np.all(store.result(i) == want)]
     store.close()
     timeline = [[kind, round(a, 4), round(b, 4)] for kind, a, b in timeline if b - a > 1e-4]
     print(RESULT_TAG + json.dumps({"rank": rank, "steps": steps, "waits": waits,
                                    "window": window, "timeline": timeline,
-                                   "wrong_sums": len(wrong)}), flush=True)
+                                   "wrong_sums": len(wrong),
+                                   "threads_s": {k: v for k, v in per_thread.items() if sum(v) > 0}}),
+          flush=True)
     return EXIT_WRONG_SUM if wrong else 0
 
 

@@ -141,6 +141,7 @@ def run_job(args, system: str, compute: float) -> Optional[Dict]:
     window = (min(r["window"][0] for r in results), max(r["window"][1] for r in results))
     return {"step_s": statistics.median(slowest["steps"]), "timeline": slowest["timeline"],
             "exposed_s": max(statistics.median(r["waits"]) for r in results),
+            "worker_threads_s": slowest.get("threads_s"),   # CPU per step, by thread
             # every role's CPU and link bytes per step, as seen from outside
             "roles": usage.per_step(*window, steps=args.steps,
                                     nodes={"worker": args.workers, "server": args.servers,

@@ -47,6 +47,9 @@ def test_the_plain_socket_ceiling_sums_exactly_over_partitions_and_servers(spawn
     assert code == 0, output                   # a worker with a wrong sum exits 3
     assert sorted(r["rank"] for r in results) == [0, 1, 2], output
     assert all(r["wrong_sums"] == 0 and len(r["steps"]) == 3 for r in results), output
+    # CPU per step by thread, [user, system] (threads below a clock tick left out)
+    assert all(len(pair) == 2 and min(pair) >= 0 and sum(pair) > 0
+               for r in results for pair in r["threads_s"].values()), output
 
 
 def test_the_gloo_anchor_sums_exactly_in_its_buckets(spawn, tmp_path):
