@@ -19,6 +19,12 @@ KVWorker-backed PUSH/PULL:
 * synchronous (``StageSpec(stage, fn)``): ``fn(item)`` does the work and returns;
 * asynchronous (``asynchronous=True``): ``fn(item, done)`` starts the work and returns at once;
   whoever finishes it calls ``done()`` or ``done(error)``, from any thread, exactly once;
+* ``inline`` (a predicate on an item): an item for which it is true runs the stage on the
+  thread that finished the item's previous stage, with the others that stage finished at once,
+  instead of through the stage's queue and thread: for a function that starts nothing in
+  priority order and never blocks (the worker's PULL for a pull that rode with its push: it
+  only waits for an answer already on its way), where the queue, the wake-up and the thread
+  switch per item cost more than the function;
 * ``batch=True``: ``fn`` receives a list of all the items that may leave the queue now (still
   bounded by credit), e.g. to send one request per server for many small partitions. An
   asynchronous batch stage may finish its items piecemeal, ``done(error, items)`` for each part
@@ -72,6 +78,8 @@ class StageSpec:
     fn: Callable[..., None]
     asynchronous: bool = False
     batch: bool = False
+    #: which items skip the stage's queue and thread (module docstring); None: none
+    inline: Optional[Callable[["WorkItem"], bool]] = None
 
 
 class Task:
@@ -138,6 +146,12 @@ class Pipeline:
         self._specs = _check_order(stages)
         self._order = [spec.stage for spec in self._specs]
         self._span = _check_span(credit_span, self._order) if credit is not None else None
+        self._inline = {spec.stage: spec.inline for spec in self._specs}
+        self._spec_of = {spec.stage: spec for spec in self._specs}
+        for stage in (self._order[0], self._span and self._span[0]):
+            if stage and self._inline[stage] is not None:
+                raise ValueError("stage %s is queued (the first stage, or the credit span's): "
+                                 "it cannot run inline" % stage.name)
         self._lock = threading.Lock()
         self._cost = cost or (lambda item: 1)
         self._queues = {stage: CreditScheduler(credit if self._span and stage == self._span[0]
@@ -246,6 +260,7 @@ class Pipeline:
         if error is not None:
             _annotate(error, spec.stage, items)
         resolved: List[Task] = []
+        inline: List[WorkItem] = []      # items whose next stage runs here, now
         with self._lock:
             for item in items:
                 if error is not None:
@@ -253,9 +268,11 @@ class Pipeline:
                 if item.task.failed:
                     self._retire_locked(item, resolved)
                 else:
-                    self._advance_locked(spec.stage, item, resolved)
+                    self._advance_locked(spec.stage, item, resolved, inline)
             self._wake_locked()
         _resolve(resolved)
+        if inline:
+            self._run(self._spec_of[self._next[spec.stage]], inline)
 
     def _drop(self, items: List[WorkItem]) -> None:
         """Retire items of failed tasks without running them."""
@@ -266,12 +283,17 @@ class Pipeline:
             self._wake_locked()
         _resolve(resolved)
 
-    def _advance_locked(self, stage: Stage, item: WorkItem, resolved: List[Task]) -> None:
+    def _advance_locked(self, stage: Stage, item: WorkItem, resolved: List[Task],
+                        inline: List[WorkItem]) -> None:
         if self._span and stage == self._span[1]:
             self._release_locked(item)
         following = self._next[stage]
         if following is None:
             self._retire_locked(item, resolved)
+            return
+        runs_inline = self._inline[following]
+        if runs_inline is not None and runs_inline(item):
+            inline.append(item)
             return
         self._queues[following].push(item, item.priority)
         self._to_wake.add(following)

@@ -64,6 +64,11 @@ class _Finished:
                 self.on_done(exc)     # done() is idempotent: a second call does nothing
 
 
+def _rides(item) -> bool:
+    """Whether ``item``'s pull rode with its push (the PULL stage runs it inline)."""
+    return item.riding_pull is not None
+
+
 @dataclasses.dataclass
 class RoundData:
     """What the PUSH and PULL stages need of one pushpull (a pipeline Task's ``context``)."""
@@ -387,8 +392,10 @@ class WorkerEngine:
                                reduced[1], task.priority)
 
     def _stages(self) -> List[StageSpec]:
+        # a pull that rode with its push only waits for its answer: no queue, no thread
         return [StageSpec(Stage.PUSH, self._push, asynchronous=True, batch=True),
-                StageSpec(Stage.PULL, self._pull, asynchronous=True, batch=True)]
+                StageSpec(Stage.PULL, self._pull, asynchronous=True, batch=True,
+                          inline=_rides)]
 
     def _push(self, items, done) -> None:
         # Each request's partitions move on (and return their credit) when it is answered.

@@ -257,3 +257,54 @@ def test_a_finished_task_is_freed_by_reference_counting_alone():
             assert finished() is None
     finally:
         gc.enable()
+
+
+def test_inline_items_run_the_stage_on_the_thread_that_finished_the_previous_one():
+    """The worker's riding pulls: PULL runs where PUSH's answer finished them, the others
+    through PULL's own thread; every item still passes both stages once."""
+    timers, seen = [], []
+
+    def push_later(items, done):       # answers come on another thread, as from a van
+        timer = threading.Timer(0.01, done)
+        timers.append(timer)
+        timer.start()
+
+    def pull(items, done):
+        seen.extend((item.key, item.index, threading.current_thread().name) for item in items)
+        done()
+
+    stages = [StageSpec(Stage.PUSH, push_later, asynchronous=True, batch=True),
+              StageSpec(Stage.PULL, pull, asynchronous=True, batch=True,
+                        inline=lambda item: item.index % 2 == 0)]
+    with Pipeline(stages, credit=4, credit_span=(Stage.PUSH, Stage.PUSH),
+                  name="p") as pipeline:
+        futures = [pipeline.submit(Task(key, [0, 1, 2])) for key in range(4)]
+        for future in futures:
+            assert future.result(WAIT_S) is None
+    for timer in timers:
+        timer.join(WAIT_S)
+    assert sorted((key, index) for key, index, _ in seen) == [
+        (key, index) for key in range(4) for index in range(3)]
+    for key, index, thread in seen:    # inline: on the timer's thread that answered PUSH
+        assert (thread == "p-PULL") == (index % 2 == 1), seen
+
+
+def test_an_inline_stage_failure_fails_its_task_and_other_tasks_go_on():
+    def pull(items, done):
+        if any(item.key == 1 for item in items):
+            raise ValueError("fake inline failure")
+        done()
+
+    stages = [StageSpec(Stage.PUSH, lambda items: None, batch=True),
+              StageSpec(Stage.PULL, pull, asynchronous=True, batch=True,
+                        inline=lambda item: True)]
+    with Pipeline(stages, credit=None) as pipeline:
+        with pytest.raises(ValueError, match="fake inline failure"):
+            pipeline.submit(Task(1, [0])).result(WAIT_S)
+        assert pipeline.submit(Task(2, [0])).result(WAIT_S) is None
+
+
+def test_queued_stages_cannot_run_inline():
+    push = StageSpec(Stage.PUSH, lambda item: None, inline=lambda item: True)
+    with pytest.raises(ValueError, match="PUSH is queued"):
+        Pipeline([push, StageSpec(Stage.PULL, lambda item: None)], credit=1)
