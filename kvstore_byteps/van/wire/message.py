@@ -118,9 +118,10 @@ class Node:
                                                self.id, self.address)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Control:
-    """The control part of a meta; ``cmd == EMPTY`` means a data message."""
+    """The control part of a meta; ``cmd == EMPTY`` means a data message. Immutable: every
+    data message's meta shares :data:`NO_CONTROL` (one object and list fewer per message)."""
 
     cmd: ControlCommand = ControlCommand.EMPTY
     nodes: List[Node] = dataclasses.field(default_factory=list)
@@ -130,6 +131,10 @@ class Control:
     @property
     def empty(self) -> bool:
         return self.cmd == ControlCommand.EMPTY
+
+
+#: the control part of every data message
+NO_CONTROL = Control()
 
 
 @dataclasses.dataclass
@@ -154,12 +159,12 @@ class Meta:
     body: bytes = b""
     data_type: List[int] = dataclasses.field(default_factory=list)
     priority: int = 0
-    control: Control = dataclasses.field(default_factory=Control)
+    control: Control = NO_CONTROL
     extra: Optional[dict] = None
 
     @property
     def is_control(self) -> bool:
-        return not self.control.empty
+        return self.control is not NO_CONTROL and not self.control.empty
 
 
 class Gather(tuple):
