@@ -59,6 +59,10 @@ class Postoffice:
         self._barrier_cond = threading.Condition()
         self._barrier_released = 0
         self._error: Optional[BaseException] = None
+        #: while start() waits: a failure then is start()'s to raise (and its caller's to
+        #: report), not the receive loop's to log as well (the user read it twice)
+        self._starting = False
+        self._start_lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
         self._finalized = False
         self._resender: Optional[Resender] = None     # PS_RESEND, once ready
@@ -154,10 +158,14 @@ class Postoffice:
                                              heartbeat_timeout=cfg.heartbeat_timeout)
         self._thread = threading.Thread(target=self._receive_loop, daemon=True,
                                         name="van-receive")
+        self._starting = True
         self._thread.start()      # it starts the membership: one thread owns that state
         self._ready.wait(max(0.0, deadline - time.monotonic()) + 1.0)
-        if self._error is not None:
-            raise self._error
+        with self._start_lock:
+            self._starting = False
+            error = self._error
+        if error is not None:
+            raise error
         if not self._ready.is_set():
             raise DeadlineError("cluster start-up did not finish")
         log.info("%s is ready", self.my_node.describe())
@@ -169,8 +177,7 @@ class Postoffice:
             self.van.run(self._on_message, self._on_tick, _TICK_SECONDS)
         except BaseException as exc:  # reaches start()/barrier() callers
             if exc is not self._error:    # (a dead node was logged when it was declared)
-                self._error = self._error or exc
-                log.error("%s", exc)
+                self._record_failure(exc, "%s" % exc)
         finally:
             self._stopped.set()
             if self._error is not None:
@@ -295,14 +302,25 @@ class Postoffice:
 
     def _node_dead(self, action: NodeDead, peer) -> bool:
         error = PeerError("%s is dead: %s" % (action.node.describe_rank(), action.reason))
-        log.error("%s: %s", self.my_node.describe() if self.my_node else "node", error)
-        self._error = self._error or error
+        self._record_failure(error, "%s: %s" % (self.my_node.describe() if self.my_node
+                                                 else "node", error))
         return False
 
     def _fail(self, action: Fail, peer) -> bool:
-        log.error("%s", action.error)
-        self._error = self._error or action.error
+        self._record_failure(action.error, "%s" % action.error)
         return False
+
+    def _record_failure(self, error: BaseException, line: str) -> None:
+        """The error that stops this node (the first one wins), and its ``line`` logged, once:
+        while start() waits, start() raises it and its caller reports it (a worker's one-line
+        error, the server's and scheduler's "failed"), so it is not logged here too."""
+        with self._start_lock:
+            self._error = self._error or error
+            raised_by_start = self._starting
+        if raised_by_start:
+            log.debug("%s (start() raises it)", line)
+        else:
+            log.error("%s", line)
 
     def _refused(self, action: Refused, peer) -> bool:
         self._peer_log.warning(("refused", peer), "%s: %s", self.my_node.describe()
