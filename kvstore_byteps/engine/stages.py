@@ -146,10 +146,9 @@ class Pipeline:
         self._specs = _check_order(stages)
         self._order = [spec.stage for spec in self._specs]
         self._span = _check_span(credit_span, self._order) if credit is not None else None
-        self._inline = {spec.stage: spec.inline for spec in self._specs}
         self._spec_of = {spec.stage: spec for spec in self._specs}
         for stage in (self._order[0], self._span and self._span[0]):
-            if stage and self._inline[stage] is not None:
+            if stage and self._spec_of[stage].inline is not None:
                 raise ValueError("stage %s is queued (the first stage, or the credit span's): "
                                  "it cannot run inline" % stage.name)
         self._lock = threading.Lock()
@@ -291,7 +290,7 @@ class Pipeline:
         if following is None:
             self._retire_locked(item, resolved)
             return
-        runs_inline = self._inline[following]
+        runs_inline = self._spec_of[following].inline
         if runs_inline is not None and runs_inline(item):
             inline.append(item)
             return
