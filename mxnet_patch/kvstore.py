@@ -71,23 +71,23 @@ class _PushPull:
     cyclic garbage collector tracks, and with thousands of keys in flight it ran as much as the
     rest of the worker (benchmarks/bench_cost.py)."""
 
-    __slots__ = ("store", "ikey", "values", "outs", "arrays", "priority", "on_gpu", "fusable")
+    __slots__ = ("store", "ikey", "values", "outs", "arrays", "priority", "on_gpu", "fused")
 
-    def __init__(self, store, ikey, values, outs, arrays, priority, on_gpu, fusable):
+    def __init__(self, store, ikey, values, outs, arrays, priority, on_gpu, fused):
         self.store, self.ikey, self.values, self.outs = store, ikey, values, outs
         self.arrays, self.priority, self.on_gpu = arrays, priority, on_gpu
-        self.fusable = fusable
+        self.fused = fused      # travels in its gradient bucket (decided when it was called)
 
     def __call__(self, done) -> None:
         store = self.store
         if self.on_gpu:
             store._gpu().run(self.ikey, self.values, self.outs, self.priority, done,
-                             fusable=self.fusable)
+                             fused=self.fused)
             return
         views = store._views.host_views(self.ikey, self.arrays)
         n = len(self.values)
         store._engine.pushpull(self.ikey, views[:n], views[n:], self.priority, on_done=done,
-                               fusable=self.fusable)
+                               fused=self.fused)
 
 
 class _ViewCache(dict):
@@ -257,7 +257,7 @@ class KVStoreBytePS(KVStoreBase):
         or None)`` when finished. For callers inside an engine operation of their own (the
         local group's root): nothing is pushed to MXNet's engine."""
         self._engine.pushpull(self._initialised_key(key), inputs, [out], priority,
-                              on_done=on_done, fusable=False)   # no calls counted: alone
+                              on_done=on_done)   # no calls counted: alone
 
     def _initialise(self, key, value, outs, any_order=False):
         ikey = self._int_key(key)
@@ -324,7 +324,7 @@ class KVStoreBytePS(KVStoreBase):
         """Push the engine operation of one pushpull of ``ikey``; ``fusable``: it may travel in
         the key's gradient bucket (a pushpull; a lone push does not)."""
         from mxnet_patch.engine_async import push_async
-        self._engine.use(ikey, fusable)     # in the program's order (gradient buckets)
+        fused = self._engine.use(ikey, fusable)   # in the program's order (gradient buckets)
         if outs is values:                  # in place
             const = []
         else:                               # an array both read and written is only written
@@ -333,7 +333,7 @@ class KVStoreBytePS(KVStoreBase):
         arrays = values + outs
         cached = self._views.get(ikey)     # only CPU arrays get cached views
         on_gpu = not (cached and cached.same_arrays(arrays)) and _placement(ikey, arrays)
-        push_async(_PushPull(self, ikey, values, outs, arrays, priority, on_gpu, fusable),
+        push_async(_PushPull(self, ikey, values, outs, arrays, priority, on_gpu, fused),
                    const_arrays=const, mutable_arrays=outs, priority=priority,
                    name="byteps_pushpull_%d" % ikey, ctx=values[0].context if on_gpu else None)
 

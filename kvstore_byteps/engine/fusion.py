@@ -96,26 +96,31 @@ class Fusion:
             nbytes = sum(p.nbytes for p in layout.partitions)
             self.plan.declare(layout.key, nbytes, layout.dtype)
 
-    def use(self, key: int, fusable: bool) -> None:
+    def use(self, key: int, fusable: bool) -> bool:
         """A pushpull (``fusable``) or a lone push of ``key`` is being called: its bucket takes
         no more members, and a pushpull's call counts (:mod:`.buckets`: the first round of
-        calls forms the bucket, later ones may dissolve it).
+        calls forms the bucket, later ones may dissolve it). Returns whether this call's round
+        travels in the bucket: decided here, in the program's order, the same on every
+        worker. (Decided when the round reached :meth:`arrive`, on the thread of an engine
+        operation that waits for its gradient, a round called while the bucket was learning
+        could arrive after it was formed and join it on one worker while the others sent it
+        alone: both waited for each other's pushes at the servers for ever.)
 
         A bucket gets its server key when it is formed, here, in the program's order of calls:
         rank 0 never waits for the others there, and any other worker waits only for rank 0 to
         reach the same call."""
         if not self.enabled:
-            return
+            return False
         self.plan.use(key)
         bucket = self.plan.sealed_of(key) if fusable else None
         if bucket is None:
-            return
+            return False
         if bucket.learning:
             if not bucket.learn(key):
-                return
+                return False
             bucket.form()
             if not bucket.fused:          # one key was pushed: it goes alone
-                return
+                return False
             try:
                 self._set_up(bucket)
             except Exception as exc:
@@ -125,6 +130,8 @@ class Fusion:
             again = not bucket.called(key, time.monotonic())
         if again:
             self._dissolve(bucket, "key %d was pushed again before the others" % key)
+            return False
+        return True
 
     def _set_up(self, bucket: Bucket) -> None:
         """Give a sealed bucket its server key, initialised and checked on every worker."""
@@ -175,8 +182,9 @@ class Fusion:
 
     # -- rounds (any thread) ----------------------------------------------------------------
     def arrive(self, key: int, inputs, outputs, priority: int, on_done) -> bool:
-        """``key``'s pushpull joins its bucket's round (the last member sends the bucket):
-        True; False if ``key`` goes alone."""
+        """``key``'s pushpull, whose call :meth:`use` put in its bucket, joins the bucket's
+        round (the last member sends the bucket): True; False if ``key`` goes alone (the
+        bucket was dissolved since)."""
         # a dissolved bucket too: its lock orders this arrival after the dissolution's sends
         bucket = self.plan.fused_into(key) if self.enabled else None
         if bucket is None or bucket.layout is None:

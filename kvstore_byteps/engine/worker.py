@@ -326,24 +326,27 @@ class WorkerEngine:
         return request
 
     # ------------------------------------------------------------------ pushpull
-    def use(self, key: int, fusable: bool = True) -> None:
+    def use(self, key: int, fusable: bool = True) -> bool:
         """A pushpull (``fusable``) or a lone push of ``key`` is being called (the API thread,
-        in the program's order): what gradient buckets learn from it (:mod:`.fusion`)."""
-        self.fusion.use(key, fusable)
+        in the program's order): what gradient buckets learn from it (:mod:`.fusion`). Returns
+        whether this round travels in the key's gradient bucket: the ``fused`` to pass to its
+        :meth:`pushpull`."""
+        return self.fusion.use(key, fusable)
 
     def pushpull(self, key: int, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
                  priority: int = 0, on_done: Optional[Callable[[Optional[BaseException]], None]]
-                 = None, fusable: bool = True) -> Optional[Task]:
+                 = None, fused: bool = False) -> Optional[Task]:
         """Sum ``inputs`` over local devices and all workers into every output. Returns at once;
-        ``on_done(error_or_None)`` runs on a pipeline thread when finished. ``key`` goes in
-        its gradient bucket if it has one and ``fusable`` (then None is returned), else alone
-        (its task is returned)."""
+        ``on_done(error_or_None)`` runs on a pipeline thread when finished. ``fused``: what
+        :meth:`use` returned for this call; then ``key`` goes in its gradient bucket (and None
+        is returned) unless the bucket was dissolved since, else alone (its task is
+        returned)."""
         layout = self.layout(key, inputs[0].shape, inputs[0].dtype)
         for array in (*inputs, *outputs):
             if array.shape != layout.shape or array.dtype != layout.dtype:
                 raise KeyLayoutError("%s: got an array of shape %s and dtype %s"
                                      % (layout.name, array.shape, array.dtype))
-        if fusable and self.fusion.arrive(key, inputs, outputs, priority, on_done):
+        if fused and self.fusion.arrive(key, inputs, outputs, priority, on_done):
             return None
         traced = self.tracer.enabled and len(inputs) > 1   # one input is sent as is: no reduce
         reduce_start = now_ns() if traced else 0

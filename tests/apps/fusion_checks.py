@@ -11,6 +11,10 @@ wait     keys 0-2 declared, then pushed one at a time, each read before the next
 stuck    keys 0-2 declared and pushed (a first round: it forms the bucket), then pushed again
          with key 1's gradient held back by an engine operation that does not finish: reading key 0 must fail within BYTEPS_FUSION_TIMEOUT,
          naming key 1; "STUCK FAILED: <error>".
+late     keys 0-2 declared; on rank 1 the first round's gradient of key 1 is held back by an
+         engine operation until the second round's calls formed the bucket (a gradient that is
+         ready late, as a slow backward's): that round must still go alone, as on rank 0,
+         and every round's sums be exact; "LATE OK".
 mismatch every rank declares the same keys in the same order; run with a different
          BYTEPS_FUSION_BYTES on one worker, its buckets differ from rank 0's: the second step
          (where the buckets are formed) must fail there saying the workers fused keys differently, never sum wrong bytes.
@@ -91,6 +95,31 @@ def check_stuck():
     release.set()
 
 
+def check_late(rounds=5):
+    from mxnet_patch.engine_async import push_async
+    kv = mx.kv.create("dist_byteps")
+    for key in range(3):
+        kv.init(key, mx.nd.zeros((10,)))
+    grads = [mx.nd.zeros((10,)) for _ in range(3)]      # the same arrays every round, as gluon's
+    outs = [[mx.nd.zeros((10,)) for _ in range(3)] for _ in range(rounds)]
+    release = threading.Event()
+    if kv.rank == 1:
+        push_async(lambda done: threading.Thread(target=lambda: (release.wait(), done())).start(),
+                   const_arrays=[], mutable_arrays=[grads[1]], priority=0, name="held_back")
+    for r in range(rounds):
+        for key in range(3):
+            grads[key][:] = (kv.rank + 1) * (r + 1) + key    # queued after the last round's
+            kv.pushpull(key, grads[key], out=outs[r][key])
+        if r == 1:        # the first round of calls is over: the bucket was formed
+            release.set()
+    for r in range(rounds):
+        for key in range(3):
+            want = sum((w + 1) * (r + 1) + key for w in range(kv.num_workers))
+            got = outs[r][key].asnumpy()
+            assert np.all(got == want), (r, key, got[:3], want)
+    print("LATE OK")
+
+
 def check_mismatch():
     kv = mx.kv.create("dist_byteps")
     for key in range(6):
@@ -116,6 +145,8 @@ if __name__ == "__main__":
         check_wait()
     elif mode == "stuck":
         check_stuck()
+    elif mode == "late":
+        check_late()
     elif mode == "mismatch":
         check_mismatch()
     else:
