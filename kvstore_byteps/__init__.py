@@ -1,6 +1,10 @@
 """kvstore-byteps: a BytePS parameter-server communication layer for unmodified MXNet 1.9.1."""
-from .errors import TrainingOver
-from .training import finish_training
+from . import compiled as _compiled
+
+_compiled.honour_environment()     # before any compiled module is imported
+
+from .errors import TrainingOver  # noqa: E402
+from .training import finish_training  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["TrainingOver", "finish_training"]

@@ -23,6 +23,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .. import compiled
 from ..compress.params import parse_compression_params
 from ..config import Config, ServerKind
 from ..errors import ConfigError, KVStoreBytePSError, PeerError, training_over
@@ -173,7 +174,7 @@ class WorkerEngine:
         credit = self.dialect.credit()
         sized = ("" if self.link_rate is None else
                  " (sized for rank 0's link to the servers: %.0f MB/s)" % (self.link_rate / 1e6))
-        return ("dist_byteps: %s, %s (%s); van %s; partitions of %d bytes%s; credit %s%s%s%s"
+        return ("dist_byteps: %s, %s (%s); van %s; partitions of %d bytes%s; credit %s%s%s%s; %s"
                 % (count(self.num_workers, "worker"),
                    count(self.po.num_servers, self.dialect.noun), self.dialect.detail,
                    self.po.transport, cfg.partition_bytes, sized,
@@ -182,7 +183,8 @@ class WorkerEngine:
                    "; each pull sent with its push" if self._pulls_ride() else "",
                    "; gradient buckets of up to %d bytes" % self.fusion.plan.capacity
                    if self.fusion.enabled else "",
-                   "" if self.mode.summed else "; training %s" % self.mode.name))
+                   "" if self.mode.summed else "; training %s" % self.mode.name,
+                   compiled.describe()))
 
     def _pulls_ride(self) -> bool:
         """Our servers take a round's pull along with its push (one message less per partition

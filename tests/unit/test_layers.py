@@ -215,6 +215,8 @@ def test_the_byteps_and_horovod_apis_build_on_the_collective_only():
 #: adds), which is what a launcher is for; none reads a setting from it.
 ENVIRONMENT_USERS = {
     "kvstore_byteps/config.py": "the one reader: Config.from_env()",
+    "kvstore_byteps/compiled.py": "KVSTORE_BYTEPS_PURE_PYTHON, read at import (before any "
+                                  "Config): which files the modules of the hot path load from",
     "kvstore_byteps/launcher/job.py": "a Job's children start from this process's environment",
     "kvstore_byteps/launcher/bpslaunch.py": "main(): the environment bpslaunch plans from and "
                                             "hands to its children",
