@@ -5,8 +5,6 @@ Importing this package is cheap (it does not import MXNet). It installs the star
 ``dist_byteps`` is registered in MXNet's KVStore registry when MXNet is imported, or at once if
 MXNet already is. After that, ``mx.kv.create('dist_byteps')`` works.
 """
-import kvstore_byteps  # noqa: F401  (first: it may switch the compiled modules back to Python)
-
 from . import _startup_hook
 
 __all__ = ["register_dist_byteps"]

@@ -84,6 +84,7 @@ def register_dist_byteps():
     """Put ``dist_byteps`` into MXNet's KVStore registry (idempotent)."""
     from mxnet.kvstore.base import KVStoreBase
     if "dist_byteps" not in KVStoreBase.kv_registry:
+        import kvstore_byteps  # noqa: F401  (first: it may load the compiled modules' .py files)
         from mxnet_patch.kvstore import KVStoreBytePS
         KVStoreBase.kv_registry["dist_byteps"] = KVStoreBytePS
     from mxnet_patch.profiler import wrap_profiler
