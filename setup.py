@@ -1,10 +1,11 @@
 """Build hook only; all metadata lives in setup.cfg.
 
-Two custom steps. First, the compiled hot path (kvstore_byteps/compiled.py names the modules):
-each is compiled by Cython (a build requirement, pyproject.toml) into an extension module beside
-its ``.py``, which ships too. Optional at every step: ``KVSTORE_BYTEPS_COMPILE=0`` skips it,
-no Cython (a build without isolation) or no working C compiler builds the pure-Python package
-with a note, and a module that fails to compile stays Python (``optional=True``). Nothing is
+Two custom steps. First, with ``KVSTORE_BYTEPS_COMPILE=1``, the compiled hot path
+(kvstore_byteps/compiled.py names the modules): each is compiled by Cython (a build requirement,
+pyproject.toml) into an extension module beside its ``.py``, which ships too. Optional at every
+step: off by default (measured: it pays only with many small keys, see compiled.py), no Cython
+(a build without isolation) or no working C compiler builds the pure-Python package with a
+note, and a module that fails to compile stays Python (``optional=True``). Nothing is
 downloaded for it but Cython's wheel.
 
 Second: ship ``kvstore_byteps.pth`` at the root of the wheel, so it lands in
@@ -59,9 +60,8 @@ COMPILE_ENV = "KVSTORE_BYTEPS_COMPILE"
 
 def compiled_extensions():
     """One extension per module of kvstore_byteps/compiled.py, or [] (and why, on stderr)."""
-    if os.environ.get(COMPILE_ENV, "1").strip() == "0":
-        print("kvstore-byteps: %s=0: the hot path stays Python" % COMPILE_ENV, file=sys.stderr)
-        return []
+    if os.environ.get(COMPILE_ENV, "0").strip() != "1":
+        return []            # the default: pure Python
     try:
         from Cython.Build import cythonize
     except ImportError:

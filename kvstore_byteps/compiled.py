@@ -2,11 +2,13 @@
 
 The modules of the per-message and per-key path (the van's framing and receive loop, the
 postoffice, the KV layer, the worker's pipeline, routes and buckets, the servers' summing
-path, the MXNet engine glue) are plain Python, compiled at install by Cython when a C compiler
-is there (setup.py; ``KVSTORE_BYTEPS_COMPILE=0`` skips it, and a module that fails to compile
+path, the MXNet engine glue) are plain Python, compiled at install by Cython with
+``KVSTORE_BYTEPS_COMPILE=1`` where a C compiler works (setup.py; a module that fails to compile
 is left as Python). The same ``.py`` files ship beside the compiled ones, and the compiled ones
-run the same code without the interpreter's per-bytecode dispatch (worker CPU per round with
-1000 keys of 4 KB: about a fifth less, benchmarks/bench_cost.py).
+run the same code without the interpreter's per-bytecode dispatch. Off by default, as measured
+(loopback 2 x 2, A/B in one run): the worker's CPU per round with 1000 keys of 4 KB about a
+fifth less, with 10 keys about a seventh more, and the replayed ResNet-50 step no less; typed
+hot loops are what could make it pay.
 
 ``KVSTORE_BYTEPS_PURE_PYTHON=1`` makes every process of the job import the ``.py`` files
 instead (a meta-path finder, installed when this package is first imported): to compare, to
