@@ -104,7 +104,7 @@ class Fusion:
         worker. (Decided when the round reached :meth:`arrive`, on the thread of an engine
         operation that waits for its gradient, a round called while the bucket was learning
         could arrive after it was formed and join it on one worker while the others sent it
-        alone: both waited for each other's pushes at the servers for ever.)
+        alone: both waited for each other's pushes at the servers until BYTEPS_REQUEST_TIMEOUT.)
 
         A bucket gets its server key when it is formed, here, in the program's order of calls:
         rank 0 never waits for the others there, and any other worker waits only for rank 0 to

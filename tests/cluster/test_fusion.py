@@ -60,8 +60,8 @@ def test_keys_pushed_and_read_one_at_a_time_dissolve_their_bucket_and_sum_exactl
 def test_a_round_called_before_the_bucket_formed_goes_alone_on_every_worker_however_late():
     # Whether a round travels in its bucket is decided when it is called, in the program's
     # order: decided when its gradient was ready, a late first-round gradient joined the
-    # bucket formed meanwhile on one worker only, and both workers waited for ever (Module.fit
-    # hung so about one job in ten)
+    # bucket formed meanwhile on one worker only, and both workers waited until their
+    # requests' deadline (Module.fit hung so about one job in ten)
     results = run("dist_byteps", "late", env={"BYTEPS_REQUEST_TIMEOUT": "20"}, timeout=60)
     for _, out in results.values():
         assert "LATE OK" in out, out
