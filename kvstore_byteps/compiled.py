@@ -15,6 +15,7 @@ instead (a meta-path finder, installed when this package is first imported): to 
 debug with Python tools, or to rule the compiled code out. This module itself is never
 compiled, and setup.py reads :data:`MODULES` from it without importing the package.
 """
+import functools
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -80,6 +81,7 @@ class _SourceFirst(importlib.abc.MetaPathFinder):
         return None
 
 
+@functools.lru_cache(maxsize=None)      # read once a process (and warned about once)
 def pure_python_forced() -> bool:
     """Whether ``KVSTORE_BYTEPS_PURE_PYTHON=1`` asks for the ``.py`` files. Another value is
     warned about and ignored (this runs at every Python start-up, from kvstore_byteps.pth:
@@ -99,22 +101,24 @@ def honour_environment() -> None:
         sys.meta_path.insert(0, _SourceFirst())
 
 
+def _is_extension(path) -> bool:
+    return (path or "").endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+
+
 def loaded_compiled() -> list:
     """The compiled modules imported so far that run compiled (not their ``.py``)."""
-    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
     return [name for name in MODULES if name in sys.modules
-            and (getattr(sys.modules[name], "__file__", None) or "").endswith(suffixes)]
+            and _is_extension(getattr(sys.modules[name], "__file__", None))]
 
 
 def describe() -> str:
     """How the hot path runs here, for the start-up line: compiled, or Python and why."""
     if pure_python_forced():
         return "hot path in Python (%s=1)" % PURE_ENV
-    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
     compiled = 0
     for name in MODULES:
         spec = importlib.util.find_spec(name)
-        compiled += spec is not None and (spec.origin or "").endswith(suffixes)
+        compiled += spec is not None and _is_extension(spec.origin)
     if compiled == len(MODULES):
         return "hot path compiled"
     if compiled == 0:

@@ -34,7 +34,6 @@ import numpy as np
 __all__ = ["RecvBufferPool", "Landing"]
 
 
-
 def _refs_in_pool(buffers: list) -> int:
     """What ``sys.getrefcount`` says of a buffer nothing outside ``buffers`` refers to, seen
     from a loop over the pool's list as :meth:`RecvBufferPool._reuse_or_new` runs it."""
