@@ -150,6 +150,27 @@ def test_the_reader_rebuilds_messages_from_any_chunking(sizes):
     assert pool.allocated == 1 and reader.failure is None and not reader.in_message
 
 
+def test_a_large_frame_comes_almost_all_straight_into_its_buffer():
+    # what sits in the read-ahead buffer when a large frame starts is copied again, GIL held
+    from kvstore_byteps.van.tcp.reader import MessageReader
+    big = bytes(range(256)) * 3072                                   # 768 KiB
+    acks = [(b"ack %d" % i, [struct.pack("<Q", i)]) for i in range(50)]
+    stream = stream_of(*acks, (b"answer", [struct.pack("<Q", 9), big]), *acks)
+    into = {"read-ahead": 0, "frame": 0}
+    whole = chunked(stream, [len(stream)])                            # all there at once
+
+    def recv_into(view):
+        got = whole(view)
+        into["read-ahead" if isinstance(view.obj, bytearray) else "frame"] += got
+        return got
+    reader = MessageReader(RecvBufferPool(min_bytes=65536), land_bytes=65536)
+    got = reader.read(recv_into)
+    assert [m for m, _ in got] == [m for m, _ in acks + [(b"answer", [])] + acks]
+    assert bytes(got[50][1][1]) == big and reader.failure is None
+    assert into["frame"] >= len(big) - (16 << 10)
+    assert into["read-ahead"] + into["frame"] == len(stream)
+
+
 def test_the_reader_reports_eof_mid_message_and_bad_framing_after_good_messages():
     from kvstore_byteps.van.tcp.reader import MessageReader
     whole = stream_of((b"ok", [b"abc"]))
