@@ -48,8 +48,8 @@ from mxnet import base as _mxbase
 from kvstore_byteps import errors as _errors
 from kvstore_byteps.errors import DeadlineError, KVStoreBytePSError
 
-__all__ = ["push_async", "host_view", "raise_pending_error", "engine_errors_supported",
-           "AsyncOperationError"]
+__all__ = ["push_async", "push_prepared", "Operands", "host_view", "raise_pending_error",
+           "engine_errors_supported", "AsyncOperationError"]
 
 Done = Callable[..., None]
 
@@ -156,12 +156,12 @@ class _Operation:
     """Everything one pushed operation needs until its ``done`` (keeps ctypes objects alive).
     The operation is itself the ``done`` handed to ``fn`` (no bound method per operation)."""
 
-    __slots__ = ("fn", "arrays", "name", "inline", "finished", "completion", "_lock",
+    __slots__ = ("fn", "operands", "name", "inline", "finished", "completion", "_lock",
                  "_called")
 
-    def __init__(self, fn: Callable[[Done], None], arrays: Sequence[Any], name: bytes,
+    def __init__(self, fn: Callable[[Done], None], operands: "Operands", name: bytes,
                  inline: bool):
-        self.fn, self.arrays, self.name, self.inline = fn, arrays, name, inline
+        self.fn, self.operands, self.name, self.inline = fn, operands, name, inline
         #: set by done(); made only for an operation run inside its push call (NaiveEngine),
         #: whose pusher waits on it (an Event per operation cost 1/7 of pushpull's own time)
         self.finished: Optional[threading.Event] = None
@@ -308,6 +308,30 @@ def _context(ctx: Any) -> _Context:
     return _Context(ctx.device_typeid, ctx.device_id)
 
 
+class Operands:
+    """What an engine operation reads (``const_arrays``) and writes (``mutable_arrays``), the
+    context it is scheduled on and its name, in the form MXNet's push takes them: made once
+    and pushed with :func:`push_prepared` as often as needed (a key's pushpull with the same
+    arrays every step; building the handle arrays was a tenth of a pushpull call). Keeps the
+    arrays alive, and with them their handles."""
+
+    __slots__ = ("arrays", "const_count", "mutable_count", "const_handles", "mutable_handles",
+                 "context", "name")
+
+    def __init__(self, const_arrays: Sequence[Any] = (), mutable_arrays: Sequence[Any] = (),
+                 name: str = "kvstore_byteps", ctx: Any = None):
+        arrays = [*const_arrays, *mutable_arrays]
+        for array in arrays:
+            if not hasattr(array, "handle"):
+                raise TypeError("push_async takes mxnet NDArrays, got %r"
+                                % type(array).__name__)
+        self.arrays = arrays
+        self.const_count, self.mutable_count = len(const_arrays), len(mutable_arrays)
+        self.const_handles, self.mutable_handles = _handles(const_arrays), _handles(mutable_arrays)
+        self.context = _context(ctx)
+        self.name = name.encode("utf-8")
+
+
 def push_async(fn: Callable[[Done], None], const_arrays: Sequence[Any] = (),
                mutable_arrays: Sequence[Any] = (), priority: int = 0,
                name: str = "kvstore_byteps", ctx: Any = None, inline: bool = False) -> None:
@@ -320,19 +344,20 @@ def push_async(fn: Callable[[Done], None], const_arrays: Sequence[Any] = (),
     ``done(exception)``. ``ctx`` is the mxnet.Context the engine schedules on (default CPU 0,
     whose start also waits for GPU producers of the inputs). Thread-safe.
     """
-    arrays = [*const_arrays, *mutable_arrays]
-    for array in arrays:
-        if not hasattr(array, "handle"):
-            raise TypeError("push_async takes mxnet NDArrays, got %r" % type(array).__name__)
-    operation = _Operation(fn, arrays, name.encode("utf-8"), inline)
+    push_prepared(fn, Operands(const_arrays, mutable_arrays, name, ctx), priority, inline)
+
+
+def push_prepared(fn: Callable[[Done], None], operands: Operands, priority: int = 0,
+                  inline: bool = False) -> None:
+    """:func:`push_async` of ``fn`` on ``operands`` made beforehand."""
+    operation = _Operation(fn, operands, operands.name, inline)
     op_id = _REGISTRY.add(operation)
-    context = _context(ctx)
     _PUSHING.active = True
     try:
         _mxbase.check_call(_PUSH(
-            _REGISTRY.trampoline, op_id, None, ctypes.byref(context),
-            _handles(const_arrays), len(const_arrays), _handles(mutable_arrays),
-            len(mutable_arrays), None, priority, operation.name, False))
+            _REGISTRY.trampoline, op_id, None, ctypes.byref(operands.context),
+            operands.const_handles, operands.const_count, operands.mutable_handles,
+            operands.mutable_count, None, priority, operands.name, False))
     except Exception:
         _REGISTRY.discard(op_id)
         raise

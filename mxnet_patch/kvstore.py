@@ -65,6 +65,44 @@ class _CachedViews:
         return tuple(map(id, arrays)) == self.ids
 
 
+class _KeyCall:
+    """What a key's pushpull hands MXNet's engine, made once for the arrays it is called with
+    (gluon and Module pass the same arrays every step): whether they are on a GPU, and the
+    operation's operands (handles, context, name). Keeps the arrays alive, so their ids name
+    them for as long as the entry lives."""
+
+    __slots__ = ("ids", "arrays", "on_gpu", "operands")
+
+    def __init__(self, ikey, values, outs):
+        self.ids = (tuple(map(id, values)), tuple(map(id, outs)))
+        self.arrays = values + outs
+        self.on_gpu = _placement(ikey, self.arrays)
+        if outs is values:                  # in place
+            const = []
+        else:                               # an array both read and written is only written
+            written = set(map(id, outs))
+            const = [v for v in values if id(v) not in written]
+        self.operands = _engine_ops().Operands(
+            const, outs, "byteps_pushpull_%d" % ikey, values[0].context if self.on_gpu else None)
+
+    def made_for(self, values, outs) -> bool:
+        """Whether this entry was made for these very arrays (by identity, in this split)."""
+        return (tuple(map(id, values)), tuple(map(id, outs))) == self.ids
+
+
+_ENGINE_OPS = None
+
+
+def _engine_ops():
+    """:mod:`mxnet_patch.engine_async`, imported on first use (not while MXNet imports this
+    module); an import statement per pushpull was a sixteenth of its cost."""
+    global _ENGINE_OPS
+    if _ENGINE_OPS is None:
+        from mxnet_patch import engine_async
+        _ENGINE_OPS = engine_async
+    return _ENGINE_OPS
+
+
 class _PushPull:
     """One pushpull as an engine operation: ``op(done)`` runs when its inputs are ready. An
     object, not a closure: a closure is a function and a cell per captured name, objects the
@@ -186,6 +224,7 @@ class KVStoreBytePS(KVStoreBase):
         self._lock = threading.Lock()
         self._gpu_path = None
         self._views = _ViewCache()
+        self._calls = {}              # key -> _KeyCall: its arrays as the engine takes them
         self._mode = store_mode(config.training_mode, self)   # what push, pull... mean
         if config.gc_freeze:
             freeze_startup_objects()
@@ -323,19 +362,13 @@ class KVStoreBytePS(KVStoreBase):
     def _submit(self, ikey, values, outs, priority, fusable=True):
         """Push the engine operation of one pushpull of ``ikey``; ``fusable``: it may travel in
         the key's gradient bucket (a pushpull; a lone push does not)."""
-        from mxnet_patch.engine_async import push_async
         fused = self._engine.use(ikey, fusable)   # in the program's order (gradient buckets)
-        if outs is values:                  # in place
-            const = []
-        else:                               # an array both read and written is only written
-            written = set(map(id, outs))
-            const = [v for v in values if id(v) not in written]
-        arrays = values + outs
-        cached = self._views.get(ikey)     # only CPU arrays get cached views
-        on_gpu = not (cached and cached.same_arrays(arrays)) and _placement(ikey, arrays)
-        push_async(_PushPull(self, ikey, values, outs, arrays, priority, on_gpu, fused),
-                   const_arrays=const, mutable_arrays=outs, priority=priority,
-                   name="byteps_pushpull_%d" % ikey, ctx=values[0].context if on_gpu else None)
+        call = self._calls.get(ikey)
+        if call is None or not call.made_for(values, outs):
+            call = self._calls[ikey] = _KeyCall(ikey, values, outs)
+        _engine_ops().push_prepared(
+            _PushPull(self, ikey, values, outs, call.arrays, priority, call.on_gpu, fused),
+            call.operands, priority)
 
     def _gpu(self):
         with self._lock:

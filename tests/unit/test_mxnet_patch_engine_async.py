@@ -198,3 +198,30 @@ def test_pipeline_task_runs_as_an_engine_operation():
         expected = np.arange(0, 1000, dtype=np.float32) * 6
         for out in outs:
             np.testing.assert_array_equal(out.asnumpy(), expected)
+
+
+def test_operands_made_once_order_every_push_on_their_arrays():
+    # a key's pushpull pushes the same operands every step: each push still waits for the
+    # writer before it and holds back the readers after it
+    source, out = mx.nd.zeros((4,)), mx.nd.zeros((4,))
+    operands = engine_async.Operands([source], [out], "twice")
+    seen = []
+    for step in range(1, 4):
+        source[:] = step                       # an MXNet write the operation must wait for
+        gate = threading.Event()
+
+        def add(done, gate=gate):
+            def work():
+                if not gate.wait(WAIT_S):
+                    done(TimeoutError("test gate never opened"))
+                    return
+                view = engine_async.host_view(out)
+                view += engine_async.host_view(source)
+                done()
+            threading.Thread(target=work).start()
+        engine_async.push_prepared(add, operands)
+        threading.Timer(0.02, gate.set).start()
+        seen.append(float((out * 1).asnumpy()[0]))     # waits for this step's operation
+    assert seen == [1.0, 3.0, 6.0]
+    with pytest.raises(TypeError, match="NDArrays"):
+        engine_async.Operands([np.zeros(4)], [out])

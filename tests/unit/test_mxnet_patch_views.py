@@ -56,3 +56,17 @@ def test_a_slice_of_a_host_view_keeps_its_array_and_memory_alive():
     junk = [mx.nd.full((n,), 3) for _ in range(4)]   # would reuse freed memory
     mx.nd.waitall()
     assert np.all(np.frombuffer(frame, np.float32) == 7) and len(junk) == 4
+
+
+def test_a_keys_engine_operands_are_rebuilt_for_other_arrays_or_another_split():
+    from mxnet_patch.kvstore import _KeyCall
+    grad, out, other = mx.nd.ones((4,)), mx.nd.zeros((4,)), mx.nd.zeros((4,))
+    call = _KeyCall(5, [grad], [out])
+    assert call.made_for([grad], [out]) and not call.on_gpu
+    assert call.operands.const_count == 1 and call.operands.mutable_count == 1
+    assert call.operands.name == b"byteps_pushpull_5"
+    assert not call.made_for([grad], [other])          # another output: its own operands
+    assert not call.made_for([grad, out], [])           # the same arrays split otherwise
+    in_place = _KeyCall(5, [grad], [grad])              # read and written: only written
+    assert in_place.operands.const_count == 0 and in_place.operands.mutable_count == 1
+    assert in_place.made_for([grad], [grad])
