@@ -156,12 +156,10 @@ class _Operation:
     """Everything one pushed operation needs until its ``done`` (keeps ctypes objects alive).
     The operation is itself the ``done`` handed to ``fn`` (no bound method per operation)."""
 
-    __slots__ = ("fn", "operands", "name", "inline", "finished", "completion", "_lock",
-                 "_called")
+    __slots__ = ("fn", "operands", "inline", "finished", "completion", "_lock", "_called")
 
-    def __init__(self, fn: Callable[[Done], None], operands: "Operands", name: bytes,
-                 inline: bool):
-        self.fn, self.operands, self.name, self.inline = fn, operands, name, inline
+    def __init__(self, fn: Callable[[Done], None], operands: "Operands", inline: bool):
+        self.fn, self.operands, self.inline = fn, operands, inline
         #: set by done(); made only for an operation run inside its push call (NaiveEngine),
         #: whose pusher waits on it (an Event per operation cost 1/7 of pushpull's own time)
         self.finished: Optional[threading.Event] = None
@@ -231,7 +229,8 @@ class _Registry:
             self._work.put(operation)
         if synchronous and not operation.finished.wait(SYNCHRONOUS_DONE_TIMEOUT_S):
             operation.done(DeadlineError("engine operation %r: done() was not called within "
-                                         "%.0f s" % (operation.name, SYNCHRONOUS_DONE_TIMEOUT_S)))
+                                         "%.0f s" % (operation.operands.name,
+                                                     SYNCHRONOUS_DONE_TIMEOUT_S)))
 
     def _dispatch(self) -> None:
         while True:
@@ -247,7 +246,7 @@ class _Registry:
             return
         with self._lock:
             self._pending_errors.append(AsyncOperationError(
-                "engine operation %s failed: %s" % (operation.name.decode(), message)))
+                "engine operation %s failed: %s" % (operation.operands.name.decode(), message)))
         operation.completion.call(None)
 
     def pop_pending_error(self) -> Optional[AsyncOperationError]:
@@ -350,7 +349,7 @@ def push_async(fn: Callable[[Done], None], const_arrays: Sequence[Any] = (),
 def push_prepared(fn: Callable[[Done], None], operands: Operands, priority: int = 0,
                   inline: bool = False) -> None:
     """:func:`push_async` of ``fn`` on ``operands`` made beforehand."""
-    operation = _Operation(fn, operands, operands.name, inline)
+    operation = _Operation(fn, operands, inline)
     op_id = _REGISTRY.add(operation)
     _PUSHING.active = True
     try:
