@@ -83,7 +83,10 @@ def _run_route(route):
 def register_dist_byteps():
     """Put ``dist_byteps`` into MXNet's KVStore registry (idempotent)."""
     from mxnet.kvstore.base import KVStoreBase
-    if "dist_byteps" not in KVStoreBase.kv_registry:
+    store_module = sys.modules.get("mxnet_patch.kvstore")
+    if store_module is not None and not hasattr(store_module, "KVStoreBytePS"):
+        pass    # it is being imported and imported MXNet first: it registers itself at its end
+    elif "dist_byteps" not in KVStoreBase.kv_registry:
         import kvstore_byteps  # noqa: F401  (first: it may load the compiled modules' .py files)
         from mxnet_patch.kvstore import KVStoreBytePS
         KVStoreBase.kv_registry["dist_byteps"] = KVStoreBytePS

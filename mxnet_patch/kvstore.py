@@ -446,3 +446,9 @@ class KVStoreBytePS(KVStoreBase):
         except Exception as exc:     # a failed op was already reported to its reader
             log.warning("pending operations failed before close: %s", exc)
         engine.close(leave_within)
+
+
+# Imported before MXNet, this module imports MXNet, whose start-up hook then finds it half made
+# and leaves the registration to it (_startup_hook.register_dist_byteps).
+if "dist_byteps" not in KVStoreBase.kv_registry:
+    KVStoreBase.kv_registry["dist_byteps"] = KVStoreBytePS

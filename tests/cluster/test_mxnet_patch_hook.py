@@ -71,6 +71,17 @@ def test_importing_mxnet_patch_after_mxnet_registers_dist_byteps():
     assert result.stdout.strip() == "True"
 
 
+def test_importing_the_store_module_before_mxnet_registers_it_without_a_warning():
+    # mxnet_patch.kvstore imports MXNet, whose start-up hook used to find it half made
+    result = run_python(EMULATE_PTH + "import warnings\n"
+                        "warnings.simplefilter('error', RuntimeWarning)\n"
+                        "from mxnet_patch.kvstore import KVStoreBytePS\nimport mxnet as mx\n"
+                        "print(mx.kvstore.base.KVStoreBase.kv_registry['dist_byteps']"
+                        " is KVStoreBytePS)")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True" and "could not register" not in result.stderr
+
+
 @pytest.mark.parametrize("role", ["server", "scheduler"])
 def test_knob_routes_server_and_scheduler_to_ours(role):
     code = EMULATE_PTH + FAKE_ENTRY_POINTS + "import mxnet\nprint('IMPORT RETURNED')\n"
