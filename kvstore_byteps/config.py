@@ -194,6 +194,7 @@ class Env:
     TRACE_END_STEP = "BYTEPS_TRACE_END_STEP"
     TRACE_DIR = "BYTEPS_TRACE_DIR"
     GC_FREEZE = "BYTEPS_GC_FREEZE"
+    GC_YOUNG_THRESHOLD = "BYTEPS_GC_YOUNG_THRESHOLD"
     KEEP_FREED_MEMORY = "BYTEPS_KEEP_FREED_MEMORY"
     AUTH_KEY = "BYTEPS_AUTH_KEY"
     AUTH_KEY_FILE = "BYTEPS_AUTH_KEY_FILE"
@@ -285,6 +286,9 @@ class Config:
     trace_end_step: int = 20
     trace_dir: str = "./trace"
     gc_freeze: bool = True
+    #: dist_byteps workers: the cyclic garbage collector's youngest generation is collected
+    #: after this many more objects were made than freed (Python's default 700); 0: left alone
+    gc_young_threshold: int = 10000
     #: servers and dist_byteps workers raise glibc's mmap/trim thresholds (memory.py)
     keep_freed_memory: bool = True
     #: dist_byteps workers keep what a restarted server needs to rebuild its rounds
@@ -379,6 +383,7 @@ class Config:
             trace_end_step=env.get(Env.TRACE_END_STEP, _nonnegative_int, 20),
             trace_dir=env.get(Env.TRACE_DIR, _nonempty, "./trace"),
             gc_freeze=env.flag(Env.GC_FREEZE, True),
+            gc_young_threshold=env.get(Env.GC_YOUNG_THRESHOLD, _nonnegative_int, 10000),
             keep_freed_memory=env.flag(Env.KEEP_FREED_MEMORY, True),
             server_recovery=env.flag(Env.SERVER_RECOVERY, False),
             auth_key=auth_key,

@@ -128,6 +128,11 @@ def check_priority(kv, out_dir):
           % (first_high, first_high + 3, len(order)))
 
 
+def check_collector(kv):
+    import gc
+    print("COLLECTOR young generation threshold %d" % gc.get_threshold()[0])
+
+
 def check_uninitialised(kv):
     try:
         kv.pushpull(7, mx.nd.ones((3,)))
@@ -277,6 +282,8 @@ def main():
         check_priority(kv, sys.argv[2])
     elif mode == "uninitialised":
         check_uninitialised(kv)
+    elif mode == "collector":
+        check_collector(kv)
     elif mode == "init-order":
         return check_init_order(kv)
     elif mode == "trace":

@@ -50,6 +50,15 @@ def test_high_priority_partitions_overtake_queued_low_priority_ones(tmp_path):
     assert all("PRIORITY OK" in results[w][1] for w in ("worker0", "worker1")), results
 
 
+@pytest.mark.parametrize("setting,threshold", [(None, 10000), ("2500", 2500), ("0", 700)])
+def test_a_worker_collects_young_garbage_as_configured(setting, threshold):
+    # 700 is Python's own default, which BYTEPS_GC_YOUNG_THRESHOLD=0 leaves alone
+    env = {} if setting is None else {"BYTEPS_GC_YOUNG_THRESHOLD": setting}
+    results = run_checks("collector", env=env)
+    for name in ("worker0", "worker1"):
+        assert "COLLECTOR young generation threshold %d" % threshold in results[name][1]
+
+
 def test_pushpull_of_a_key_never_initialised_raises_key_error():
     results = run_checks("uninitialised")
     assert all("UNINITIALISED OK" in results[w][1] for w in ("worker0", "worker1")), results

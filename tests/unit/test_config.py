@@ -83,6 +83,13 @@ def test_log_level_is_read_in_any_case():
     assert Config.from_env({"BYTEPS_LOG_LEVEL": "Debug"}).log_level == "DEBUG"
 
 
+def test_the_young_generation_threshold_defaults_to_10000_and_0_leaves_it_alone():
+    assert Config.from_env({}).gc_young_threshold == 10000
+    assert Config.from_env({"BYTEPS_GC_YOUNG_THRESHOLD": "0"}).gc_young_threshold == 0
+    with pytest.raises(ConfigError, match="BYTEPS_GC_YOUNG_THRESHOLD"):
+        Config.from_env({"BYTEPS_GC_YOUNG_THRESHOLD": "-5"})
+
+
 def test_a_trace_that_ends_before_it_starts_is_refused_naming_both_steps():
     env = {"BYTEPS_TRACE_ON": "1", "BYTEPS_TRACE_START_STEP": "30", "BYTEPS_TRACE_END_STEP": "20"}
     with pytest.raises(ConfigError) as info:
