@@ -19,8 +19,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .job import NodeStarter, guard_argv
 from .plan import LaunchError, ProcSpec
@@ -108,11 +109,19 @@ class EmulatedNetwork:
 
     # ---- life cycle ---------------------------------------------------------------------
     def __enter__(self) -> "EmulatedNetwork":
-        self.create()
+        self._restore_signals = _exit_through_python()
+        try:
+            self.create()
+        except BaseException:
+            self._restore_signals()
+            raise
         return self
 
     def __exit__(self, *_exc) -> None:
-        self.destroy()
+        try:
+            self.destroy()
+        finally:
+            self._restore_signals()
 
     def create(self) -> None:
         """Make the switch, the hosts and their shaped links; undo everything on failure."""
@@ -160,6 +169,27 @@ class EmulatedNetwork:
             self.created.clear()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+def _exit_through_python() -> Callable[[], None]:
+    """While a ``with EmulatedNetwork(...)`` block runs in the main thread, SIGTERM and SIGHUP
+    that nothing else handles raise SystemExit, so the block's exit removes the network (their
+    default action ended the process at once and left the namespaces until the next launcher's
+    clean-up; a benchmark stopped by ``kill`` did). Returns what puts the defaults back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    taken = [signum for signum in (signal.SIGTERM, signal.SIGHUP)
+             if signal.getsignal(signum) is signal.SIG_DFL]
+
+    def leave(signum, _frame):
+        raise SystemExit(128 + signum)
+    for signum in taken:
+        signal.signal(signum, leave)
+
+    def restore() -> None:
+        for signum in taken:
+            signal.signal(signum, signal.SIG_DFL)
+    return restore
 
 
 def check_privileges() -> None:

@@ -123,6 +123,26 @@ def test_namespaces_and_processes_are_removed_on_every_exit(spawn, how):
     assert [p for p in nodes if pid_alive(p)] == []
 
 
+@requires_netns
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_script_holding_a_network_removes_it_when_killed(spawn, signum):
+    # a benchmark's ``with EmulatedNetwork(...)``: the default action of SIGTERM/SIGHUP would
+    # end it at once and leave its namespaces until the next launcher's clean-up
+    script = ("import sys, time\nsys.path.insert(0, %r)\n"
+              "from kvstore_byteps.launcher.netns import EmulatedNetwork\n"
+              "with EmulatedNetwork(2):\n    print('ready', flush=True)\n    time.sleep(60)\n"
+              % REPO)
+    proc = spawn([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    assert len(our_namespaces(proc.pid)) == 3
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signum, err
+    assert our_namespaces(proc.pid) == []
+
+
 def _pids_in(launcher_pid):
     pids = []
     for name in our_namespaces(launcher_pid):
