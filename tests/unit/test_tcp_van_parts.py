@@ -129,6 +129,25 @@ def chunked(data, sizes):
     return recv_into
 
 
+def test_a_short_read_ends_the_call_without_another_recv():
+    # A recv that returns less than it was offered emptied the socket: asking again would
+    # only fail with EAGAIN (a system call and an exception per wake-up); level-triggered
+    # readiness brings the van back when more comes.
+    from kvstore_byteps.van.tcp.reader import MessageReader
+    stream = stream_of((b"m1", [struct.pack("<Q", 7), b"small"]), (b"m2", []))
+    calls = []
+
+    def recv_into(view):
+        calls.append(view.nbytes)
+        if len(calls) > 1:
+            raise AssertionError("a second recv after a short read")
+        view[:len(stream)] = stream
+        return len(stream)
+    reader = MessageReader(RecvBufferPool(min_bytes=65536), land_bytes=65536)
+    assert [meta for meta, _ in reader.read(recv_into)] == [b"m1", b"m2"]
+    assert len(calls) == 1 and reader.failure is None and not reader.in_message
+
+
 @pytest.mark.parametrize("sizes", [[1], [7, 3], [65536], [1 << 20]], ids=str)
 def test_the_reader_rebuilds_messages_from_any_chunking(sizes):
     from kvstore_byteps.van.tcp.reader import MessageReader
@@ -138,9 +157,10 @@ def test_the_reader_rebuilds_messages_from_any_chunking(sizes):
                 (b"m3", [keys, big, b""]), (b"m" * 300000, [b"x"])]   # a meta past read-ahead
     pool = RecvBufferPool(min_bytes=65536)
     reader = MessageReader(pool, land_bytes=65536)
-    recv = chunked(stream_of(*messages), sizes)
+    stream = stream_of(*messages)
+    recv = chunked(stream, sizes)
     got = []
-    for _ in range(100000):
+    for _ in range(len(stream) + 100):    # a short read ends a call: one byte a call at worst
         got += reader.read(recv)
         if len(got) == len(messages):
             break
@@ -187,6 +207,9 @@ def test_the_reader_reports_eof_mid_message_and_bad_framing_after_good_messages(
             return len(data)
         reader = MessageReader(RecvBufferPool(), land_bytes=65536)
         got = reader.read(recv_into)
+        if reader.failure is None:    # the short read ended the call; EOF comes on the next
+            assert failure is EOFError
+            got += reader.read(recv_into)
         assert [m for m, _ in got] == [b"ok"]
         assert isinstance(reader.failure, failure)
         if failure is EOFError:       # the van says whether a message was cut short
@@ -235,7 +258,11 @@ def test_a_revoked_landing_gets_no_byte_more_even_mid_frame():
     written = int(np.count_nonzero(target))
     assert 0 < written <= 1000                      # landing had begun
     pool.revoke(landing)                            # e.g. the request timed out meanwhile
-    got = reader.read(chunked(stream[head:], [4096]))
+    recv, got = chunked(stream[head:], [4096]), []
+    for _ in range(1000):                           # 4 KB a call (each a short read)
+        got += reader.read(recv)
+        if got:
+            break
     assert np.count_nonzero(target) == written      # nothing more was written there
     assert len(got) == 1 and got[0][1][1] is not target
     assert reader.failure is None and not reader.in_message
@@ -261,3 +288,39 @@ def test_the_reader_says_how_much_of_a_large_frame_is_missing():
     small_only = stream_of((b"small", [b"x" * 60000]))
     assert reader.read(chunked(small_only[:30000], [30000])) == []
     assert reader.frame_bytes_missing == 0 and reader.in_message
+
+
+def test_the_receive_buffer_size_is_read_once_per_many_large_frames():
+    # SO_RCVBUF bounds the low-water mark; reading it for every large frame was a system call
+    # (and an interpreter-lock hand-off) per frame. The kernel only grows it: read it again
+    # now and then, and meanwhile use the last reading.
+    import socket
+    from kvstore_byteps.van.tcp import van as tcp_van
+
+    class Sock:
+        def __init__(self):
+            self.reads, self.rcvbuf, self.marks = 0, 400000, []
+
+        def setblocking(self, flag):
+            pass
+
+        def getsockopt(self, level, name):
+            assert (level, name) == (socket.SOL_SOCKET, socket.SO_RCVBUF)
+            self.reads += 1
+            return self.rcvbuf
+
+        def setsockopt(self, level, name, value):
+            assert (level, name) == (socket.SOL_SOCKET, socket.SO_RCVLOWAT)
+            self.marks.append(value)
+
+    sock = Sock()
+    inbound = tcp_van._Inbound(sock, 9, "127.0.0.1:1", RecvBufferPool())
+    frames = 3 * tcp_van._RCVBUF_READ_EVERY
+    for turn in range(frames):
+        inbound.wake_for(1 << 20)           # a large frame: mark up to a quarter of the buffer
+        inbound.wake_for(0)                 # done: back to 1 byte
+        if turn == tcp_van._RCVBUF_READ_EVERY - 1:
+            sock.rcvbuf = 800000            # the kernel grew it
+    assert sock.reads == frames // tcp_van._RCVBUF_READ_EVERY
+    assert sock.marks[0] == 100000 and sock.marks[-2] == 200000 and sock.marks[-1] == 1
+    assert max(sock.marks) <= 200000

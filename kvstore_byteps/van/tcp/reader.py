@@ -105,6 +105,11 @@ class MessageReader:
                     self._filled += got
                 else:
                     self._end += got
+                if got < view.nbytes:
+                    # A short read emptied the socket: the next recv would only fail with
+                    # EAGAIN (a system call and an exception per wake-up). Readiness is
+                    # level-triggered, so bytes that come meanwhile wake the van again.
+                    break
             self._parse(done)
         except (EOFError, ProtocolError) as exc:
             self.failure = exc

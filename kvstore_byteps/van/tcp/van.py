@@ -128,6 +128,8 @@ def _take_all(items: "queue.SimpleQueue"):
 #: enough; the kernel caps it at half the largest receive buffer anyway)
 _MIN_LOW_WATER = 32768
 _MAX_LOW_WATER = 1 << 20
+#: SO_RCVBUF is read again after this many large frames (it only grows, by autotuning)
+_RCVBUF_READ_EVERY = 64
 
 
 class _Inbound:
@@ -138,6 +140,8 @@ class _Inbound:
         self.sock, self.peer_id, self.address = sock, peer_id, address
         self.reader = MessageReader(pool, _LAND_IN_PLACE_BYTES)
         self.low_water = 1          # the socket's SO_RCVLOWAT
+        self._room = 0              # a quarter of SO_RCVBUF, as last read
+        self._room_reads = 0        # wake_for calls until SO_RCVBUF is read again
 
     def wake_for(self, missing: int) -> None:
         """Let readiness wait until the frame being filled can complete (or
@@ -147,13 +151,23 @@ class _Inbound:
         if missing >= _MIN_LOW_WATER:
             # Below a quarter of the receive buffer: a larger mark would make the kernel
             # grow the buffer and clamp the connection's window to the mark for good.
-            room = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4
-            want = min(missing, _MAX_LOW_WATER, room)
+            want = min(missing, _MAX_LOW_WATER, self._quarter_buffer())
             if want < _MIN_LOW_WATER:
                 want = 1
         if want != self.low_water:
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
             self.low_water = want
+
+    def _quarter_buffer(self) -> int:
+        """A quarter of the socket's receive buffer, read again every
+        ``_RCVBUF_READ_EVERY`` calls: a system call per large frame cost more than the
+        mark's accuracy is worth, and the kernel only grows the buffer (an old reading errs
+        on the small side)."""
+        if self._room_reads <= 0:
+            self._room = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4
+            self._room_reads = _RCVBUF_READ_EVERY
+        self._room_reads -= 1
+        return self._room
 
     def peer_key(self) -> tuple:
         """Who to count log lines against: the host and the node id it claimed."""
