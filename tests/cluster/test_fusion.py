@@ -100,6 +100,7 @@ def test_the_demo_gives_the_same_parameters_with_buckets_on_and_off(spawn, tmp_p
     fused = run_demo(spawn, tmp_path / "fused.params", "--env", "BYTEPS_LOG_LEVEL=INFO")
     alone = run_demo(spawn, tmp_path / "alone.params", "--env", "BYTEPS_FUSION_BYTES=0")
     assert "[digits] parameters identical on all 2 workers" in fused
+    assert "[digits] parameters identical on all 2 workers" in alone, alone
     assert "gradient buckets of up to 4096000 bytes" in fused, fused
     # the metrics key (float64, declared first) is bucket 0, alone; the six parameters fused
     assert "bucket 1 (keys 0, 1, 2, 3, 4, 5, float32, 68904 bytes) travels" in fused, fused

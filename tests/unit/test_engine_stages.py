@@ -308,3 +308,57 @@ def test_queued_stages_cannot_run_inline():
     push = StageSpec(Stage.PUSH, lambda item: None, inline=lambda item: True)
     with pytest.raises(ValueError, match="PUSH is queued"):
         Pipeline([push, StageSpec(Stage.PULL, lambda item: None)], credit=1)
+
+
+def test_returned_credit_runs_the_next_items_on_the_thread_that_returned_it():
+    # PUSH with runs_where_credit_returns: a new task wakes the stage's thread; the thread
+    # that finishes a push (returning its credit, e.g. the van's receive loop) runs the next
+    # ones itself, in priority order, instead of waking the stage's thread for each.
+    ran, pending = [], []
+
+    def push(items, done):
+        ran.extend((item.key, threading.current_thread().name) for item in items)
+        pending.append(done)
+
+    stages = [StageSpec(Stage.PUSH, push, asynchronous=True, batch=True,
+                        runs_where_credit_returns=True),
+              StageSpec(Stage.PULL, lambda item: None)]
+    with Pipeline(stages, credit=1, credit_span=(Stage.PUSH, Stage.PUSH),
+                  name="credit") as pipeline:
+        futures = [pipeline.submit(Task(1, [0], priority=1))]
+        deadline = time.monotonic() + WAIT_S
+        while not ran and time.monotonic() < deadline:
+            time.sleep(0.001)
+        futures += [pipeline.submit(Task(key, [0], priority=key)) for key in (2, 3)]
+
+        def answer():                   # e.g. the van's receive loop
+            while (len(ran) < 3 or pending) and time.monotonic() < deadline:
+                if pending:
+                    pending.pop(0)()
+        thread = threading.Thread(target=answer, name="answers")
+        thread.start()
+        thread.join(WAIT_S)
+        for future in futures:
+            future.result(WAIT_S)
+    assert ran == [(1, "credit-PUSH"), (3, "answers"), (2, "answers")]
+
+
+def test_a_stage_run_where_credit_returns_does_not_recurse():
+    # done() called inside the stage function (a send that failed, or finished, at once)
+    # returns credit on the thread running the stage: that thread's loop takes the next
+    # items; no nested run, however many wait.
+    depth, deepest = [0], [0]
+
+    def push(items, done):
+        depth[0] += 1
+        deepest[0] = max(deepest[0], depth[0])
+        done()
+        depth[0] -= 1
+
+    stages = [StageSpec(Stage.PUSH, push, asynchronous=True, batch=True,
+                        runs_where_credit_returns=True),
+              StageSpec(Stage.PULL, lambda item: None)]
+    with Pipeline(stages, credit=1, credit_span=(Stage.PUSH, Stage.PUSH)) as pipeline:
+        # 2000 partitions queued at once, credit for one at a time
+        pipeline.submit(Task(7, list(range(2000)))).result(WAIT_S)
+    assert deepest[0] == 1
