@@ -25,6 +25,14 @@ KVWorker-backed PUSH/PULL:
   priority order and never blocks (the worker's PULL for a pull that rode with its push: it
   only waits for an answer already on its way), where the queue, the wake-up and the thread
   switch per item cost more than the function;
+* ``runs_where_credit_returns=True`` (the credit span's first stage): the thread that returns
+  credit (the worker's receive loop, completing a push) runs the items that credit lets in,
+  after it lets go of the pipeline's lock, instead of waking the stage's thread: for a
+  function that never waits (the worker's PUSH on a van whose sends never block), where a
+  wake-up per returned credit cost a thread switch and an interpreter-lock hand-off. One
+  thread runs the stage at a time (its own, or one returning credit), in queue order; new
+  tasks still wake the stage's thread (a submitter may hold locks of its own that a push
+  finishing at once would need);
 * ``batch=True``: ``fn`` receives a list of all the items that may leave the queue now (still
   bounded by credit), e.g. to send one request per server for many small partitions. An
   asynchronous batch stage may finish its items piecemeal, ``done(error, items)`` for each part
@@ -80,6 +88,8 @@ class StageSpec:
     batch: bool = False
     #: which items skip the stage's queue and thread (module docstring); None: none
     inline: Optional[Callable[["WorkItem"], bool]] = None
+    #: the thread that returns credit runs the items it lets in (module docstring)
+    runs_where_credit_returns: bool = False
 
 
 class Task:
@@ -165,6 +175,11 @@ class Pipeline:
         self._to_wake: set = set()
         self._closing = False
         self._stopping = False
+        #: stages (runs_where_credit_returns) that a thread is running now, its own or one
+        #: returning credit: one at a time
+        self._running: set = set()
+        #: such stages that got credit back while the lock's holder was at work
+        self._to_run_here: set = set()
         self._threads = [threading.Thread(target=self._loop, args=(spec,), daemon=True,
                                           name="%s-%s" % (name, spec.stage.name))
                          for spec in self._specs]
@@ -203,14 +218,23 @@ class Pipeline:
 
     def _loop(self, spec: StageSpec) -> None:
         queue, wake = self._queues[spec.stage], self._wake[spec.stage]
+        shared = spec.runs_where_credit_returns
         while True:
             with self._lock:
-                while not self._stopping and not queue.ready():
+                while not self._stopping and (not queue.ready()
+                                              or (shared and spec.stage in self._running)):
                     wake.wait(_IDLE_POLL_S)
                 if self._stopping:
                     return
                 items = self._pop_locked(spec, queue)
-            self._run(spec, items)
+                if shared:
+                    self._running.add(spec.stage)
+            try:
+                self._run(spec, items)
+            finally:
+                if shared:
+                    with self._lock:
+                        self._running.discard(spec.stage)
             del items           # an idle stage thread keeps no finished task alive
 
     def _pop_locked(self, spec: StageSpec, queue: CreditScheduler) -> List[WorkItem]:
@@ -268,10 +292,11 @@ class Pipeline:
                     self._retire_locked(item, resolved)
                 else:
                     self._advance_locked(spec.stage, item, resolved, inline)
-            self._wake_locked()
+            here = self._wake_locked()
         _resolve(resolved)
         if inline:
             self._run(self._spec_of[self._next[spec.stage]], inline)
+        self._run_here(here)
 
     def _drop(self, items: List[WorkItem]) -> None:
         """Retire items of failed tasks without running them."""
@@ -279,8 +304,9 @@ class Pipeline:
         with self._lock:
             for item in items:
                 self._retire_locked(item, resolved)
-            self._wake_locked()
+            here = self._wake_locked()
         _resolve(resolved)
+        self._run_here(here)
 
     def _advance_locked(self, stage: Stage, item: WorkItem, resolved: List[Task],
                         inline: List[WorkItem]) -> None:
@@ -300,13 +326,50 @@ class Pipeline:
     def _release_locked(self, item: WorkItem) -> None:
         if item.holds_credit:
             item.holds_credit = False
-            self._queues[self._span[0]].release(self._cost(item))
-            self._to_wake.add(self._span[0])
+            first = self._span[0]
+            self._queues[first].release(self._cost(item))
+            if self._spec_of[first].runs_where_credit_returns:
+                self._to_run_here.add(first)
+            else:
+                self._to_wake.add(first)
 
-    def _wake_locked(self) -> None:
+    def _wake_locked(self) -> List[Stage]:
+        """Wake the threads of the stages that got work; return the stages this thread runs
+        itself once it let go of the lock (:meth:`_run_here`)."""
         for stage in self._to_wake:
             self._wake[stage].notify()
         self._to_wake.clear()
+        if not self._to_run_here:
+            return []
+        here = list(self._to_run_here)
+        self._to_run_here.clear()
+        return here
+
+    def _run_here(self, stages: List[Stage]) -> None:
+        """Run what returned credit let into ``stages`` on this thread, unless a thread runs
+        the stage already (that one takes these items too: it pops until the queue is not
+        ready, and that check and its end are one step under the lock). Called from inside
+        the stage (a send that failed at once finishes its items) it returns at once: no
+        recursion."""
+        for stage in stages:
+            spec, queue = self._spec_of[stage], self._queues[stage]
+            with self._lock:
+                if stage in self._running:
+                    continue
+                self._running.add(stage)
+            try:
+                while True:
+                    with self._lock:
+                        if self._stopping or not queue.ready():
+                            self._running.discard(stage)
+                            break
+                        items = self._pop_locked(spec, queue)
+                    self._run(spec, items)
+            except BaseException:
+                with self._lock:
+                    self._running.discard(stage)
+                    self._wake[stage].notify()     # the stage's thread takes over
+                raise
 
     def _retire_locked(self, item: WorkItem, resolved: List[Task]) -> None:
         self._release_locked(item)

@@ -397,8 +397,12 @@ class WorkerEngine:
                                reduced[1], task.priority)
 
     def _stages(self) -> List[StageSpec]:
-        # a pull that rode with its push only waits for its answer: no queue, no thread
-        return [StageSpec(Stage.PUSH, self._push, asynchronous=True, batch=True),
+        # The next pushes run on the thread that returns a push's credit (the receive loop,
+        # which completes the requests), where the van's sends never wait for a peer: no
+        # thread switch per acknowledgement. A pull that rode with its push only waits for
+        # its answer: no queue, no thread.
+        return [StageSpec(Stage.PUSH, self._push, asynchronous=True, batch=True,
+                          runs_where_credit_returns=self.kv.answers_on_receive_loop),
                 StageSpec(Stage.PULL, self._pull, asynchronous=True, batch=True,
                           inline=_rides)]
 

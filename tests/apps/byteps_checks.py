@@ -133,6 +133,27 @@ def check_collector(kv):
     print("COLLECTOR young generation threshold %d" % gc.get_threshold()[0])
 
 
+def check_push_threads(kv):
+    """Which threads send the pushes: 30 partitions a round, credit for one at a time."""
+    import collections
+    import threading
+    engine = kv._engine
+    route, threads = engine._route, collections.Counter()
+    original = route.push
+
+    def push(group, done):
+        threads[threading.current_thread().name] += 1
+        original(group, done)
+    route.push = push
+    kv.init(3, mx.nd.zeros((30 * 1024,)))
+    out = mx.nd.zeros((30 * 1024,))
+    for _ in range(3):
+        kv.pushpull(3, mx.nd.ones((30 * 1024,)), out=out)
+        out.wait_to_read()
+    assert np.all(out.asnumpy() == kv.num_workers), out.asnumpy()[:4]
+    print("PUSH THREADS %s" % json.dumps(dict(threads), sort_keys=True))
+
+
 def check_uninitialised(kv):
     try:
         kv.pushpull(7, mx.nd.ones((3,)))
@@ -284,6 +305,8 @@ def main():
         check_uninitialised(kv)
     elif mode == "collector":
         check_collector(kv)
+    elif mode == "push-threads":
+        check_push_threads(kv)
     elif mode == "init-order":
         return check_init_order(kv)
     elif mode == "trace":

@@ -1,5 +1,6 @@
 """dist_byteps behaviours in real 2-worker clusters with our BytePS server."""
 import collections
+import json
 import re
 
 import pytest
@@ -57,6 +58,27 @@ def test_a_worker_collects_young_garbage_as_configured(setting, threshold):
     results = run_checks("collector", env=env)
     for name in ("worker0", "worker1"):
         assert "COLLECTOR young generation threshold %d" % threshold in results[name][1]
+
+
+@pytest.mark.parametrize("van", ["auto", "zmq"])
+def test_returned_credit_sends_the_next_pushes_from_the_receive_loop(van):
+    # byteps_tcp between our nodes (auto): the receive loop that completes a push's
+    # acknowledgement sends the partitions its credit lets in, instead of waking the PUSH
+    # thread; zmq's sends may wait for a peer, so there the PUSH thread sends them all
+    env = {"BYTEPS_PARTITION_BYTES": "4096", "BYTEPS_SCHEDULING_CREDIT": "1",
+           "BYTEPS_FUSION_BYTES": "0"}
+    if van == "zmq":
+        env["DMLC_PS_VAN_TYPE"] = "zmq"
+    results = run_checks("push-threads", env=env)
+    for name in ("worker0", "worker1"):
+        line = [l for l in results[name][1].splitlines() if l.startswith("PUSH THREADS ")]
+        assert line, results[name][1]
+        threads = json.loads(line[0][len("PUSH THREADS "):])
+        assert sum(threads.values()) >= 3 * 30 // 2, threads   # batches of one or more
+        if van == "auto":
+            assert threads.get("van-receive", 0) > sum(threads.values()) // 2, threads
+        else:
+            assert set(threads) == {"kvstore-byteps-PUSH"}, threads
 
 
 def test_pushpull_of_a_key_never_initialised_raises_key_error():

@@ -75,3 +75,14 @@ def test_after_stop_nothing_more_is_handled():
 def test_only_vans_whose_sends_never_wait_for_a_peer_take_handlers_inline():
     assert not Van.handlers_inline_ok and not ZMQVan.handlers_inline_ok
     assert TcpVan.handlers_inline_ok and AutoVan.handlers_inline_ok
+
+
+def test_a_customer_says_whether_its_handler_runs_on_the_receive_loop():
+    # the worker engine runs its next pushes where answers return credit only on the receive
+    # loop of a van whose sends never wait (KVWorker.answers_on_receive_loop)
+    inline = InlineHandler(0, 0, lambda m: None)
+    threaded = HandlerThread(0, 0, lambda m: None)
+    try:
+        assert inline.on_receive_loop and not threaded.on_receive_loop
+    finally:
+        threaded.stop(5.0)

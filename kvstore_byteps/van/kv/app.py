@@ -357,6 +357,13 @@ class KVWorker:
     def wait(self, request: Request) -> KVPairs:
         return request.wait(self.request_timeout)
 
+    @property
+    def answers_on_receive_loop(self) -> bool:
+        """Whether answers complete requests on the van's receive loop, whose sends never
+        wait for a peer (``Van.handlers_inline_ok``): work that only sends may run in their
+        callbacks."""
+        return self._customer.on_receive_loop
+
     def post(self, work: Callable[[], None]) -> None:
         """Run ``work()`` on the customer thread, after the answers queued."""
         self._customer.post(work)

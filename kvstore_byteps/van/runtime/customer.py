@@ -23,6 +23,9 @@ class HandlerThread:
 
     (ps-lite's Customer also tracks the app's requests; here the KV layer does that.)"""
 
+    #: the handler runs on a thread of its own, not on the van's receive loop
+    on_receive_loop = False
+
     def __init__(self, app_id: int, customer_id: int, handler: Callable[[Message], None]):
         self.app_id, self.customer_id, self.handler = app_id, customer_id, handler
         self._queue: "queue.SimpleQueue[Optional[Message]]" = queue.SimpleQueue()
@@ -68,6 +71,9 @@ class InlineHandler:
     message at a time. Only for handlers that never wait for the van (a worker's: answers
     complete requests and wake the threads that send), and on vans whose sends from that
     thread do not wait for a peer (``Van.handlers_inline_ok``)."""
+
+    #: the handler runs on the van's receive loop, whose sends never wait for a peer
+    on_receive_loop = True
 
     def __init__(self, app_id: int, customer_id: int, handler: Callable[[Message], None]):
         self.app_id, self.customer_id, self.handler = app_id, customer_id, handler
