@@ -66,7 +66,8 @@ def run_server(config: Config) -> int:
                              request_handler=profiler.timed("request", server.handle_request,
                                                             _describe_request),
                              command_handler=profiler.timed("command", server.handle_command,
-                                                            _describe_command))
+                                                            _describe_command),
+                             quick_request=server.handles_quickly)
         server.expect_pushes = kv_server.expect_requests
 
         def restarted(node, epoch):     # this server took over a dead one's id

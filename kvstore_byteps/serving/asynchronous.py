@@ -31,6 +31,7 @@ class AsyncAdds(KeptWeights):
                            "server has BYTEPS_ENABLE_ASYNC on)")
     compression_refusal = ("gradient compression needs synchronous training "
                            "(BYTEPS_ENABLE_ASYNC is on)")
+    quick = True
 
     def __init__(self, answers: Answers):
         super().__init__(answers)

@@ -156,6 +156,13 @@ class BytePSServer(KVStoreDistServer):
         """The keys as the workers' reports rebuilt them: ps key -> (dtype, bytes, rounds)."""
         self.keys.recover(restored)
 
+    def handles_quickly(self, meta) -> bool:
+        """Whether a KV request with ``meta`` is handled without waiting: a plain BytePS push
+        or pull on a data path that only counts, queues sums and answers (``DataPath.quick``),
+        while no recovery holds requests."""
+        return (meta.head in _BYTEPS_HEADS and self.path.quick and not meta.simple_app
+                and not self.recovery.recovering)
+
     def handle_request(self, req, server) -> None:
         if not self.recovery.admit(req, server, is_command=False):
             return

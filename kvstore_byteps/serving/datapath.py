@@ -91,6 +91,10 @@ class DataPath:
     compression_refusal: Optional[str] = None
     #: how round pushes are acknowledged (pacing.py): at once unless a path paces them
     acks = ImmediateAcks()
+    #: whether its pushes and pulls are only counted, queued for a summing thread and
+    #: answered, never waiting or running an optimizer: the server may then take them on the
+    #: van's receive loop
+    quick = False
 
     def __init__(self, answers: Answers):
         self._answers = answers

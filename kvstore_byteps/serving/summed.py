@@ -23,6 +23,8 @@ __all__ = ["SummedRounds"]
 class SummedRounds(DataPath):
     """The BytePS server's data path in synchronous training: each key's rounds of sums."""
 
+    quick = True
+
     def __init__(self, answers: Answers, pacing: Optional[Tuple[int, float]] = None):
         """``pacing``: (lead bytes, hold seconds) to pace round pushes' acknowledgements, or
         None to acknowledge them at once."""

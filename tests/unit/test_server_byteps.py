@@ -419,3 +419,19 @@ def test_a_pull_awaiting_init_is_answered_by_the_initialising_push(server):
     late.meta.extra = {"await_init": True}
     server.handle_request(late, fake)
     assert list(fake.wait_for(late).values()) == [0, 1, 2, 3]   # initialised: answered at once
+
+
+def test_only_plain_byteps_requests_of_a_path_that_never_waits_are_quick():
+    # quick requests may run on the van's receive loop (customer.MixedHandler): never an
+    # optimizer, a command or a default-type request, nor while a restarted server holds them
+    with BytePSServer(2, summing_threads=1) as sync, \
+            BytePSServer(2, summing_threads=1, enable_async=True) as adds, \
+            BytePSServer(2, summing_threads=1, backup_workers=1) as backup:
+        quick = bpush(WORKER0, 1, 1.0).meta
+        for srv in (sync, adds):
+            assert srv.handles_quickly(quick) and srv.handles_quickly(bpull(WORKER0, 1).meta)
+            assert not srv.handles_quickly(push(WORKER0, 1, np.ones(4, np.float32)).meta)
+            assert not srv.handles_quickly(command(WORKER0, ServerCommand.BYTEPS_PROBE).meta)
+        assert not backup.handles_quickly(quick)
+        sync.begin_recovery(1, deadline=float("inf"))
+        assert not sync.handles_quickly(quick)

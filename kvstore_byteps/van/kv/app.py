@@ -527,12 +527,18 @@ class KVServer:
     """Receives KV requests and SimpleApp commands for ``app_id`` and sends the answers."""
 
     def __init__(self, postoffice, app_id: int = 0, request_handler: Optional[Handler] = None,
-                 command_handler: Optional[Handler] = None):
+                 command_handler: Optional[Handler] = None,
+                 quick_request: Optional[Callable[[Meta], bool]] = None):
+        """``quick_request(meta)``: whether the request handler answers or queues such a KV
+        request without waiting (for the van, a lock held long, an optimizer): where the van
+        allows it, those run on its receive loop while the handler thread is idle."""
         self.po, self.app_id = postoffice, app_id
         self.request_handler = request_handler
         self.command_handler = command_handler
         self._peer_log = PeerLog(log)
-        postoffice.register_handler(app_id, app_id, self._on_message)
+        quick = None if quick_request is None else \
+            (lambda message: not message.meta.simple_app and quick_request(message.meta))
+        postoffice.register_handler(app_id, app_id, self._on_message, quick=quick)
 
     def expect_requests(self, key: int, nbytes: int) -> None:
         """Requests carrying ``nbytes`` for ``key`` will come every round: a van that receives

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from ...config import Config, Role
 from ...errors import ConfigError, DeadlineError, PeerError, ProtocolError
 from ...logs import PeerLog
-from .customer import HandlerThread, InlineHandler
+from .customer import HandlerThread, InlineHandler, MixedHandler
 from .membership import (Connect, Fail, NodeDead, NodeMembership, NodeRecovered, Ready, Refused,
                          ReleaseBarrier,
                          SchedulerMembership,
@@ -349,12 +349,18 @@ class Postoffice:
 
     # ------------------------------------------------------------------ apps
     def register_handler(self, app_id: int, customer_id: int,
-                          handler: Callable[[Message], None], inline: bool = False):
+                          handler: Callable[[Message], None], inline: bool = False,
+                          quick: Optional[Callable[[Message], bool]] = None):
         """Route data messages of (app_id, customer_id) to ``handler`` on its own thread, or,
-        with ``inline`` (a handler that never waits for the van) where the van allows it, on
-        the receive loop's (customer.py)."""
-        kind = InlineHandler if inline and self.van.handlers_inline_ok else HandlerThread
-        customer = kind(app_id, customer_id, handler)
+        where the van allows it (customer.py), on the receive loop: all of them with
+        ``inline`` (a handler that never waits for the van), or those ``quick`` calls quick
+        while the handler's thread is idle."""
+        if self.van.handlers_inline_ok and inline:
+            customer = InlineHandler(app_id, customer_id, handler)
+        elif self.van.handlers_inline_ok and quick is not None:
+            customer = MixedHandler(app_id, customer_id, handler, quick)
+        else:
+            customer = HandlerThread(app_id, customer_id, handler)
         with self._lock:
             if (app_id, customer_id) in self._customers:
                 raise ValueError("customer (%d, %d) is already registered" % (app_id, customer_id))
