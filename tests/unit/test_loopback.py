@@ -27,7 +27,14 @@ def no_sockets(monkeypatch):
     monkeypatch.setattr(socket, "create_connection", refuse)
 
 
-def make_cluster(workers, servers, heartbeat=(0.0, 0.0), handler=None, server_recovery=False):
+class InlineLoopbackVan(LoopbackVan):
+    """The in-memory van, declared safe for handlers on its receive loop (its sends only
+    queue, like byteps_tcp's)."""
+    handlers_inline_ok = True
+
+
+def make_cluster(workers, servers, heartbeat=(0.0, 0.0), handler=None, server_recovery=False,
+                 van=LoopbackVan, quick_request=None):
     network = LoopbackNetwork()
     roles = [Role.SCHEDULER] + [Role.SERVER] * servers + [Role.WORKER] * workers
     nodes = []
@@ -37,7 +44,7 @@ def make_cluster(workers, servers, heartbeat=(0.0, 0.0), handler=None, server_re
                      port=ROOT_PORT + 1 + index, start_timeout=10.0, request_timeout=10.0,
                      heartbeat_interval=heartbeat[0], heartbeat_timeout=heartbeat[1],
                      server_recovery=server_recovery)
-        nodes.append(Postoffice(cfg, van=LoopbackVan(network)))
+        nodes.append(Postoffice(cfg, van=van(network)))
     stores = {}
 
     def sum_store(req, server):
@@ -48,7 +55,7 @@ def make_cluster(workers, servers, heartbeat=(0.0, 0.0), handler=None, server_re
         else:
             server.respond(req, req.keys, stores[int(req.keys[0])], req.lens)
     for po in nodes[1:1 + servers]:
-        KVServer(po, request_handler=handler or sum_store)
+        KVServer(po, request_handler=handler or sum_store, quick_request=quick_request)
     kv_workers = [KVWorker(po) for po in nodes[1 + servers:]]
     assert start_all(nodes) == [None] * len(nodes)
     return network, nodes, kv_workers
@@ -75,6 +82,29 @@ def test_a_cluster_forms_sums_and_stops_without_a_single_socket(no_sockets):
         assert not any(worker.answers_on_receive_loop for worker in workers)
     finally:
         finalize_all(nodes)
+
+
+def test_a_servers_quick_requests_run_on_the_receive_loop_and_the_rest_on_its_thread(no_sockets):
+    # where the van's sends never wait, a server's requests that its quick_request predicate
+    # calls quick (BytePSServer: plain BytePS pushes and pulls) skip the hand-off to its thread
+    threads = {}
+
+    def record(req, server):
+        threads.setdefault("push" if req.meta.push else "pull", set()).add(
+            threading.current_thread().name)
+        server.respond(req, *((req.keys, np.zeros(2, np.float32), req.lens)
+                              if req.meta.pull else ()))
+    for van, expected in ((InlineLoopbackVan, "van-receive"), (LoopbackVan, "customer-0-0")):
+        threads.clear()
+        network, nodes, workers = make_cluster(workers=1, servers=1, handler=record, van=van,
+                                               quick_request=lambda meta: meta.push)
+        try:
+            for _ in range(5):
+                workers[0].wait(workers[0].push([1], np.ones(2, np.float32), [8]))
+                workers[0].wait(workers[0].pull([1]))
+            assert threads == {"push": {expected}, "pull": {"customer-0-0"}}, van
+        finally:
+            finalize_all(nodes)
 
 
 def test_a_silent_server_is_named_and_fails_the_pending_request(no_sockets):
