@@ -40,9 +40,9 @@ def test_a_failing_message_is_logged_and_the_next_one_still_handled(caplog):
     assert "failed on a message from node 9" in caplog.text
 
 
-def test_two_delivering_threads_never_run_the_handler_at_once():
-    inside, overlaps = [0], []
-    lock = threading.Lock()
+def overlap_counter():
+    """A handler that records how many calls of it were running as each began."""
+    inside, overlaps, lock = [0], [], threading.Lock()
 
     def handler(m):
         with lock:
@@ -52,6 +52,11 @@ def test_two_delivering_threads_never_run_the_handler_at_once():
             pass
         with lock:
             inside[0] -= 1
+    return handler, overlaps
+
+
+def test_two_delivering_threads_never_run_the_handler_at_once():
+    handler, overlaps = overlap_counter()
     customer = InlineHandler(0, 0, handler)
     threads = [threading.Thread(target=lambda: [customer.accept(message(i))
                                                 for i in range(300)]) for _ in range(2)]
@@ -143,16 +148,7 @@ def test_mixed_handler_queues_quick_messages_behind_a_busy_thread_in_arrival_ord
 
 
 def test_mixed_handler_never_runs_two_messages_at_once():
-    inside, overlaps, lock = [0], [], threading.Lock()
-
-    def handler(m):
-        with lock:
-            inside[0] += 1
-            overlaps.append(inside[0])
-        for _ in range(1000):
-            pass
-        with lock:
-            inside[0] -= 1
+    handler, overlaps = overlap_counter()
     customer = MixedHandler(0, 0, handler, quick_if_even)
     try:
         threads = [threading.Thread(target=lambda: [customer.accept(message(i))

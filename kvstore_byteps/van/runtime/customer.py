@@ -21,7 +21,28 @@ from ..wire.message import Message
 log = logging.getLogger(__name__)
 
 
-class HandlerThread:
+class _Customer:
+    """What every customer shares: running one message or posted work, never raising (a
+    subclass sets ``app_id``, ``customer_id``, ``handler`` and ``_peer_log``)."""
+
+    def _handle(self, message: Union[Message, Callable[[], None]]) -> None:
+        if callable(message):
+            try:
+                message()
+            except Exception:
+                log.exception("app %d customer %d: posted work failed", self.app_id,
+                              self.customer_id)
+            return
+        try:
+            self.handler(message)
+        except Exception:  # a bad message must not kill the app (or the receive loop)
+            self._peer_log.warning(message.meta.sender,
+                                   "app %d customer %d failed on a message from node %s",
+                                   self.app_id, self.customer_id, message.meta.sender,
+                                   exc_info=True)
+
+
+class HandlerThread(_Customer):
     """Runs one app's message handler on a dedicated thread, in arrival order.
 
     (ps-lite's Customer also tracks the app's requests; here the KV layer does that.)"""
@@ -58,23 +79,6 @@ class HandlerThread:
 
     def _done(self) -> None:
         """One queued item was handled (MixedHandler counts them)."""
-
-    def _handle(self, message: Union[Message, Callable[[], None]]) -> None:
-        if callable(message):
-            try:
-                message()
-            except Exception:
-                log.exception("app %d customer %d: posted work failed", self.app_id,
-                              self.customer_id)
-            return
-        try:
-            self.handler(message)
-        except Exception:  # a bad message must not kill the app (or the receive loop)
-            self._peer_log.warning(message.meta.sender,
-                                   "app %d customer %d failed on a message from node %s",
-                                   self.app_id, self.customer_id, message.meta.sender,
-                                   exc_info=True)
-
 
 class MixedHandler(HandlerThread):
     """A :class:`HandlerThread` whose quick messages (``quick(message)`` is true: a handler
@@ -118,7 +122,7 @@ class MixedHandler(HandlerThread):
             self._queued -= 1
 
 
-class InlineHandler:
+class InlineHandler(_Customer):
     """Runs one app's message handler on the delivering thread (the van's receive loop), one
     message at a time. Only for handlers that never wait for the van (a worker's: answers
     complete requests and wake the threads that send), and on vans whose sends from that
@@ -137,24 +141,14 @@ class InlineHandler:
         with self._lock:
             if self._stopped:
                 return
-            try:
-                self.handler(message)
-            except Exception:  # a bad message must not kill the app (or the receive loop)
-                self._peer_log.warning(message.meta.sender,
-                                       "app %d customer %d failed on a message from node %s",
-                                       self.app_id, self.customer_id, message.meta.sender,
-                                       exc_info=True)
+            self._handle(message)
 
     def post(self, work: Callable[[], None]) -> None:
         """Run ``work()`` now, between two messages."""
         with self._lock:
             if self._stopped:
                 return
-            try:
-                work()
-            except Exception:
-                log.exception("app %d customer %d: posted work failed", self.app_id,
-                              self.customer_id)
+            self._handle(work)
 
     def stop(self, timeout: float) -> None:
         """Handle nothing more (waits at most ``timeout`` for a message being handled)."""
