@@ -18,13 +18,21 @@ from typing import Dict, Iterator, List
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 HEADER = ("| benchmark | case | topology, van, settings | MXNet dist_sync | dist_byteps "
-          "| ratio | of the bound | when, commit, load |\n"
-          "|---|---|---|---|---|---|---|---|")
+          "| ratio | of the bound | worker CPU a round: MXNet; ours | when, commit, load |\n"
+          "|---|---|---|---|---|---|---|---|---|")
 CASES = {"resnet50": "(a) ResNet-50 grads", "big": "(b) 1 x 100 MB", "small": "(c) 1000 x 4 KB"}
 
 
 def _ms(value) -> str:
     return "-" if value is None else "%.1f ms" % value
+
+
+def _cpu(upstream, ours) -> str:
+    """One worker's CPU seconds (user + system) a round, MXNet's C++ worker's and ours, where
+    the run measured both."""
+    if upstream is None or ours is None:
+        return "-"
+    return "%.3f; %.3f s" % (upstream, ours)
 
 
 def _rows_of(data: Dict) -> Iterator[Dict]:
@@ -42,6 +50,8 @@ def _rows_of(data: Dict) -> Iterator[Dict]:
                    "byteps_ms": (run["byteps"].get("median_s") or 0) * 1000 or None,
                    "byteps_status": run["byteps"]["status"],
                    "byteps_bound_pct": _bound_pct(run),
+                   "worker_cpu": _cpu(run["upstream"].get("worker_cpu_s"),
+                                      run["byteps"].get("worker_cpu_s")),
                    "date": run_set["date"], "commit": run_set["commit"],
                    "load": "%.2f -> %.2f" % tuple(run_set["load_before_after"])}
 
@@ -73,9 +83,10 @@ def _line(row: Dict) -> str:
     bound = "-" if row.get("byteps_bound_pct") is None else "%g%%" % row["byteps_bound_pct"]
     if row.get("ceiling_pct"):
         bound += " (ceiling %s%%)" % row["ceiling_pct"]
-    return "| %s, %s | %s | %s, %s | %s | %s | %s | %s | %s, %s, load %s |" % (
+    return "| %s, %s | %s | %s, %s | %s | %s | %s | %s | %s | %s, %s, load %s |" % (
         row["benchmark"], row["network"].split(",")[0], row["case"], row["topology"],
-        row["van"], upstream, ours, ratio, bound, row["date"], row["commit"], row["load"])
+        row["van"], upstream, ours, ratio, bound, row.get("worker_cpu", "-"), row["date"],
+        row["commit"], row["load"])
 
 
 REPLAY = os.path.join(RESULTS, "replay")

@@ -62,3 +62,26 @@ def test_the_partition_size_rank_0_chose_is_read_from_its_start_up_line():
     assert replay.sized_partitions("x\n" + line + "\n") == "768000 bytes for 62 MB/s"
     assert replay.sized_partitions(line.replace(" (sized for rank 0's link to the servers: "
                                                 "62 MB/s)", "")) is None
+
+
+def pushpull_file(upstream_cpu, ours_cpu):
+    """A results file as bench_pushpull.py --out writes it, one run of one case."""
+    def side(median, cpu):
+        return {"median_s": median, "status": "ok",
+                **({} if cpu is None else {"worker_cpu_s": cpu})}
+    return {"runs": [{"network": "loopback", "van": "auto", "label": "defaults",
+                      "date": "2026-11-29 03:55", "commit": "abc1234",
+                      "load_before_after": [0.0, 4.4],
+                      "runs": [{"case": "small", "workers": 2, "servers": 2,
+                                "link_bound_s": None, "upstream": side(0.0868, upstream_cpu),
+                                "byteps": side(0.0315, ours_cpu)}]}]}
+
+
+def test_a_pushpull_row_gives_both_workers_cpu_a_round_where_the_run_measured_it(tables):
+    [row] = [tables._line(r) for r in tables._rows_of(pushpull_file(0.056, 0.034))]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "(c) 1000 x 4 KB"
+    assert cells[3:6] == ["86.8 ms", "31.5 ms", "2.76x"]
+    assert cells[7] == "0.056; 0.034 s"
+    [row] = [tables._line(r) for r in tables._rows_of(pushpull_file(0.056, None))]
+    assert [c.strip() for c in row.strip("|").split("|")][7] == "-"
