@@ -1,7 +1,11 @@
 """The cost model: CPU per round of a worker and of the servers, ours and MXNet's dist_sync.
 
     python benchmarks/bench_cost.py                       # 2 workers x 2 servers, loopback
-    python benchmarks/bench_cost.py --repeat 2 --out benchmarks/results/cost/loopback_2x2.json
+    python benchmarks/bench_cost.py --repeat 2 --out /tmp/cost.json
+    python benchmarks/bench_cost.py --repeat 1 --max-round-mb 8 --seconds 1   # a first look
+
+(``--out benchmarks/results/cost/loopback_2x2.json`` replaces docs/performance.md's cost table,
+which the test suite compares with that file.)
 
 Runs ``benchmarks/_cost_worker.py`` through ``launch.py`` on 127.0.0.1, alternately with
 upstream MXNet 1.9.1 (``dist_sync``: its scheduler, servers and workers) and with ours

@@ -9,10 +9,10 @@ written by hand) or ``runs`` (the JSON that ``bench_pushpull.py --out`` writes, 
 ``label`` and the ``commit`` it ran at). A new measurement replaces its file's row; the test
 suite checks that the page shows exactly this table.
 """
+import argparse
 import glob
 import json
 import os
-import sys
 from typing import Dict, Iterator, List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -158,4 +158,7 @@ def table() -> str:
 
 
 if __name__ == "__main__":
-    print(replay_table() if sys.argv[1:] == ["replay"] else table(), end="")
+    parser = argparse.ArgumentParser(description=__doc__.strip().split("\n")[0])
+    parser.add_argument("table", nargs="?", choices=["replay"],
+                        help="replay: the replayed GPU step's table (default: the results table)")
+    print(replay_table() if parser.parse_args().table == "replay" else table(), end="")
