@@ -128,8 +128,12 @@ def test_namespaces_and_processes_are_removed_on_every_exit(spawn, how):
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
 def test_a_script_holding_a_network_removes_it_when_killed(spawn, signum):
     # a benchmark's ``with EmulatedNetwork(...)``: the default action of SIGTERM/SIGHUP would
-    # end it at once and leave its namespaces until the next launcher's clean-up
-    script = ("import sys, time\nsys.path.insert(0, %r)\n"
+    # end it at once and leave its namespaces until the next launcher's clean-up. The script
+    # starts with both signals at their default, as from a shell: a suite run under nohup
+    # passes SIGHUP on ignored, and the block leaves an ignored signal ignored
+    script = ("import signal, sys, time\nsys.path.insert(0, %r)\n"
+              "signal.signal(signal.SIGHUP, signal.SIG_DFL)\n"
+              "signal.signal(signal.SIGTERM, signal.SIG_DFL)\n"
               "from kvstore_byteps.launcher.netns import EmulatedNetwork\n"
               "with EmulatedNetwork(2):\n    print('ready', flush=True)\n    time.sleep(60)\n"
               % REPO)
