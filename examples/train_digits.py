@@ -150,15 +150,24 @@ def check_identical(kv, net, key: int, metrics_key) -> float:
     ``key``); the mismatch counts are summed over workers under ``metrics_key`` (None: in
     asynchronous training, where a push is an update, each worker checks its own). Returns the
     sum of the absolute parameter values; raises on a mismatch."""
-    params = [p.data(p.list_ctx()[0]).asnumpy().ravel() for p in net.collect_params().values()]
-    mine = np.concatenate(params).astype(np.float32)
+    named = [(name, p.data(p.list_ctx()[0]).asnumpy().ravel())
+             for name, p in net.collect_params().items()]
+    mine = np.concatenate([values for _, values in named]).astype(np.float32)
     theirs = nd.zeros(mine.shape, dtype=np.float32)
     kv.broadcast(key, nd.array(mine), out=theirs)
-    total = differing = int(np.count_nonzero(mine != theirs.asnumpy()))
+    unequal = mine != theirs.asnumpy()
+    total = differing = int(np.count_nonzero(unequal))
     if metrics_key is not None:
         total = int(global_sum(kv, metrics_key, [differing, 0])[0])
     if total:
-        raise RuntimeError("workers disagree on %d parameter values" % total)
+        # which parameters differ from rank 0's here (none on rank 0 itself): where to look
+        ends = np.cumsum([values.size for _, values in named])
+        which = ["%s (%d of %d)" % (name, np.count_nonzero(unequal[end - values.size:end]),
+                                    values.size)
+                 for (name, values), end in zip(named, ends)
+                 if unequal[end - values.size:end].any()]
+        raise RuntimeError("workers disagree on %d parameter values%s" % (
+            total, "; here, against rank 0's: " + ", ".join(which) if which else ""))
     return float(np.abs(mine).sum())
 
 
