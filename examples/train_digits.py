@@ -161,11 +161,9 @@ def check_identical(kv, net, key: int, metrics_key) -> float:
         total = int(global_sum(kv, metrics_key, [differing, 0])[0])
     if total:
         # which parameters differ from rank 0's here (none on rank 0 itself): where to look
-        ends = np.cumsum([values.size for _, values in named])
-        which = ["%s (%d of %d)" % (name, np.count_nonzero(unequal[end - values.size:end]),
-                                    values.size)
-                 for (name, values), end in zip(named, ends)
-                 if unequal[end - values.size:end].any()]
+        pieces = np.split(unequal, np.cumsum([values.size for _, values in named])[:-1])
+        which = ["%s (%d of %d)" % (name, np.count_nonzero(piece), piece.size)
+                 for (name, _), piece in zip(named, pieces) if piece.any()]
         raise RuntimeError("workers disagree on %d parameter values%s" % (
             total, "; here, against rank 0's: " + ", ".join(which) if which else ""))
     return float(np.abs(mine).sum())

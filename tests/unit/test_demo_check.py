@@ -19,8 +19,8 @@ def load_demo():
 
 
 class Rank0Differs:
-    """A store whose broadcast hands back rank 0's parameters: ours with the last weight's
-    first ``skew`` values changed; ``pushpull`` sums over one worker (this one)."""
+    """A store whose broadcast hands back rank 0's parameters: ours with the last ``skew``
+    values of the output layer's weight changed; ``pushpull`` sums over one worker (this one)."""
 
     def __init__(self, skew: int):
         self.skew = skew
