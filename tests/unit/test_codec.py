@@ -3,10 +3,11 @@ import pytest
 
 from kvstore_byteps.config import Role
 from kvstore_byteps.errors import ProtocolError
-from kvstore_byteps.van.wire.codec import decode_meta, encode_meta
+from kvstore_byteps.van.wire.codec import EXTENSION_FIELDS, decode_meta, encode_meta
 from kvstore_byteps.van.runtime.membership import (VanClock, barrier_request, control_message,
                                            terminate_message)
 from kvstore_byteps.van.wire.message import (K_EMPTY, ControlCommand, DataType, Meta, Node)
+from kvstore_byteps.van.wire.pbmeta import PBMeta
 from tests.support import vectors
 
 MESSAGE_VECTORS = vectors.message_vectors()
@@ -129,3 +130,28 @@ def test_a_node_whose_hostname_is_not_utf8_is_a_protocol_error():
     raw = encode_meta(meta).replace(b"AAAA", b"\xff\xfe\xfd\xfc")
     with pytest.raises(ProtocolError, match="not UTF-8"):
         decode_meta(raw)
+
+
+@pytest.mark.parametrize("name", EXTENSION_FIELDS)
+def test_every_extension_field_is_found_whatever_its_value(name):
+    # decode_meta skips the extension fields when the bytes cannot hold one: that shortcut
+    # must never miss a field that is there
+    kind = PBMeta.DESCRIPTOR.fields_by_name[name].type
+    values = {9: ["", "x", "y" * 300], 8: [True, False]}.get(kind, [0, 1, 127, 128, 2 ** 31 - 1])
+    for value in values:
+        for timestamp in (0, 6, 134, 2 ** 31 - 1):
+            data = encode_meta(Meta(head=6, timestamp=timestamp, priority=-3,
+                                    extra={name: value}))
+            assert decode_meta(data).extra == {name: value}
+
+
+def test_an_extension_tag_written_overlong_is_found():
+    # field 106 (pull_timestamp), varint 7, its tag 848 written in three bytes instead of two
+    data = encode_meta(Meta(head=6, timestamp=5)) + bytes([0xD0, 0x86, 0x00, 7])
+    assert decode_meta(data).extra == {"pull_timestamp": 7}
+
+
+def test_a_data_meta_without_extensions_decodes_without_them():
+    data = encode_meta(Meta(head=6, app_id=0, customer_id=0, timestamp=1000, pull=True,
+                            data_type=[8, 1, 5], priority=-3))
+    assert decode_meta(data).extra is None

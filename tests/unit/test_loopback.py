@@ -137,7 +137,9 @@ def test_a_request_past_its_deadline_fails_on_the_customer_thread(no_sockets):
         started = time.monotonic()
         request = worker.push([1], np.ones(2, np.float32), [8],
                               callback=lambda r: threads.append(threading.current_thread().name))
-        with pytest.raises(DeadlineError, match=r"no answer from server node\(s\) \[8\]"):
+        # named as the request it is (its name is put into words only now)
+        with pytest.raises(DeadlineError, match=r"^push of 1 key\(s\) \[1\.\.\] \(timestamp \d+\): "
+                                                r"no answer from server node\(s\) \[8\]"):
             request.wait(5)
         assert time.monotonic() - started < 2
         assert threads == ["customer-0-0"]

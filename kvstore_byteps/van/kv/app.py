@@ -21,7 +21,6 @@ from typing import Callable, Dict, List, NamedTuple, Optional
 import numpy as np
 
 from ...errors import ConfigError, DeadlineError, PeerError, ProtocolError, refused_configuration
-from ...future import Future
 from ...logs import PeerLog
 from .slicing import as_keys, slice_request
 from ..wire.message import DataType, Message, Meta, server_rank_to_id
@@ -57,13 +56,23 @@ def _frames(keys, vals, lens, with_empty_vals: bool):
     return data, _PUSH_TYPES[:]
 
 
+def _no_pairs() -> KVPairs:
+    keys = np.empty(0, np.uint64)
+    keys.flags.writeable = False
+    return KVPairs(keys, memoryview(b""), None)
+
+
+#: a message without data frames (an acknowledgement): made once, not per message
+NO_PAIRS = _no_pairs()
+
+
 def parse_kv_frames(message: Message) -> KVPairs:
     """Validate and view the data frames of a KV message; ProtocolError if malformed."""
     frames = message.data
     if len(frames) not in (0, 2, 3):
         raise ProtocolError("expected 0, 2 or 3 data frames, got %d" % len(frames))
     if not frames:
-        return KVPairs(np.empty(0, np.uint64), memoryview(b""), None)
+        return NO_PAIRS
     keys_buf, vals = memoryview(frames[0]).cast("B"), memoryview(frames[1]).cast("B")
     if keys_buf.nbytes % 8:
         raise ProtocolError("keys frame of %d bytes is not a multiple of 8" % keys_buf.nbytes)
@@ -89,15 +98,16 @@ class Request:
     operation whose callback ran twice would crash MXNet).
     """
 
-    def __init__(self, what: str, timestamp: int, servers: List[int],
+    def __init__(self, what, timestamp: int, servers: List[int],
                  callback: Optional[Callable[["Request"], None]]):
-        self.what, self.timestamp = what, timestamp
+        self._what, self.timestamp = what, timestamp
         self._waiting = set(servers)
         self._parts: List[KVPairs] = []
         self._callback = callback
         self._lock = threading.Lock()
         self._finished = False           # completion claimed (answers are not taken any more)
-        self._outcome = Future()         # done once the result is set, before the callback
+        self._done = False               # the result is set (before the callback runs)
+        self._event: Optional[threading.Event] = None    # made for a caller that waits
         self.error: Optional[BaseException] = None
         self.started = time.monotonic()
         self.result: Optional[KVPairs] = None
@@ -110,13 +120,18 @@ class Request:
         #: the answer's bytes may already be there (compare addresses before copying)
         self.landed = False
 
+    @property
+    def what(self) -> str:
+        """How errors name this request ("push of 1 key(s) [5..]")."""
+        return str(self._what)
+
     def waits_for(self, server: int) -> bool:
         with self._lock:
             return server in self._waiting
 
     @property
     def done(self) -> bool:
-        return self._outcome.done()
+        return self._done
 
     def _on_response(self, sender: int, meta: Meta, kvs: KVPairs) -> None:
         with self._lock:
@@ -157,7 +172,11 @@ class Request:
         """Runs once, by the thread that claimed the completion."""
         if self.error is None:
             self.result = _concat(self._parts)
-        self._outcome.set_result(self.result)
+        with self._lock:
+            self._done = True
+            event = self._event
+        if event is not None:
+            event.set()
         if self._callback is not None:
             try:
                 self._callback(self)
@@ -170,10 +189,12 @@ class Request:
         Raises PeerError if a server answered with an error, DeadlineError naming the servers
         that did not answer within ``timeout`` seconds.
         """
-        try:
-            self._outcome.result(timeout)
-        except TimeoutError:
-            raise DeadlineError(self.describe_wait(timeout)) from None
+        with self._lock:
+            if not self._done and self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        if event is not None and not event.wait(timeout):
+            raise DeadlineError(self.describe_wait(timeout))
         if self.error is not None:
             raise self.error
         return self.result
@@ -188,9 +209,19 @@ def _answered_error(what: str, sender: int, error: str) -> Exception:
     return PeerError("%s: server node %d answered with an error: %s" % (what, sender, error))
 
 
-def _describe(op: str, keys: np.ndarray) -> str:
-    """How a request is named in errors: its kind, key count and first key."""
-    return "%s of %d key(s) [%d..]" % (op, len(keys), int(keys[0]) if len(keys) else -1)
+class _Described:
+    """How a request is named in errors: its kind, key count and first key, put into words
+    only when an error or a log needs them (most requests never do)."""
+
+    __slots__ = ("op", "keys")
+
+    def __init__(self, op: str, keys: np.ndarray):
+        self.op, self.keys = op, keys
+
+    def __str__(self) -> str:
+        keys = self.keys
+        return "%s of %d key(s) [%d..]" % (self.op, len(keys), int(keys[0]) if len(keys) else -1)
+
 
 
 def _server_ids(slices) -> List[int]:
@@ -201,7 +232,7 @@ def _concat(parts: List[KVPairs]) -> KVPairs:
     if len(parts) == 1:
         return parts[0]
     if not parts:
-        return KVPairs(np.empty(0, np.uint64), memoryview(b""), None)
+        return NO_PAIRS
     parts = sorted(parts, key=lambda p: int(p.keys[0]))
     lens = None if any(p.lens is None for p in parts) else np.concatenate([p.lens for p in parts])
     vals = memoryview(b"".join(bytes(p.vals) for p in parts))
@@ -325,7 +356,7 @@ class KVWorker:
         keys, lens, slices = self._sliced(keys, vals, lens, push=True)
         servers = _server_ids(slices)
         pull_callback, landing = self._land(keys, into, pull_callback)
-        pull = self._new_request(_describe("pull (with its push)", keys), servers,
+        pull = self._new_request(_Described("pull (with its push)", keys), servers,
                                  pull_callback)
 
         def pushed(request):      # a push that failed to send comes here too
@@ -333,7 +364,7 @@ class KVWorker:
                 self._fail_request(pull, request.error)
             if push_callback is not None:
                 push_callback(request)
-        push = self._new_request(_describe("push", keys), servers, pushed)
+        push = self._new_request(_Described("push", keys), servers, pushed)
         try:
             self._send_slices(push, slices, cmd, True, False, priority,
                               {"pull_timestamp": pull.timestamp})
@@ -390,8 +421,7 @@ class KVWorker:
     def count_answered(self, request: Request, server: int) -> None:
         """Count ``server``'s part of ``request`` as answered, with no data (a restarted server
         holds it from the report)."""
-        request._on_response(server, Meta(), KVPairs(np.empty(0, np.uint64), memoryview(b""),
-                                                     None))
+        request._on_response(server, Meta(), NO_PAIRS)
         if request.done:
             with self._lock:
                 self._pending.pop(request.timestamp, None)
@@ -415,7 +445,7 @@ class KVWorker:
                  on_send=None) -> Request:
         keys, lens, slices = self._sliced(keys, vals, lens, push)
         op = "pushpull" if push and pull else ("push" if push else "pull")
-        request = self._new_request(_describe(op, keys), _server_ids(slices), callback)
+        request = self._new_request(_Described(op, keys), _server_ids(slices), callback)
         self._send_slices(request, slices, cmd, push, pull, priority, extra, on_send)
         return request
 

@@ -159,6 +159,8 @@ class MessageReader:
 
     def _parse(self, done: list) -> None:
         """Advance as far as the buffered bytes allow, appending completed messages."""
+        # (the buffer's ends are read into locals once per step: this runs for every message)
+        head_bytes = tcp_frame.HEAD_BYTES
         while True:
             if self._target_view is not None:
                 if self._filled < self._target_view.nbytes:
@@ -170,35 +172,40 @@ class MessageReader:
                 else:
                     self._frames.append(target)
                 continue
+            buffered = self._end - self._start
             if self._meta_bytes is None:
-                if self._buffered < tcp_frame.HEAD_BYTES:
+                if buffered < head_bytes:
                     return
                 self._meta_bytes, self._count = tcp_frame.decode_header_start(
-                    self._consume(tcp_frame.HEAD_BYTES))
+                    self._consume(head_bytes))
+                buffered -= head_bytes
             if self._lengths is None:
-                if self._buffered < 8 * self._count:
+                if buffered < 8 * self._count:
                     return
                 self._lengths = tcp_frame.decode_frame_lengths(self._consume(8 * self._count),
                                                                self._count)
+                buffered -= 8 * self._count
             if self._meta is None:
                 if self._meta_bytes > len(self._buffer) - self.land_bytes:
                     self._land(bytearray(self._meta_bytes))
                     continue
-                if self._buffered < self._meta_bytes:
+                if buffered < self._meta_bytes:
                     return
                 self._meta = self._consume(self._meta_bytes)
-            index = len(self._frames)
+                buffered -= self._meta_bytes
+            frames = self._frames
+            index = len(frames)
             if index == self._count:
-                done.append((self._meta, self._frames))
+                done.append((self._meta, frames))
                 self._reset()
                 continue
             size = self._lengths[index]
             if size >= self.land_bytes:
                 self._land(*self.pool.take_for_frame(self._key, size))
                 continue
-            if self._buffered < size:
+            if buffered < size:
                 return
             frame = self._consume(size)
             if index == 0 and size >= 8:       # ps-lite KV layout: the keys frame comes first
                 self._key = int.from_bytes(frame[:8], "little")
-            self._frames.append(frame)
+            frames.append(frame)
