@@ -59,7 +59,8 @@ def group_small(items, server_of, small: int, limit: int) -> List[list]:
             groups.append(group[0])
         group[0].append(item)
         group[1] += nbytes
-    return [sorted(g, key=lambda item: item.partition.ps_key) for g in groups]
+    return [g if len(g) == 1 else sorted(g, key=lambda item: item.partition.ps_key)
+            for g in groups]
 
 
 class ServerDialect:

@@ -460,8 +460,11 @@ class _Done:
                  items: Optional[Sequence["WorkItem"]] = None) -> bool:
         """Finish ``items`` (or all left); return whether any item was finished by this call."""
         with self._lock:
-            wanted = list(self._left.values()) if items is None else items
-            chosen = [self._left.pop(id(item)) for item in wanted if id(item) in self._left]
+            if items is None:
+                chosen = list(self._left.values())
+                self._left.clear()
+            else:
+                chosen = [self._left.pop(id(item)) for item in items if id(item) in self._left]
             if chosen and error is not None:
                 self._errors.append(error)
         if not chosen:

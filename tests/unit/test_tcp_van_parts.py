@@ -324,3 +324,12 @@ def test_the_receive_buffer_size_is_read_once_per_many_large_frames():
     assert sock.reads == frames // tcp_van._RCVBUF_READ_EVERY
     assert sock.marks[0] == 100000 and sock.marks[-2] == 200000 and sock.marks[-1] == 1
     assert max(sock.marks) <= 200000
+
+
+def test_header_fields_are_read_at_an_offset_and_a_short_header_is_refused():
+    header = tcp_frame.encode_header(b"meta", [8, 4])
+    data = b"xyz" + header
+    assert tcp_frame.decode_header_start(data, 3) == (4, 2)
+    assert tcp_frame.decode_frame_lengths(data, 2, 3 + tcp_frame.HEAD_BYTES) == [8, 4]
+    with pytest.raises(ProtocolError, match="header has 1 of 2 frame lengths"):
+        tcp_frame.decode_frame_lengths(data[:-1], 2, 3 + tcp_frame.HEAD_BYTES)

@@ -142,7 +142,7 @@ class Request:
                                   sender)
                 return
             self._waiting.discard(sender)
-            error = (meta.extra or {}).get("error")
+            error = meta.extra and meta.extra.get("error")
             if error and self.error is None:
                 self.error = _answered_error(self.what, sender, error)
             if len(kvs.keys):
@@ -515,8 +515,7 @@ class KVWorker:
             return
         if not self.recovery.accepts(meta):
             return
-        with self._lock:
-            request = self._pending.get(meta.timestamp)
+        request = self._pending.get(meta.timestamp)    # (a dict read needs no lock)
         if request is None:
             _PEER_LOG.warning(meta.sender, "answer with unknown timestamp %d from node %d; "
                               "dropped", meta.timestamp, meta.sender)

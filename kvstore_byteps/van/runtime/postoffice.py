@@ -34,6 +34,8 @@ from .resend import Resender
 log = logging.getLogger(__name__)
 
 _TICK_SECONDS = 0.05
+#: ticks come at most this often (the van may call more often)
+_TICK_STEP_SECONDS = 0.01
 _STOP_SECONDS = 10.0
 _TERMINATE_SECONDS = 1.0
 _PROGRESS_LOG_SECONDS = 30.0
@@ -69,6 +71,7 @@ class Postoffice:
         self._member_ids: frozenset = frozenset()   # looked up per request: a set
         self._failure_hooks: List[Callable[[BaseException], None]] = []
         self._tick_hooks: List[Callable[[float], None]] = []
+        self._next_tick = 0.0
         self._recovery_hooks: List[Callable[[Node, int], None]] = []
         self._before_ready: List[Message] = []
         #: > 0: this node is a restarted server, the epoch-th one to take over its id
@@ -193,6 +196,12 @@ class Postoffice:
 
     def _on_tick(self) -> None:
         now = time.monotonic()
+        # The van calls this after every wake-up, hundreds of times a second while data flows
+        # (370 times a replayed ResNet-50 step on a worker); the timers it keeps (start-up and
+        # request deadlines, heartbeats, resends) need no finer step than this.
+        if now < self._next_tick:
+            return
+        self._next_tick = now + _TICK_STEP_SECONDS
         if not self._execute(self.membership.tick(now)):
             raise self._error or PeerError("the membership stopped this node")
         for hook in self._tick_hooks:
@@ -218,7 +227,8 @@ class Postoffice:
                       what, message.meta.recver)
 
     def _on_message(self, message: Message) -> bool:
-        if message.meta.is_control:
+        control = message.meta.is_control
+        if control:
             log.debug("control %s from node %s", message.meta.control.cmd.name, message.meta.sender)
         elif self._drop_rng is not None and self._ready.is_set() and \
                 self._drop_rng.randrange(100) < self.config.drop_msg_percent:
@@ -233,7 +243,7 @@ class Postoffice:
                 self._send_resend_traffic(ack, "ACK")
             if not deliver:
                 return True
-        if message.meta.is_control:
+        if control:
             return self._execute(self.membership.handle(message, time.monotonic()),
                                  message.meta.sender)
         if not self._ready.is_set():     # its sender may know this node before it does
@@ -338,13 +348,17 @@ class Postoffice:
             self._peer_log.warning(meta.sender, "dropped a data message without %s",
                                    "sender identity" if meta.sender == K_EMPTY else "app_id")
             return
-        customer_id = meta.customer_id if self.role is Role.WORKER else meta.app_id
+        customer_id = meta.customer_id if self.config.role is Role.WORKER else meta.app_id
         key = (meta.app_id, customer_id)
-        with self._lock:
-            customer = self._customers.get(key)
-            if customer is None:   # the app is not registered yet: keep it for later
-                self._early.setdefault(key, []).append(message)
-                return
+        # (a dict read needs no lock; only a miss has to be decided under it, where
+        # register_handler also takes the messages kept for later)
+        customer = self._customers.get(key)
+        if customer is None:
+            with self._lock:
+                customer = self._customers.get(key)
+                if customer is None:   # the app is not registered yet: keep it for later
+                    self._early.setdefault(key, []).append(message)
+                    return
         customer.accept(message)
 
     # ------------------------------------------------------------------ apps

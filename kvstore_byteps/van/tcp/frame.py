@@ -92,12 +92,13 @@ def encode_header(meta: bytes, frames: Sequence[int]) -> bytes:
     """The header before ``meta`` and data frames of the given byte lengths."""
     if len(meta) > MAX_META_BYTES:
         raise ProtocolError("meta of %d bytes exceeds %d" % (len(meta), MAX_META_BYTES))
-    if len(frames) > MAX_FRAMES:
-        raise ProtocolError("%d data frames exceed %d" % (len(frames), MAX_FRAMES))
-    for size in frames:
-        if size > MAX_FRAME_BYTES:
-            raise ProtocolError("a data frame of %d bytes exceeds %d" % (size, MAX_FRAME_BYTES))
-    return _HEAD.pack(len(meta), len(frames), 0) + b"".join(_LENGTH.pack(n) for n in frames)
+    count = len(frames)
+    if count > MAX_FRAMES:
+        raise ProtocolError("%d data frames exceed %d" % (count, MAX_FRAMES))
+    if count and max(frames) > MAX_FRAME_BYTES:
+        raise ProtocolError("a data frame of %d bytes exceeds %d"
+                            % (max(frames), MAX_FRAME_BYTES))
+    return _HEAD.pack(len(meta), count, 0) + _LENGTHS[count].pack(*frames)
 
 
 def header_size(frame_count: int) -> int:
@@ -108,9 +109,10 @@ def header_size(frame_count: int) -> int:
 HEAD_BYTES = _HEAD.size
 
 
-def decode_header_start(data) -> Tuple[int, int]:
-    """``(meta length, frame count)`` from the fixed part; ProtocolError if out of bounds."""
-    meta_bytes, count, _ = _HEAD.unpack(data)
+def decode_header_start(data, offset: int = 0) -> Tuple[int, int]:
+    """``(meta length, frame count)`` from the fixed part at ``offset`` of ``data``;
+    ProtocolError if out of bounds."""
+    meta_bytes, count, _ = _HEAD.unpack_from(data, offset)
     if meta_bytes == 0 or meta_bytes > MAX_META_BYTES:
         raise ProtocolError("meta length %d outside 1..%d" % (meta_bytes, MAX_META_BYTES))
     if count > MAX_FRAMES:
@@ -118,12 +120,19 @@ def decode_header_start(data) -> Tuple[int, int]:
     return meta_bytes, count
 
 
-def decode_frame_lengths(data, count: int) -> List[int]:
-    """The ``count`` frame lengths following the fixed part; ProtocolError if one is too big."""
-    lengths = [n for (n,) in _LENGTH.iter_unpack(bytes(data[:_LENGTH.size * count]))]
-    if len(lengths) != count:
-        raise ProtocolError("header has %d of %d frame lengths" % (len(lengths), count))
+#: the frame lengths of a header with n frames, read in one call (n = 0..MAX_FRAMES)
+_LENGTHS = [struct.Struct("<%dQ" % n) for n in range(MAX_FRAMES + 1)]
+
+
+def decode_frame_lengths(data, count: int, offset: int = 0) -> List[int]:
+    """The ``count`` frame lengths following the fixed part, at ``offset`` of ``data``;
+    ProtocolError if one is too big or ``data`` holds fewer."""
+    try:
+        lengths = _LENGTHS[count].unpack_from(data, offset)
+    except struct.error:
+        raise ProtocolError("header has %d of %d frame lengths"
+                            % (max(len(data) - offset, 0) // _LENGTH.size, count)) from None
     for size in lengths:
         if size > MAX_FRAME_BYTES:
             raise ProtocolError("a data frame of %d bytes exceeds %d" % (size, MAX_FRAME_BYTES))
-    return lengths
+    return list(lengths)

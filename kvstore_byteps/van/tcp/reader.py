@@ -176,15 +176,18 @@ class MessageReader:
             if self._meta_bytes is None:
                 if buffered < head_bytes:
                     return
-                self._meta_bytes, self._count = tcp_frame.decode_header_start(
-                    self._consume(head_bytes))
+                self._meta_bytes, self._count = tcp_frame.decode_header_start(self._buffer,
+                                                                              self._start)
+                self._start += head_bytes
                 buffered -= head_bytes
             if self._lengths is None:
-                if buffered < 8 * self._count:
+                size = 8 * self._count
+                if buffered < size:
                     return
-                self._lengths = tcp_frame.decode_frame_lengths(self._consume(8 * self._count),
-                                                               self._count)
-                buffered -= 8 * self._count
+                self._lengths = tcp_frame.decode_frame_lengths(self._buffer, self._count,
+                                                               self._start)
+                self._start += size
+                buffered -= size
             if self._meta is None:
                 if self._meta_bytes > len(self._buffer) - self.land_bytes:
                     self._land(bytearray(self._meta_bytes))
