@@ -36,6 +36,7 @@ MODULES = (
     "kvstore_byteps.van.wire.message",
     "kvstore_byteps.van.wire.pbmeta",
     "kvstore_byteps.van.tcp.frame",
+    "kvstore_byteps.van.tcp.compact",
     "kvstore_byteps.van.tcp.reader",
     "kvstore_byteps.van.tcp.recv_buffers",
     "kvstore_byteps.van.tcp.outbound",

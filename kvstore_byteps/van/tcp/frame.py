@@ -16,7 +16,9 @@ gets a clear error instead of a silent hang.
 Then messages, each::
 
     header: meta length u32 | data frame count u16 | reserved u16 | frame length u64 * count
-    meta:   the PBMeta of docs/pslite-wire.md (the codec of the zmq van, extension fields too)
+    meta:   the PBMeta of docs/pslite-wire.md (the codec of the zmq van, extension fields
+            too), or for most data messages a compact meta (compact.py; its first byte, 0,
+            is never a PBMeta's)
     data:   the frames, back to back
 
 All integers little-endian. The lengths come first so the receiver can pick each frame's landing
@@ -32,7 +34,7 @@ __all__ = ["MAGIC", "VERSION", "FLAG_AUTH", "Hello", "HELLO_BYTES", "ZMTP_SIGNAT
            "encode_header", "header_size", "decode_header_start", "decode_frame_lengths"]
 
 MAGIC = b"KVBPS"
-VERSION = 2          # 2: the flags field and the authenticated handshake
+VERSION = 3          # 2: the flags field and the authenticated handshake; 3: compact metas
 FLAG_AUTH = 1
 FLAG_RDMA = 2        # the sender is a byteps_rdma node (its connections carry RDMA channels)
 _HELLO = struct.Struct("<5sBHII")

@@ -37,7 +37,7 @@ from ...errors import (AuthenticationError, ClusterStartError, ConfigError, Peer
                       ProtocolError)
 from ...logs import PeerLog
 from .. import auth
-from . import claims, frame as tcp_frame
+from . import claims, compact, frame as tcp_frame
 from ..base import Van
 from ..wire.codec import decode_meta, encode_meta
 from ..wire.message import K_EMPTY, Gather, Message, Node
@@ -333,7 +333,7 @@ class TcpVan(Van):
         out = self._out.get(recver)
         if out is None or self._closed.is_set():
             raise ProtocolError("no connection to node %s" % recver)
-        meta = encode_meta(message.meta)
+        meta = compact.encode(message.meta) or encode_meta(message.meta)
         lengths, pieces = [], []        # a Gather frame goes out in its pieces (sendmsg)
         for d in message.data:
             if isinstance(d, Gather):
@@ -438,7 +438,8 @@ class TcpVan(Van):
                 reader.failure = exc
         for meta_raw, data in messages:
             try:
-                meta = decode_meta(meta_raw, sender=inbound.peer_id, recver=self.my_id)
+                meta = (compact.decode if compact.is_compact(meta_raw) else decode_meta)(
+                    meta_raw, inbound.peer_id, self.my_id)
             except ProtocolError as exc:
                 self._peer_log.warning(inbound.peer_key(),
                                        "dropped a malformed message from %s: %s",
