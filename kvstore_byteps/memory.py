@@ -72,9 +72,9 @@ def one_frame(buffers):
     """One data frame of ``buffers`` (contiguous buffers, one after the other): the buffer
     itself if there is one; the pieces as a Gather (no copy, sent vectored where the van can)
     if they are large; else joined (:func:`join_bytes`)."""
-    from .van.wire.message import Gather
     if len(buffers) == 1:
         return buffers[0]
+    from .van.wire.message import Gather     # (an import per call costs: not for one buffer)
     pieces = [memoryview(b).cast("B") for b in buffers]
     if sum(p.nbytes for p in pieces) >= GATHER_MIN_PIECE_BYTES * len(pieces):
         return Gather(pieces)

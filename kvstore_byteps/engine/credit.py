@@ -35,7 +35,7 @@ class CreditScheduler(Generic[T]):
         self._credit = credit
         self.cost = cost or (lambda item: 1)
         self._in_flight = 0
-        self._heap: List[Tuple[int, int, T]] = []
+        self._heap: List[Tuple[int, int, int, T]] = []    # (-priority, order, cost, item)
         self._order = itertools.count()
 
     def __len__(self) -> int:
@@ -56,11 +56,12 @@ class CreditScheduler(Generic[T]):
         """Whether the next item may be popped now."""
         if self._credit is None or self._in_flight == 0:
             return True
-        return bool(self._heap) and self._in_flight + self.cost(self._heap[0][2]) <= self._credit
+        return bool(self._heap) and self._in_flight + self._heap[0][2] <= self._credit
 
     def push(self, item: T, priority: int = 0) -> None:
         """Queue ``item``; higher ``priority`` leaves earlier, FIFO among equals."""
-        heapq.heappush(self._heap, (-priority, next(self._order), item))
+        # the cost is taken once here: the credit check reads it for every look at the queue
+        heapq.heappush(self._heap, (-priority, next(self._order), self.cost(item), item))
 
     def ready(self) -> bool:
         """Whether :meth:`pop` would return an item."""
@@ -70,8 +71,8 @@ class CreditScheduler(Generic[T]):
         """Take the highest-priority item and its credit, or return None if none may leave."""
         if not self.ready():
             return None
-        item = heapq.heappop(self._heap)[2]
-        self._in_flight += self.cost(item)
+        _, _, cost, item = heapq.heappop(self._heap)
+        self._in_flight += cost
         return item
 
     def release(self, count: int = 1) -> None:
@@ -83,9 +84,9 @@ class CreditScheduler(Generic[T]):
 
     def remove_if(self, predicate: Callable[[T], bool]) -> List[T]:
         """Drop queued items matching ``predicate`` (no credit involved); return them in order."""
-        kept = [entry for entry in self._heap if not predicate(entry[2])]
-        removed = sorted(entry for entry in self._heap if predicate(entry[2]))
+        kept = [entry for entry in self._heap if not predicate(entry[3])]
+        removed = sorted(entry for entry in self._heap if predicate(entry[3]))
         if removed:
             self._heap = kept
             heapq.heapify(self._heap)
-        return [entry[2] for entry in removed]
+        return [entry[3] for entry in removed]

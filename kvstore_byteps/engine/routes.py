@@ -66,20 +66,21 @@ def send_buffer(item) -> np.ndarray:
     return span(item.task.context.send, item.partition)
 
 
-def broadcast(item, result: memoryview, tracer, maybe_in_place: bool = False) -> None:
-    """Copy one partition's sum into every output (``maybe_in_place``: the van was asked to land
-    it in the first output's span, so an output it is already in is skipped)."""
+def broadcast(item, result: memoryview, tracer, landed_in: Optional[np.ndarray] = None) -> None:
+    """Copy one partition's sum into every output. ``landed_in``: the first output's span, where
+    the van was asked to land the answer: if ``result`` is that array's memory (it did), that
+    output needs no copy."""
     ctx, part = item.task.context, item.partition
     if result.nbytes != part.nbytes:
         raise PeerError("%s: the server answered ps key %d with %d bytes, expected %d"
                         % (ctx.layout.name, part.ps_key, result.nbytes, part.nbytes))
     start = now_ns() if tracer.enabled else 0
-    where = (np.frombuffer(result, np.uint8).__array_interface__["data"][0]
-             if maybe_in_place else None)
-    for out in ctx.outputs:
-        target = span(out, part)
-        if where is None or target.__array_interface__["data"][0] != where:
-            copy_bytes(target, result)      # with the GIL held (see copy_bytes)
+    # (a memoryview names the array it views: cheaper than comparing addresses)
+    outputs = ctx.outputs
+    if landed_in is not None and result.obj is landed_in:
+        outputs = outputs[1:]
+    for out in outputs:
+        copy_bytes(span(out, part), result)      # with the GIL held (see copy_bytes)
     if start:
         tracer.record(Phase.LOCAL_BROADCAST, item.key, item.index, item.task.step, start,
                       now_ns(), item.priority)
@@ -115,13 +116,14 @@ class PlainRoute:
                 self.keeper.answered(group)    # on the thread completing requests
                 try:
                     for item, vals in zip(group, split_answer(request.result, len(group))):
-                        broadcast(item, vals, self.tracer, maybe_in_place=request.landed)
+                        broadcast(item, vals, self.tracer, landed_in=into)
                 except Exception as exc:
                     error = _handling_failed(exc)
             done(error, group)
+        into = _landing(group)
         self.kv.pull([item.partition.ps_key for item in group],
                      cmd=group[0].task.context.layout.round_cmd, priority=group[0].priority,
-                     callback=on_answer, into=_landing(group))
+                     callback=on_answer, into=into)
 
 
 def _payload(group):
@@ -140,14 +142,15 @@ class RidingRoute(PlainRoute):
 
     def push(self, group, done) -> None:
         keys, _, vals, lens = _payload(group)
-        riding = RidingPull(self.tracer, group)
+        into = _landing(group)
+        riding = RidingPull(self.tracer, group, into)
         for item in group:
             item.riding_pull = riding
         self.kv.push_with_pull(keys, vals, lens, cmd=group[0].task.context.layout.round_cmd,
                                priority=group[0].priority,
                                push_callback=lambda request: done(
                                    self.keeper.explain(request.error), group),
-                               pull_callback=riding.arrived, into=_landing(group))
+                               pull_callback=riding.arrived, into=into)
 
     def pull(self, group, done) -> None:
         """Wait for the answers of ``group``'s riding pulls (items of several pushes)."""
@@ -165,9 +168,9 @@ class RidingPull:
     it may come first (pacing can hold an acknowledgement while the round completes):
     whichever of the two comes second copies the sums out and finishes the items."""
 
-    def __init__(self, tracer, group: list):
-        self._tracer, self._group = tracer, group
-        self._landed = False           # the sums may already be in the outputs
+    def __init__(self, tracer, group: list, into: Optional[np.ndarray]):
+        """``into``: where the van was asked to land the answer (see :func:`broadcast`)."""
+        self._tracer, self._group, self._into = tracer, group, into
         self._lock = threading.Lock()
         self._answered = False
         self._error: Optional[BaseException] = None
@@ -186,7 +189,6 @@ class RidingPull:
         self._group = None    # the items refer to this object: no reference cycle
         with self._lock:
             self._answered, self._error, self._values = True, error, values
-            self._landed = request.landed
             waiting, self._waiting = self._waiting, []
         for items, done in waiting:
             self._deliver(items, done)
@@ -205,7 +207,7 @@ class RidingPull:
             try:
                 for item in items:   # (popped: the receive buffer goes back to the pool)
                     broadcast(item, self._values.pop(id(item)), self._tracer,
-                              maybe_in_place=self._landed)
+                              landed_in=self._into)
             except Exception as exc:
                 error = _handling_failed(exc)
         done(error, items)

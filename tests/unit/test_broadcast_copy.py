@@ -5,6 +5,7 @@ import types
 import numpy as np
 import pytest
 
+from kvstore_byteps.engine import routes
 from kvstore_byteps.engine.routes import broadcast
 from kvstore_byteps.engine.trace import Tracer
 from kvstore_byteps.errors import PeerError
@@ -43,13 +44,25 @@ def test_broadcast_copies_the_partition_into_every_output():
         assert bytes(out) == b"\0" * 4 + b"wxyz" + b"\0" * 4
 
 
-def test_broadcast_with_a_landed_answer_fills_the_other_outputs():
+def test_broadcast_with_a_landed_answer_fills_only_the_other_outputs(monkeypatch):
+    copied = []
+    monkeypatch.setattr(routes, "copy_bytes",
+                        lambda target, source: copied.append(target) or copy_bytes(target, source))
     landed = np.zeros(8, np.uint8)
-    landed[2:6] = np.frombuffer(b"sums", np.uint8)
+    into = landed[2:6]                        # where the van was asked to land it
+    into[:] = np.frombuffer(b"sums", np.uint8)
     other = np.zeros(8, np.uint8)
-    answer = memoryview(landed[2:6])          # the van received it there
-    broadcast(_item([landed, other], 2, 4), answer, Tracer(), maybe_in_place=True)
+    answer = memoryview(into).cast("B")[0:4]  # the van received it there
+    broadcast(_item([landed, other], 2, 4), answer, Tracer(), landed_in=into)
     assert bytes(other[2:6]) == b"sums" and bytes(landed[2:6]) == b"sums"
+    assert len(copied) == 1 and copied[0].base is other
+
+
+def test_broadcast_copies_into_the_landing_output_an_answer_that_came_elsewhere():
+    landed, other = np.zeros(8, np.uint8), np.zeros(8, np.uint8)
+    broadcast(_item([landed, other], 2, 4), memoryview(bytearray(b"sums")), Tracer(),
+              landed_in=landed[2:6])
+    assert bytes(landed[2:6]) == b"sums" and bytes(other[2:6]) == b"sums"
 
 
 def test_broadcast_refuses_an_answer_of_the_wrong_size():
