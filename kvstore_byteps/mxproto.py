@@ -14,6 +14,7 @@ Used by the worker (``engine``) and the server alike; the transport (``van``) kn
 """
 import dataclasses
 import enum
+import functools
 import math
 from typing import Tuple
 
@@ -139,6 +140,7 @@ def encode_cmd(request_type: RequestType, dtype) -> int:
     return cantor_pair(int(request_type), int(mshadow_code(dtype)))
 
 
+@functools.lru_cache(maxsize=256)     # a job uses a handful of heads, every request one of them
 def decode_cmd(head: int) -> Cmd:
     """Decode a request head as a server does: ProtocolError for an unknown request type or a
     dtype outside :data:`SERVER_DTYPES`."""

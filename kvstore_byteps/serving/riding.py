@@ -5,10 +5,10 @@ Our ``dist_byteps`` worker sends a round's pull of a partition inside the push o
 acknowledges the push at once, as any push, and answers the pull under its own timestamp as
 if it had been sent right after the push.
 """
-import dataclasses
 from typing import Optional
 
 from ..van.kv.app import KVPairs, KVRequest
+from ..van.wire.message import Meta
 
 __all__ = ["why_no_riding_pull", "attached_pull"]
 
@@ -29,6 +29,11 @@ def attached_pull(req) -> Optional[KVRequest]:
     timestamp = (req.meta.extra or {}).get("pull_timestamp")
     if timestamp is None:
         return None
-    meta = dataclasses.replace(req.meta, timestamp=int(timestamp), push=False, pull=True,
-                               data_type=[], extra=None)
+    push = req.meta
+    # (not dataclasses.replace: it costs several times this, on every push)
+    meta = Meta(head=push.head, app_id=push.app_id, customer_id=push.customer_id,
+                timestamp=int(timestamp), sender=push.sender, recver=push.recver,
+                request=push.request, push=False, pull=True, simple_app=push.simple_app,
+                body=push.body, data_type=[], priority=push.priority, control=push.control,
+                extra=None)
     return KVRequest(meta, KVPairs(req.keys, memoryview(b""), None))
