@@ -117,7 +117,7 @@ class Request:
         #: server is restarted)
         self.messages: Dict[int, Message] = {}
         #: a pull asked to land its answer in the caller's array (``into``), and the van can:
-        #: the answer's bytes may already be there (compare addresses before copying)
+        #: the answer's bytes may already be there (see routes.broadcast before copying)
         self.landed = False
 
     @property
@@ -221,7 +221,6 @@ class _Described:
     def __str__(self) -> str:
         keys = self.keys
         return "%s of %d key(s) [%d..]" % (self.op, len(keys), int(keys[0]) if len(keys) else -1)
-
 
 
 def _server_ids(slices) -> List[int]:
