@@ -6,5 +6,5 @@ _compiled.honour_environment()     # before any compiled module is imported
 from .errors import TrainingOver  # noqa: E402
 from .training import finish_training  # noqa: E402
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["TrainingOver", "finish_training"]
