@@ -29,11 +29,9 @@ def attached_pull(req) -> Optional[KVRequest]:
     timestamp = (req.meta.extra or {}).get("pull_timestamp")
     if timestamp is None:
         return None
-    push = req.meta
-    # (not dataclasses.replace: it costs several times this, on every push)
-    meta = Meta(head=push.head, app_id=push.app_id, customer_id=push.customer_id,
-                timestamp=int(timestamp), sender=push.sender, recver=push.recver,
-                request=push.request, push=False, pull=True, simple_app=push.simple_app,
-                body=push.body, data_type=[], priority=push.priority, control=push.control,
-                extra=None)
+    # the push's meta, copied with these changes (as dataclasses.replace would, at a third of
+    # its cost on every push; every field of Meta is copied, whatever fields it gains)
+    meta = Meta.__new__(Meta)
+    meta.__dict__.update(req.meta.__dict__, timestamp=int(timestamp), push=False, pull=True,
+                         data_type=[], extra=None)
     return KVRequest(meta, KVPairs(req.keys, memoryview(b""), None))
