@@ -42,3 +42,35 @@ def test_a_worker_with_a_bad_variable_says_so_in_one_line(spawn):
     assert "Traceback" not in out, out
     said = lines_with(out, "configuration error: BYTEPS_LOG_LEVEL='loud' is invalid")
     assert 1 <= len(said) <= 2 and all(line.startswith("[worker ") for line in said), out
+
+
+#: a worker of an older install: its byteps_tcp hello says version 2
+OLDER_WORKER = [sys.executable, "-c",
+                "import kvstore_byteps.van.tcp.frame as f; f.VERSION = 2; "
+                "import mxnet as mx; mx.kv.create('dist_byteps')"]
+
+
+def test_nodes_started_one_by_one_stop_at_once_when_the_scheduler_cannot_reach_one(tmp_path):
+    """As bpslaunch starts a job (every node on its own, no launcher to stop the rest): the
+    scheduler cannot talk byteps_tcp to a node of another version, and every node stops
+    within seconds naming it, not after BYTEPS_START_TIMEOUT with "the scheduler did not
+    answer"."""
+    import time
+    from tests.support.cluster import SCHEDULER_OURS, SERVER_OURS, Cluster
+    with Cluster(num_workers=2, num_servers=1, env={"BYTEPS_START_TIMEOUT": "60"}) as cluster:
+        started = time.monotonic()
+        cluster.start("scheduler", SCHEDULER_OURS)
+        cluster.start("server", SERVER_OURS)
+        cluster.start("worker", CREATE_STORE)
+        cluster.start("worker", OLDER_WORKER)
+        results = cluster.wait_all(timeout=50)
+        took = time.monotonic() - started
+    assert took < 30, "the nodes took %.0f s to stop" % took
+    assert all(code != 0 for code, _ in results.values()), results
+    why = "speaks byteps_tcp version 2, this node version 3"
+    assert why in results["scheduler0"][1], results["scheduler0"][1]
+    for name in ("server0", "worker0", "worker1"):
+        out = results[name][1]
+        assert "the job cannot start: the scheduler could not connect to worker" in out, out
+        assert why in out, out
+        assert "did not answer" not in out, out

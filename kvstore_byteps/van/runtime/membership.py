@@ -408,11 +408,24 @@ class SchedulerMembership:
         for node_id in group_members(WORKER_GROUP | SERVER_GROUP, self.num_workers,
                                      self.num_servers):
             if node_id not in self.dead:
-                notice = control_message(ControlCommand.HEARTBEAT, node_id, self.clock.tick(),
-                                         nodes=[self.my_node])
-                notice.meta.extra = {"abort": str(error)}
-                actions.append(Send(notice))
+                actions.append(Send(self._abort_notice(node_id, str(error))))
         return actions + [Refused(str(error))]
+
+    def _abort_notice(self, node_id: int, why: str) -> Message:
+        """The notice that ends node ``node_id``'s part in the job with ``why``."""
+        notice = control_message(ControlCommand.HEARTBEAT, node_id, self.clock.tick(),
+                                 nodes=[self.my_node])
+        notice.meta.extra = {"abort": why}
+        return notice
+
+    def start_failed(self, node: Node, reason: str) -> List[Tuple[Node, Message]]:
+        """The cluster was about to form but ``node`` could not be reached (``reason``): for
+        each node that registered, the notice that ends its start with the reason, so that
+        it stops now instead of waiting out BYTEPS_START_TIMEOUT for a node list that never
+        comes (asked only while the cluster forms)."""
+        why = ("the job cannot start: the scheduler could not connect to %s: %s"
+               % (node.describe_rank(), reason))
+        return [(other, self._abort_notice(other.id, why)) for other in self.nodes]
 
     def _on_heartbeat(self, msg: Message, now: float) -> List:
         replies = []

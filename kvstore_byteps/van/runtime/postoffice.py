@@ -16,7 +16,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ...config import Config, Role
-from ...errors import ConfigError, DeadlineError, PeerError, ProtocolError
+from ...errors import ConfigError, DeadlineError, KVStoreBytePSError, PeerError, ProtocolError
 from ...logs import PeerLog
 from .customer import HandlerThread, InlineHandler, MixedHandler
 from .membership import (Connect, Fail, NodeDead, NodeMembership, NodeRecovered, Ready, Refused,
@@ -34,6 +34,8 @@ from .resend import Resender
 log = logging.getLogger(__name__)
 
 _TICK_SECONDS = 0.05
+#: how long a scheduler that cannot form the cluster waits for its notices to leave
+_ABORT_LINGER_S = 0.5
 #: ticks come at most this often (the van may call more often)
 _TICK_STEP_SECONDS = 0.01
 _STOP_SECONDS = 10.0
@@ -263,8 +265,35 @@ class Postoffice:
         return keep_running
 
     def _connect(self, action: Connect, peer) -> bool:
-        self.van.connect(action.node, None if action.anonymous else self.membership.my_node.id)
+        try:
+            self.van.connect(action.node, None if action.anonymous else self.membership.my_node.id)
+        except KVStoreBytePSError as exc:    # (ends this node: raised on)
+            self._abort_start(action.node, exc)
+            raise
         return True
+
+    def _abort_start(self, node: Node, error: Exception) -> None:
+        """The scheduler cannot reach ``node`` as the cluster forms (its byteps_tcp hello
+        refused: another version, van or key; an address that does not answer) and stops with
+        ``error``: it first tells every node that registered why (best effort), so that they
+        stop now too instead of waiting out BYTEPS_START_TIMEOUT for a node list that never
+        comes. Nothing is done on other nodes, or once the cluster formed."""
+        start_failed = getattr(self.membership, "start_failed", None)
+        if start_failed is None or self._ready.is_set():
+            return
+        my_id = self.membership.my_node.id
+        notices = start_failed(node, str(error))
+        for other, notice in notices:
+            try:
+                if other.id != node.id:     # (``node`` is reached over ZeroMQ if at all)
+                    self.van.connect(other, my_id)
+                notice.meta.sender = my_id
+                self._transmit(notice)
+            except Exception as exc:     # the others still get theirs
+                log.debug("could not tell %s that the job cannot start: %s",
+                          other.describe_rank(), exc)
+        if notices:     # ZeroMQ drops what it has not sent when the van closes (byteps_tcp's
+            time.sleep(_ABORT_LINGER_S)     # sockets send theirs out after close)
 
     def _send(self, action: Send, peer) -> bool:
         try:

@@ -1,0 +1,81 @@
+"""A scheduler that cannot reach a node as the cluster forms tells the nodes that registered
+why, and they stop at once instead of waiting out BYTEPS_START_TIMEOUT (in-memory van: no
+sockets)."""
+import time
+
+import pytest
+
+from kvstore_byteps.config import Config, Role
+from kvstore_byteps.errors import JobAbortedError, ProtocolError
+from kvstore_byteps.van.loopback.van import LoopbackNetwork, LoopbackVan
+from kvstore_byteps.van.runtime.membership import (Connect, Send, SchedulerMembership,
+                                                  control_message)
+from kvstore_byteps.van.runtime.postoffice import Postoffice
+from kvstore_byteps.van.wire.message import K_EMPTY, SCHEDULER_ID, ControlCommand, Node
+from tests.support.kv_nodes import start_all
+
+pytestmark = pytest.mark.timeout(60)
+ROOT_PORT = 9100
+START_TIMEOUT = 30.0
+WHY = "speaks byteps_tcp version 2, this node version 3"
+
+
+class RefusingVan(LoopbackVan):
+    """The scheduler's van: connecting to the node at ``refused_port`` fails as a byteps_tcp
+    hello of another version does (after the ZeroMQ side was connected)."""
+
+    refused_port = None
+
+    def connect(self, node, my_id):
+        super().connect(node, my_id)
+        if node.port == self.refused_port:
+            raise ProtocolError("%s at %s %s" % (node.role.name.lower(), node.address, WHY))
+
+
+def test_every_registered_node_stops_at_once_naming_the_node_the_scheduler_could_not_reach():
+    network = LoopbackNetwork()
+    roles = [Role.SCHEDULER, Role.SERVER, Role.WORKER, Role.WORKER]
+    nodes = []
+    for index, role in enumerate(roles):
+        cfg = Config(role=role, num_workers=2, num_servers=1, root_uri="127.0.0.1",
+                     root_port=ROOT_PORT, node_host="127.0.0.1", port=ROOT_PORT + 1 + index,
+                     start_timeout=START_TIMEOUT, request_timeout=10.0)
+        van = RefusingVan(network) if role is Role.SCHEDULER else LoopbackVan(network)
+        nodes.append(Postoffice(cfg, van=van))
+    RefusingVan.refused_port = ROOT_PORT + 4          # the second worker
+    started = time.monotonic()
+    results = start_all(nodes, join=START_TIMEOUT + 5)
+    took = time.monotonic() - started
+    try:
+        assert took < START_TIMEOUT / 3, "the nodes waited %.1f s" % took
+        assert isinstance(results[0], ProtocolError) and WHY in str(results[0]), results
+        for result in results[1:]:       # the worker it could not reach too (over "ZeroMQ")
+            assert isinstance(result, JobAbortedError), results
+            assert "the job cannot start: the scheduler could not connect to worker" in str(result)
+            assert WHY in str(result)
+    finally:
+        for po in nodes:
+            po.stop()
+
+
+def test_the_notices_go_to_every_registered_node_from_the_scheduler():
+    scheduler = Node(Role.SCHEDULER, SCHEDULER_ID, "127.0.0.1", ROOT_PORT)
+    membership = SchedulerMembership(scheduler, num_workers=1, num_servers=1,
+                                     start_deadline=60.0)
+    assert membership.start_failed(scheduler, "nothing registered") == []
+    for port, role in ((9201, Role.SERVER), (9202, Role.WORKER)):
+        add_node = control_message(ControlCommand.ADD_NODE, SCHEDULER_ID,
+                                   nodes=[Node(role, K_EMPTY, "127.0.0.1", port)])
+        actions = membership.handle(add_node, 0.0)
+    connects = [a.node for a in actions if isinstance(a, Connect)]
+    assert sorted(n.port for n in connects) == [9201, 9202]
+    notices = membership.start_failed(connects[0], "it hung up")
+    assert sorted(node.id for node, _ in notices) == sorted(n.id for n in connects)
+    for node, notice in notices:
+        assert notice.meta.recver == node.id
+        assert notice.meta.control.cmd == ControlCommand.HEARTBEAT
+        assert notice.meta.extra["abort"] == (
+            "the job cannot start: the scheduler could not connect to %s: it hung up"
+            % connects[0].describe_rank())
+    # forming the cluster itself sends no such notice
+    assert not any(isinstance(a, Send) and a.message.meta.extra for a in actions)
