@@ -24,12 +24,15 @@ class RefusingVan(LoopbackVan):
     """The scheduler's van: connecting to the node at ``refused_port`` fails as a byteps_tcp
     hello of another version does (after the ZeroMQ side was connected)."""
 
-    refused_port = None
+    def __init__(self, network, refused_port):
+        super().__init__(network)
+        self.refused_port = refused_port
 
     def connect(self, node, my_id):
         super().connect(node, my_id)
         if node.port == self.refused_port:
-            raise ProtocolError("%s at %s %s" % (node.role.name.lower(), node.address, WHY))
+            raise ProtocolError("%s %d at %s %s" % (node.role.name.lower(), node.id,
+                                                    node.address, WHY))
 
 
 def test_every_registered_node_stops_at_once_naming_the_node_the_scheduler_could_not_reach():
@@ -40,9 +43,9 @@ def test_every_registered_node_stops_at_once_naming_the_node_the_scheduler_could
         cfg = Config(role=role, num_workers=2, num_servers=1, root_uri="127.0.0.1",
                      root_port=ROOT_PORT, node_host="127.0.0.1", port=ROOT_PORT + 1 + index,
                      start_timeout=START_TIMEOUT, request_timeout=10.0)
-        van = RefusingVan(network) if role is Role.SCHEDULER else LoopbackVan(network)
+        van = (RefusingVan(network, refused_port=ROOT_PORT + 4)     # the second worker
+               if role is Role.SCHEDULER else LoopbackVan(network))
         nodes.append(Postoffice(cfg, van=van))
-    RefusingVan.refused_port = ROOT_PORT + 4          # the second worker
     started = time.monotonic()
     results = start_all(nodes, join=START_TIMEOUT + 5)
     took = time.monotonic() - started
@@ -51,8 +54,9 @@ def test_every_registered_node_stops_at_once_naming_the_node_the_scheduler_could
         assert isinstance(results[0], ProtocolError) and WHY in str(results[0]), results
         for result in results[1:]:       # the worker it could not reach too (over "ZeroMQ")
             assert isinstance(result, JobAbortedError), results
-            assert "the job cannot start: the scheduler could not connect to worker" in str(result)
-            assert WHY in str(result)
+            assert ("the job cannot start: the scheduler could not connect to worker rank 1: "
+                    "worker 11 at 127.0.0.1:%d speaks byteps_tcp version 2, the scheduler version "
+                    "3" % (ROOT_PORT + 4)) in str(result), result
     finally:
         for po in nodes:
             po.stop()
@@ -69,13 +73,15 @@ def test_the_notices_go_to_every_registered_node_from_the_scheduler():
         actions = membership.handle(add_node, 0.0)
     connects = [a.node for a in actions if isinstance(a, Connect)]
     assert sorted(n.port for n in connects) == [9201, 9202]
-    notices = membership.start_failed(connects[0], "it hung up")
+    server = next(n for n in connects if n.role is Role.SERVER)
+    notices = membership.start_failed(server, "it speaks version 2, this node version 3")
     assert sorted(node.id for node, _ in notices) == sorted(n.id for n in connects)
     for node, notice in notices:
         assert notice.meta.recver == node.id
         assert notice.meta.control.cmd == ControlCommand.HEARTBEAT
+        # the reason is the scheduler's: on the other nodes its "this node" is the scheduler
         assert notice.meta.extra["abort"] == (
-            "the job cannot start: the scheduler could not connect to %s: it hung up"
-            % connects[0].describe_rank())
+            "the job cannot start: the scheduler could not connect to server rank 0: it "
+            "speaks version 2, the scheduler version 3")
     # forming the cluster itself sends no such notice
     assert not any(isinstance(a, Send) and a.message.meta.extra for a in actions)

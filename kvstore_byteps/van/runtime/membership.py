@@ -38,7 +38,7 @@ from ...config import Role
 from ...errors import ClusterStartError, JobAbortedError
 from ..wire.message import (ALL_GROUP, K_EMPTY, SCHEDULER_GROUP, SCHEDULER_ID, SERVER_GROUP,
                       WORKER_GROUP, ControlCommand, Control, Message, Meta, Node,
-                      role_of_id, server_rank_to_id, worker_rank_to_id)
+                      id_to_rank, role_of_id, server_rank_to_id, worker_rank_to_id)
 
 
 #: how long the scheduler stays up after passing on a node's reason to end the job
@@ -423,8 +423,11 @@ class SchedulerMembership:
         each node that registered, the notice that ends its start with the reason, so that
         it stops now instead of waiting out BYTEPS_START_TIMEOUT for a node list that never
         comes (asked only while the cluster forms)."""
-        why = ("the job cannot start: the scheduler could not connect to %s: %s"
-               % (node.describe_rank(), reason))
+        # (the reason is the scheduler's own words: its "this node" is the scheduler, and it
+        # names the node and the address it failed at)
+        why = ("the job cannot start: the scheduler could not connect to %s rank %d: %s"
+               % (node.role.name.lower(), id_to_rank(node.id),
+                  reason.replace("this node", "the scheduler")))
         return [(other, self._abort_notice(other.id, why)) for other in self.nodes]
 
     def _on_heartbeat(self, msg: Message, now: float) -> List:

@@ -34,7 +34,9 @@ from .resend import Resender
 log = logging.getLogger(__name__)
 
 _TICK_SECONDS = 0.05
-#: how long a scheduler that cannot form the cluster waits for its notices to leave
+#: a scheduler that cannot form the cluster: how long it tries to reach the other nodes (a
+#: connect already under way still runs to its end), and then waits for its notices to leave
+_ABORT_NOTICE_S = 5.0
 _ABORT_LINGER_S = 0.5
 #: ticks come at most this often (the van may call more often)
 _TICK_STEP_SECONDS = 0.01
@@ -283,7 +285,12 @@ class Postoffice:
             return
         my_id = self.membership.my_node.id
         notices = start_failed(node, str(error))
+        deadline = time.monotonic() + _ABORT_NOTICE_S
         for other, notice in notices:
+            if time.monotonic() > deadline:      # (one that does not answer took it all)
+                log.debug("no time left to tell %s that the job cannot start",
+                          other.describe_rank())
+                continue
             try:
                 if other.id != node.id:     # (``node`` is reached over ZeroMQ if at all)
                     self.van.connect(other, my_id)
