@@ -364,11 +364,12 @@ def link_bound_s(nbytes: int, workers: int, servers: int, rate: float) -> float:
 
 def table(rows, quick: bool = False, rate: Optional[float] = None,
           gloo: Optional[Dict[Tuple[str, int], Run]] = None) -> str:
-    """Markdown table of (case, workers, servers, bytes, upstream Run, byteps Run) rows; with
+    """Markdown table of (case, workers, servers, bytes, upstream Run, byteps Run) rows, with a
+    worker's CPU per iteration on each side; with
     a measured link ``rate`` (bytes/s) also the link bound and each side's fraction of it; with
     ``gloo`` runs (keyed by case name and workers) the all-reduce anchor and our ratio to it."""
     head = ["case", "MB", "workers", "servers", "upstream ms/iter", "byteps ms/iter", "ratio",
-            "upstream GB/s", "byteps GB/s"]
+            "upstream GB/s", "byteps GB/s", "worker CPU ms/iter: upstream; byteps"]
     if gloo:
         head += ["gloo all_reduce ms/iter", "vs gloo"]
     if rate:
@@ -377,8 +378,10 @@ def table(rows, quick: bool = False, rate: Optional[float] = None,
     for case, w, s, nbytes, up, ours in rows:
         r = ratio(up, ours)
         speed = ["%.2f" % (nbytes / x.median_s / 1e9) if x.median_s else "-" for x in (up, ours)]
+        cpu = "; ".join("-" if x.worker_cpu_s is None else "%.1f" % (x.worker_cpu_s * 1e3)
+                        for x in (up, ours))
         cells = [case.title(quick), "%.1f" % (nbytes / 1e6), str(w), str(s), fmt_ms(up),
-                 fmt_ms(ours), "-" if r is None else "%.2fx" % r] + speed
+                 fmt_ms(ours), "-" if r is None else "%.2fx" % r] + speed + [cpu]
         if gloo:
             anchor = gloo.get((case.name, w))
             vs = ratio(anchor, ours) if anchor is not None else None

@@ -50,3 +50,15 @@ def test_a_run_without_the_bench_extra_says_what_to_install(bench, without_bench
     with pytest.raises(SystemExit) as exc:
         bench.main(["--quick"])
     assert "needs tqdm and matplotlib: pip install -e '.[bench]'" in str(exc.value.code)
+
+
+def test_the_printed_table_gives_each_sides_worker_cpu_per_iteration(bench):
+    case = next(iter(bench.CASES.values()))
+    up = bench.Run("dist_sync", "mxnet", median_s=0.2, worker_cpu_s=0.1071)
+    ours = bench.Run("dist_byteps", "byteps", median_s=0.1, worker_cpu_s=0.0884)
+    unmeasured = bench.Run("dist_byteps", "byteps", median_s=0.1)
+    lines = bench.table([(case, 2, 2, 10 ** 8, up, ours), (case, 2, 2, 10 ** 8, up, unmeasured)])
+    head, _, first, second = lines.splitlines()
+    assert head.split(" | ")[-1] == "worker CPU ms/iter: upstream; byteps |"
+    assert first.endswith("| 107.1; 88.4 |") and "| 2.00x |" in first
+    assert second.endswith("| 107.1; - |")
