@@ -482,6 +482,11 @@ class NodeMembership:
                                   nodes=[self.my_node])
         return [Connect(self.scheduler, anonymous=True), Send(request)]
 
+    def start_failed(self, node: Node, reason: str) -> List[Tuple[Node, Message]]:
+        """A node that cannot reach a peer has nobody to tell (only the scheduler forms the
+        cluster): no notices."""
+        return []
+
     def handle(self, msg: Message, now: float) -> List:
         cmd = msg.meta.control.cmd
         if cmd == ControlCommand.ADD_NODE:

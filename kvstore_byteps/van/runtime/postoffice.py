@@ -279,12 +279,12 @@ class Postoffice:
         refused: another version, van or key; an address that does not answer) and stops with
         ``error``: it first tells every node that registered why (best effort), so that they
         stop now too instead of waiting out BYTEPS_START_TIMEOUT for a node list that never
-        comes. Nothing is done on other nodes, or once the cluster formed."""
-        start_failed = getattr(self.membership, "start_failed", None)
-        if start_failed is None or self._ready.is_set():
+        comes (the membership has notices only on the scheduler). Nothing is done once the
+        cluster formed."""
+        if self._ready.is_set():
             return
         my_id = self.membership.my_node.id
-        notices = start_failed(node, str(error))
+        notices = self.membership.start_failed(node, str(error))
         deadline = time.monotonic() + _ABORT_NOTICE_S
         for other, notice in notices:
             if time.monotonic() > deadline:      # (one that does not answer took it all)
