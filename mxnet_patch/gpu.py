@@ -61,7 +61,7 @@ class GpuPushPull:
                     buffer = self._staging[key] = cupy.empty_like(like)
             return buffer
 
-    def run(self, key, values, outs, priority, done, fused=False):
+    def run(self, key, values, outs, priority, done, ticket=None):
         """Start the pushpull of GPU ``values`` into GPU ``outs``; ``done(error)`` at the end."""
         device_ids = tuple(v.context.device_id for v in values)
         if tuple(o.context.device_id for o in outs) != device_ids:
@@ -85,4 +85,4 @@ class GpuPushPull:
                 except Exception as exc:  # reaches the reader of the outputs
                     error = exc
             done(error)
-        self.engine.pushpull(key, [host], [host], priority, on_done=finish, fused=fused)
+        self.engine.pushpull(key, [host], [host], priority, on_done=finish, ticket=ticket)

@@ -109,23 +109,23 @@ class _PushPull:
     cyclic garbage collector tracks, and with thousands of keys in flight it ran as much as the
     rest of the worker (benchmarks/bench_cost.py)."""
 
-    __slots__ = ("store", "ikey", "values", "outs", "arrays", "priority", "on_gpu", "fused")
+    __slots__ = ("store", "ikey", "values", "outs", "arrays", "priority", "on_gpu", "ticket")
 
-    def __init__(self, store, ikey, values, outs, arrays, priority, on_gpu, fused):
+    def __init__(self, store, ikey, values, outs, arrays, priority, on_gpu, ticket):
         self.store, self.ikey, self.values, self.outs = store, ikey, values, outs
         self.arrays, self.priority, self.on_gpu = arrays, priority, on_gpu
-        self.fused = fused      # travels in its gradient bucket (decided when it was called)
+        self.ticket = ticket    # its gradient bucket's round, if any (decided when called)
 
     def __call__(self, done) -> None:
         store = self.store
         if self.on_gpu:
             store._gpu().run(self.ikey, self.values, self.outs, self.priority, done,
-                             fused=self.fused)
+                             ticket=self.ticket)
             return
         views = store._views.host_views(self.ikey, self.arrays)
         n = len(self.values)
         store._engine.pushpull(self.ikey, views[:n], views[n:], self.priority, on_done=done,
-                               fused=self.fused)
+                               ticket=self.ticket)
 
 
 class _ViewCache(dict):
@@ -231,7 +231,8 @@ class KVStoreBytePS(KVStoreBase):
         if config.keep_freed_memory:
             from kvstore_byteps.memory import keep_freed_memory
             keep_freed_memory()
-        self._engine = WorkerEngine(config).start()
+        from mxnet_patch.waits import blocked
+        self._engine = WorkerEngine(config, waiting=blocked).start()
         make_current(self._engine)     # mx.profiler's server commands go through this store
         self._str_keys = {}
         self._key_kind = None
@@ -379,12 +380,12 @@ class KVStoreBytePS(KVStoreBase):
     def _submit(self, ikey, values, outs, priority, fusable=True):
         """Push the engine operation of one pushpull of ``ikey``; ``fusable``: it may travel in
         the key's gradient bucket (a pushpull; a lone push does not)."""
-        fused = self._engine.use(ikey, fusable)   # in the program's order (gradient buckets)
+        ticket = self._engine.use(ikey, fusable)   # in the program's order (gradient buckets)
         call = self._calls.get(ikey)
         if call is None or not call.made_for(values, outs):
             call = self._calls[ikey] = _KeyCall(ikey, values, outs)
         _engine_ops().push_prepared(
-            _PushPull(self, ikey, values, outs, call.arrays, priority, call.on_gpu, fused),
+            _PushPull(self, ikey, values, outs, call.arrays, priority, call.on_gpu, ticket),
             call.operands, priority)
 
     def _gpu(self):

@@ -6,6 +6,16 @@ many small tensors that, not the bytes, is the cost (benchmarks/bench_cost.py). 
 tensors into one buffer before its all-reduce, PyTorch's DDP reduces gradients in buckets;
 here a bucket is one server key that its members' gradients travel in together.
 
+The rule every decision below keeps: **whether a round travels in its bucket is the same on
+every worker**. A worker that sends a round in the bucket while another sends the same round
+key by key waits at the servers for pushes that never come. So a decision is made either from
+the program's order of calls (the same on every worker: the same program) or once, by rank 0,
+and read by every worker from the servers (:meth:`Bucket.digest`); never from a clock or
+from how fast one worker's gradients or answers come. (Dissolving a bucket when its calls
+stopped for a second did that: a worker whose backward was slower between two members, by
+a few hundred milliseconds of a loaded host, sent a round key by key while the others sent it
+in the bucket, and every worker waited for the others' pushes until BYTEPS_REQUEST_TIMEOUT.)
+
 Which keys (:class:`BucketPlan`): a key declared by ``init`` (every worker declares its keys in
 the same order, paired by a barrier) of fewer bytes than the capacity (``BYTEPS_FUSION_BYTES``)
 joins the open bucket if it has the bucket's dtype and fits; otherwise it opens the next one.
@@ -15,23 +25,24 @@ BytePS's and Horovod's per-tensor calls do) fuses nothing. Then the bucket *lear
 round of calls: its keys go alone, and the keys whose pushpull is called before any of them is
 called again are the bucket's members from then on (gluon's Trainer declares every parameter,
 BatchNorm's running statistics and frozen layers too, but pushes only the ones with
-gradients). A bucket of one member is no bucket: that key goes alone. Every worker makes the
-same buckets from the same declarations and calls; :meth:`Bucket.digest` lets them check it.
+gradients). A bucket of one member is no bucket: that key goes alone.
 
-Rounds (:class:`Bucket`): each member's pushpull copies its gradient into the round's send
+Programs that read a key's result before pushing the next (a test of sums, one key at a time)
+would wait forever in a bucket for the members they have not called yet. While a bucket
+learns, its keys go alone, so such a program reads each member's result before it calls the
+next member: rank 0 watches for that (:meth:`Bucket.read`: a member's result came while the
+program waited for an array and before another member was called) and decides, for every
+worker, that the bucket's keys go alone. Rounds of calls (:meth:`Bucket.called`) are counted
+from the bucket's forming, in the program's order; a member called again before the others
+were (the program reads between keys only now) dissolves the bucket from that round of calls
+on, on every worker alike: the rounds called before it still travel in the bucket.
+
+Rounds (:class:`Bucket`): each member's pushpull copies its gradient into its round's send
 buffer at its offset; the member that completes the round sends the bucket, with the highest
 priority of its members; the answer is copied out member by member. Buffers are reused across
-rounds. A round that misses a member past the deadline is failed, naming the missing keys.
-
-Calls: gluon's Trainer and Module call pushpull for every key of a step in one loop, so a
-bucket's members are all *called* within milliseconds, however late their gradients are ready.
-A program that reads a key's result before calling the next key's pushpull (a test of sums,
-one key at a time) calls a member again before the others, or stops calling while it waits:
-then the bucket is *dissolved* and its keys go alone from then on. Both signs come from the
-program's order of calls, which is the same on every worker, so every worker dissolves the
-same buckets.
+rounds. A round that misses a member past the deadline is failed, naming the missing keys and
+whether their pushpull was called.
 """
-import collections
 import dataclasses
 import hashlib
 from typing import Callable, Dict, List, Optional, Tuple
@@ -66,15 +77,16 @@ class Slot:
 class BucketRound:
     """One round of a bucket: which members arrived, with what to do when it is answered."""
 
-    __slots__ = ("slot", "arrivals", "missing", "priority", "opened")
+    __slots__ = ("slot", "arrivals", "missing", "priority", "opened", "index")
 
-    def __init__(self, slot: Slot, members: int, opened: float):
+    def __init__(self, slot: Slot, members: int, opened: float, index: int):
         self.slot = slot
         #: per member: what its pushpull passed (outputs, on_done), None until it arrived
         self.arrivals: List[Optional[tuple]] = [None] * members
         self.missing = members
         self.priority: Optional[int] = None
         self.opened = opened
+        self.index = index      # its round of calls (Bucket.called), the same on every worker
 
 
 class Bucket:
@@ -89,16 +101,20 @@ class Bucket:
         self.nbytes = 0
         self.sealed = False
         self._learnt: Optional[List[int]] = None     # keys called in the first round of calls
-        self.dissolved = False      # its keys go alone (see the module's docstring)
+        self._read: List[int] = []      # learning: members whose result the program waited for
+        self.reads_between = False      # formed: the program read a member before the next
+        self.dissolved = False      # its keys go alone (see the module's docstring) ...
+        self.dissolved_from = 0     # ... from this round of calls on
         self.layout = None          # its wire layout, set by the engine when it is sealed
         self.failure: Optional[BaseException] = None
         self.lock = None            # the engine's lock for this bucket
         self._allocate = allocate
-        self._rounds: "collections.deque[BucketRound]" = collections.deque()
+        self._rounds: List[BucketRound] = []     # open rounds, by index
         self._free: List[Slot] = []
         self._called: List[bool] = []     # per member: called in the current round of calls
         self._calls = 0
-        self._calls_began = 0.0
+        self.calls_round = 0        # rounds of calls completed since the bucket was formed
+        self._sent = 0              # rounds sent (or failed) so far: the next to send
 
     @property
     def fused(self) -> bool:
@@ -123,9 +139,20 @@ class Bucket:
         self._learnt.append(key)
         return False
 
+    def read(self, key: int) -> None:
+        """While learning: ``key``'s (lone) result came while the program waited for an array.
+        It counts as a read between keys if no member was called since ``key`` and another is
+        called after it (:meth:`form` drops the round's last call: a program waits for its
+        step's results after its last pushpull, gluon's ``loss.asnumpy()`` among them)."""
+        learnt = self._learnt
+        if learnt and learnt[-1] == key:
+            self._read.append(key)
+
     def form(self) -> None:
         """The members are the keys called in the first round of calls, in declared order."""
+        last = self._learnt[-1]
         called, self._learnt = set(self._learnt), None
+        self.reads_between = any(key != last for key in self._read)
         kept, offset = [], 0
         for member in self.members:
             if member.key in called:
@@ -149,73 +176,93 @@ class Bucket:
         return "bucket %d (keys %s, %s, %d bytes)" % (self.number, shown, self.dtype,
                                                      self.nbytes)
 
-    def digest(self) -> bytes:
-        """A hash of the layout: members' keys and sizes in order, and the dtype."""
-        text = "%s:%s" % (self.dtype.str, ",".join("%d/%d" % (m.key, m.nbytes)
-                                                   for m in self.members))
+    def digest(self, fuse: bool = True) -> bytes:
+        """A hash of the layout (members' keys and sizes in order, and the dtype) and of rank
+        0's decision: ``fuse``, or its keys go alone (the program reads between keys)."""
+        text = "%s:%s%s" % (self.dtype.str, ",".join("%d/%d" % (m.key, m.nbytes)
+                                                     for m in self.members),
+                            "" if fuse else ":alone")
         return hashlib.blake2b(text.encode("ascii"), digest_size=8).digest()
 
     # -- rounds -------------------------------------------------------------------------------
-    def arrive(self, key: int, arrival: tuple, priority: int,
-               now: float) -> Tuple[BucketRound, bool]:
-        """``key``'s pushpull of its earliest round it has not pushed in yet (opening a round
-        if none): ``(round, complete)``. A complete round leaves the bucket: send it.
-        ``arrival`` is the caller's (kept in the round's ``arrivals``)."""
-        index = self.position[key]
-        for open_round in self._rounds:
-            if open_round.arrivals[index] is None:
-                break
-        else:
-            open_round = BucketRound(self._take_slot(), len(self.members), now)
-            self._rounds.append(open_round)
-        open_round.arrivals[index] = arrival
+    def arrive(self, key: int, index: int, arrival: tuple, priority: int,
+               now: float) -> Tuple[BucketRound, List[BucketRound]]:
+        """``key``'s pushpull of round of calls ``index`` (opening the round if needed):
+        ``(its round, the rounds to send now)``. ``arrival`` is the caller's (kept in the
+        round's ``arrivals``). A complete round leaves the bucket once every earlier round
+        has: rounds are sent in order (the servers pair a key's pushes by their order)."""
+        position = self.position[key]
+        open_round = self._round(index, now)
+        assert open_round.arrivals[position] is None, "a member arrives once a round"
+        open_round.arrivals[position] = arrival
         open_round.missing -= 1
         if open_round.priority is None or priority > open_round.priority:
             open_round.priority = priority
-        complete = open_round.missing == 0
-        if complete:
-            # a member arrives at its earliest open round, so rounds complete in order
-            assert self._rounds[0] is open_round
-            self._rounds.popleft()
-        return open_round, complete
+        ready = []
+        while self._rounds and self._rounds[0].missing == 0 and (
+                self._rounds[0].index == self._sent):
+            ready.append(self._rounds.pop(0))
+            self._sent += 1
+        return open_round, ready
+
+    def _round(self, index: int, now: float) -> BucketRound:
+        for at, open_round in enumerate(self._rounds):
+            if open_round.index == index:
+                return open_round
+            if open_round.index > index:
+                break
+        else:
+            at = len(self._rounds)
+        created = BucketRound(self._take_slot(), len(self.members), now, index)
+        self._rounds.insert(at, created)
+        return created
 
     # -- calls ------------------------------------------------------------------------------
-    def called(self, key: int, now: float) -> bool:
-        """A pushpull of ``key`` was called; False if ``key`` was already called in this round
-        of calls (the others were not): the bucket is to be dissolved."""
-        index = self.position[key]
-        if self._called[index]:
-            return False
-        if self._calls == 0:
-            self._calls_began = now
-        self._called[index] = True
+    def called(self, key: int) -> Optional[int]:
+        """A pushpull of ``key`` was called (the program's order): its round of calls, the
+        round it travels in; None if ``key`` was already called in this round of calls (the
+        others were not): the bucket is to be dissolved from this round of calls on."""
+        position = self.position[key]
+        if self._called[position]:
+            return None
+        index = self.calls_round
+        self._called[position] = True
         self._calls += 1
         if self._calls == len(self.members):       # every member called: the next round
             self._called = [False] * len(self.members)
             self._calls = 0
-        return True
+            self.calls_round += 1
+        return index
 
-    def calls_stopped(self, now: float, wait: float) -> bool:
-        """Whether a round of calls began more than ``wait`` ago and is still incomplete."""
-        return self._calls > 0 and now - self._calls_began > wait
+    def dissolve(self, from_round: int) -> List[BucketRound]:
+        """Its keys go alone from round of calls ``from_round`` on; the open rounds of those
+        leave (send their members alone). Earlier rounds still travel in the bucket."""
+        self.dissolved, self.dissolved_from = True, from_round
+        leaving = [r for r in self._rounds if r.index >= from_round]
+        self._rounds = [r for r in self._rounds if r.index < from_round]
+        return leaving
 
-    def dissolve(self) -> List[BucketRound]:
-        """Its keys go alone from now on; the rounds still open leave (send their members
-        alone)."""
-        self.dissolved = True
-        rounds, self._rounds = list(self._rounds), collections.deque()
-        return rounds
+    def goes_alone(self, index: int) -> bool:
+        """Whether a round called as round of calls ``index`` goes alone (dissolved since)."""
+        return self.dissolved and index >= self.dissolved_from
 
     def overdue(self, now: float, timeout: float) -> List[BucketRound]:
         """Rounds opened more than ``timeout`` ago and still missing members; they leave."""
-        late = []
-        while self._rounds and now - self._rounds[0].opened > timeout:
-            late.append(self._rounds.popleft())
+        late = [r for r in self._rounds if now - r.opened > timeout]
+        if late:
+            self._rounds = [r for r in self._rounds if now - r.opened <= timeout]
+            self._sent = max([self._sent] + [r.index + 1 for r in late])
         return late
 
     def missing_keys(self, late: BucketRound) -> List[int]:
         """The members that had not pushed in ``late``."""
         return [m.key for m, a in zip(self.members, late.arrivals) if a is None]
+
+    def uncalled_keys(self, late: BucketRound) -> List[int]:
+        """The members of ``late`` whose pushpull was not called (yet) in its round of calls."""
+        if late.index != self.calls_round:
+            return []       # an earlier round of calls: every member was called
+        return [m.key for m, c in zip(self.members, self._called) if not c]
 
     def has_open_rounds(self) -> bool:
         return bool(self._rounds)

@@ -9,6 +9,11 @@ initialises it with the bucket's layout digest in its first bytes; every worker 
 that fused different keys stop when the bucket is formed with an error instead of summing wrong
 bytes.
 
+Every worker sends the same rounds in a bucket (:mod:`.buckets`): decided in the program's order
+of calls (:class:`Ticket` carries the decision with the engine operation), or by rank 0 when a
+bucket is formed and read by every worker with the layout digest (whether the program reads
+between keys: rank 0 watches its first round of calls, with the framework's ``waiting`` port).
+
 Buckets are used only where the servers sum rounds that the workers apply (synchronous
 training with our servers) and gradients are not compressed: keys the servers update (backup
 workers, asynchronous training) and compressed keys stay alone.
@@ -16,7 +21,7 @@ workers, asynchronous training) and compressed keys stay alone.
 import logging
 import threading
 import time
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import numpy as np
 
@@ -29,16 +34,47 @@ from .partition import MAX_PARTITIONS, KeyLayoutError, Partition, encode_ps_key
 from .reduce import local_reduce
 from .upstream import dtype_code
 
-__all__ = ["Fusion", "BUCKET_INDEX"]
+__all__ = ["Fusion", "Ticket", "BUCKET_INDEX"]
 
 log = logging.getLogger(__name__)
 
 #: the partition index of a bucket's server key (reserved: no key has that many partitions)
 BUCKET_INDEX = MAX_PARTITIONS - 1
-#: a round of calls of a bucket's members (one loop of gluon's Trainer or Module: milliseconds)
-#: that stops for this long means the program waits for a member's result: the bucket is
-#: dissolved (buckets.py)
-CALLS_STOPPED_S = 1.0
+
+
+class Ticket:
+    """What :meth:`Fusion.use` decided for one pushpull call, carried with its engine operation
+    (decided in the program's order, used when the gradient is ready): the bucket's round of
+    calls it travels in (``index``), or, on rank 0 while the bucket learns, alone and watched
+    (``index`` None) for the program waiting for its result before it calls another member."""
+
+    __slots__ = ("bucket", "index", "thread")
+
+    def __init__(self, bucket: Bucket, index: Optional[int], thread: int = 0):
+        self.bucket, self.index, self.thread = bucket, index, thread
+
+    @property
+    def fused(self) -> bool:
+        return self.index is not None
+
+
+class _Watched:
+    """A lone learning round's done-callback on rank 0: notes whether the program was waiting
+    for an array when the result came (:meth:`.buckets.Bucket.read`), then finishes."""
+
+    __slots__ = ("bucket", "key", "thread", "waiting", "on_done")
+
+    def __init__(self, bucket, key, thread, waiting, on_done):
+        self.bucket, self.key, self.thread = bucket, key, thread
+        self.waiting, self.on_done = waiting, on_done
+
+    def __call__(self, error: Optional[BaseException]) -> None:
+        try:
+            if error is None and self.bucket.learning and self.waiting(self.thread):
+                self.bucket.read(self.key)
+        finally:
+            if self.on_done is not None:
+                self.on_done(error)
 
 
 class _Scatter:
@@ -75,11 +111,15 @@ class Fusion:
     """Gradient buckets of one worker engine. ``declare`` and ``use`` on the API thread (in the
     program's order), ``arrive`` from any thread."""
 
-    def __init__(self, engine, capacity: int, timeout: float):
+    def __init__(self, engine, capacity: int, timeout: float,
+                 waiting: Optional[Callable[[int], bool]] = None):
+        """``waiting(thread_id)``: whether that thread is blocked waiting for an array (the
+        framework's port; without it no program is taken for one that reads between keys)."""
         self.engine = engine
         self.plan = BucketPlan(capacity)
         self.timeout = timeout
         self.enabled = capacity > 0
+        self._waiting = waiting
         self._watch: Optional[threading.Thread] = None
         self._stop = threading.Event()
 
@@ -96,11 +136,11 @@ class Fusion:
             nbytes = sum(p.nbytes for p in layout.partitions)
             self.plan.declare(layout.key, nbytes, layout.dtype)
 
-    def use(self, key: int, fusable: bool) -> bool:
+    def use(self, key: int, fusable: bool) -> Optional[Ticket]:
         """A pushpull (``fusable``) or a lone push of ``key`` is being called: its bucket takes
         no more members, and a pushpull's call counts (:mod:`.buckets`: the first round of
-        calls forms the bucket, later ones may dissolve it). Returns whether this call's round
-        travels in the bucket: decided here, in the program's order, the same on every
+        calls forms the bucket, a member called again dissolves it). Returns the call's
+        :class:`Ticket` (None: alone), decided here, in the program's order, the same on every
         worker. (Decided when the round reached :meth:`arrive`, on the thread of an engine
         operation that waits for its gradient, a round called while the bucket was learning
         could arrive after it was formed and join it on one worker while the others sent it
@@ -110,31 +150,46 @@ class Fusion:
         rank 0 never waits for the others there, and any other worker waits only for rank 0 to
         reach the same call."""
         if not self.enabled:
-            return False
+            return None
         self.plan.use(key)
         bucket = self.plan.sealed_of(key) if fusable else None
         if bucket is None:
-            return False
+            return None
         if bucket.learning:
             if not bucket.learn(key):
-                return False
+                return self._watched(bucket)
             bucket.form()
             if not bucket.fused:          # one key was pushed: it goes alone
-                return False
+                return None
             try:
                 self._set_up(bucket)
             except Exception as exc:
                 self.engine._note_failure(exc)     # the job cannot go on: leave at once
                 raise
+            if bucket.dissolved:          # rank 0 saw the program read between keys
+                return None
         with bucket.lock:
-            again = not bucket.called(key, time.monotonic())
-        if again:
-            self._dissolve(bucket, "key %d was pushed again before the others" % key)
-            return False
-        return True
+            index = bucket.called(key)
+        if index is None:
+            self._dissolve(bucket, bucket.calls_round,
+                           "key %d was pushed again before the others" % key)
+            return None
+        return Ticket(bucket, index)
+
+    def _watched(self, bucket: Bucket) -> Optional[Ticket]:
+        """A learning call: on rank 0, watched for a read between keys (its decision is every
+        worker's); elsewhere plainly alone."""
+        if self._waiting is None or self.engine.rank != 0:
+            return None
+        return Ticket(bucket, None, threading.get_ident())
+
+    def watch(self, key: int, ticket: Ticket, on_done):
+        """``key``'s lone learning round finishes with the returned callback (rank 0)."""
+        return _Watched(ticket.bucket, key, ticket.thread, self._waiting, on_done)
 
     def _set_up(self, bucket: Bucket) -> None:
-        """Give a sealed bucket its server key, initialised and checked on every worker."""
+        """Give a formed bucket its server key, initialised with rank 0's layout digest and
+        decision and checked on every worker; the keys go alone if rank 0 decided so."""
         engine = self.engine
         num_servers = engine.po.num_servers
         server = bucket.number % num_servers
@@ -149,10 +204,11 @@ class Fusion:
         engine.keeper.keep(layout)
         engine.tracer.name_key(layout.key, "bucket %d (%s)" % (bucket.number, ", ".join(
             engine.tracer.name_of(m.key) for m in bucket.members)))
-        digest = bucket.digest()[:bucket.nbytes]
+        digests = {fuse: bucket.digest(fuse)[:bucket.nbytes] for fuse in (True, False)}
         if engine.rank == 0:
             value = np.zeros(bucket.nbytes, np.uint8)
-            value[:len(digest)] = np.frombuffer(digest, np.uint8)
+            chosen = digests[not bucket.reads_between]
+            value[:len(chosen)] = np.frombuffer(chosen, np.uint8)
             engine._wait(engine.kv.push([part.ps_key], value, [part.nbytes],
                                         cmd=layout.init_cmd), "initialising %s" % layout.name)
         differ = ("worker rank %d fused keys differently from rank 0: %s here (gradient "
@@ -163,10 +219,19 @@ class Fusion:
             stored = engine._pull_all(layout, {"await_init": True})
         except KeyLayoutError as exc:      # rank 0's bucket has another size
             self._end_job(KeyLayoutError("%s: %s" % (differ, exc)))
-        if stored[:len(digest)].tobytes() != digest:
+        stored = stored[:len(digests[True])].tobytes()
+        if stored not in digests.values():
             self._end_job(KeyLayoutError(differ))
-        bucket.lock = threading.Lock()
-        bucket.layout = layout
+        bucket.lock = threading.RLock()     # re-entrant: a round failed at submission
+        bucket.layout = layout             # finishes (_Scatter) on the submitting thread
+        # too few bytes to tell the two decisions apart: alone, as every worker sees
+        if digests[True] == digests[False] or stored == digests[False]:
+            with bucket.lock:
+                bucket.dissolve(0)
+            log.info("worker rank %d: %s goes alone: %s", engine.rank, bucket.describe(),
+                     "rank 0 saw the program read a key's result before pushing the next"
+                     if digests[True] != digests[False] else "too small to check")
+            return
         log.info("worker rank %d: %s travels as ps key %d", engine.rank, layout.name,
                  part.ps_key)
         self._start_watch()
@@ -181,44 +246,42 @@ class Fusion:
         raise error
 
     # -- rounds (any thread) ----------------------------------------------------------------
-    def arrive(self, key: int, inputs, outputs, priority: int, on_done) -> bool:
-        """``key``'s pushpull, whose call :meth:`use` put in its bucket, joins the bucket's
-        round (the last member sends the bucket): True; False if ``key`` goes alone (the
-        bucket was dissolved since)."""
-        # a dissolved bucket too: its lock orders this arrival after the dissolution's sends
-        bucket = self.plan.fused_into(key) if self.enabled else None
-        if bucket is None or bucket.layout is None:
-            return False
+    def arrive(self, key: int, ticket: Ticket, inputs, outputs, priority: int,
+               on_done) -> bool:
+        """``key``'s pushpull, whose call :meth:`use` put in its bucket's round ``ticket``,
+        joins the round (the last member sends the bucket): True; False if ``key`` goes
+        alone (the bucket was dissolved since, from this round of calls on)."""
+        bucket = ticket.bucket
         member = bucket.members[bucket.position[key]]
         outs = [out.reshape(-1).view(np.uint8) for out in outputs]
+        # the lock orders this arrival after a dissolution's sends, and rounds' submissions
         with bucket.lock:
-            if bucket.dissolved:
+            if bucket.goes_alone(ticket.index):
                 return False
             failure = bucket.failure
             if failure is None:
-                bucket_round, complete = bucket.arrive(key, (outs, on_done, priority), priority,
-                                                       time.monotonic())
+                bucket_round, ready = bucket.arrive(key, ticket.index, (outs, on_done, priority),
+                                                    priority, time.monotonic())
                 local_reduce(inputs, into=bucket_round.slot.send[member.offset:member.end])
-        if failure is not None:
-            if on_done is not None:
-                on_done(failure)
-        elif complete:
-            slot = bucket_round.slot
-            self.engine.submit_round(bucket.layout, slot.send, [slot.answer],
-                                     bucket_round.priority, _Scatter(bucket, bucket_round))
+                for sent in ready:
+                    slot = sent.slot
+                    self.engine.submit_round(bucket.layout, slot.send, [slot.answer],
+                                             sent.priority, _Scatter(bucket, sent))
+        if failure is not None and on_done is not None:
+            on_done(failure)
         return True
 
-    def _dissolve(self, bucket: Bucket, why: str) -> None:
-        """``bucket``'s keys go alone from now on; members waiting in open rounds go now, under
-        the bucket's lock: a member's next round (which finds the bucket dissolved under that
-        lock) must not reach the pipeline before them."""
+    def _dissolve(self, bucket: Bucket, from_round: int, why: str) -> None:
+        """``bucket``'s keys go alone from round of calls ``from_round`` on; members waiting
+        in open rounds of those go now, under the bucket's lock: a member's next round (which
+        finds the bucket dissolved under that lock) must not reach the pipeline before them."""
         with bucket.lock:
             if bucket.dissolved:
                 return
-            self._send_alone(bucket, bucket.dissolve())
-        log.info("worker rank %d: %s is not used, its keys go alone: %s (a program that reads "
-                 "one key's result before pushing the next)", self.engine.rank,
-                 bucket.describe(), why)
+            self._send_alone(bucket, bucket.dissolve(from_round))
+        log.info("worker rank %d: %s is not used from its round %d on, its keys go alone: %s "
+                 "(a program that reads one key's result before pushing the next)",
+                 self.engine.rank, bucket.describe(), from_round, why)
 
     def _send_alone(self, bucket: Bucket, rounds: List[BucketRound]) -> None:
         engine = self.engine
@@ -239,34 +302,39 @@ class Fusion:
             self._watch.start()
 
     def _watch_rounds(self) -> None:
-        period = min(CALLS_STOPPED_S / 4, self.timeout / 4)
+        period = min(1.0, self.timeout / 4)
         while not self._stop.wait(period):
             now = time.monotonic()
             for bucket in self.plan.fused():
-                if bucket.lock is None or bucket.dissolved:
+                if bucket.lock is None:
                     continue
                 with bucket.lock:
-                    stopped = bucket.calls_stopped(now, CALLS_STOPPED_S)
                     late = bucket.overdue(now, self.timeout)
                     if late and bucket.failure is None:
                         bucket.failure = self._overdue_error(bucket, late[0])
                 for bucket_round in late:
                     self._fail(bucket, bucket_round, bucket.failure)
-                if stopped:
-                    self._dissolve(bucket, "the program stopped calling pushpull for its "
-                                   "other keys for %g s" % CALLS_STOPPED_S)
 
     def _overdue_error(self, bucket: Bucket, late: BucketRound) -> KVStoreBytePSError:
         missing = bucket.missing_keys(late)
+        uncalled = bucket.uncalled_keys(late)
         pushed = [m.key for m in bucket.members if m.key not in missing]
+        if uncalled:
+            why = ("the pushpull of key%s %s was not called in that time (a program that reads "
+                   "one key's result before it pushes the others of the bucket, which it did "
+                   "not do in its first step, when the bucket was formed; gradient buckets send "
+                   "keys declared one after another together: BYTEPS_FUSION_BYTES=0 sends every "
+                   "key alone)" % ("s" if len(uncalled) > 1 else "", _keys(uncalled)))
+        else:
+            why = ("its pushpull was called, its input was not ready in that time; gradient "
+                   "buckets send keys declared one after another together: "
+                   "BYTEPS_FUSION_BYTES=0 sends every key alone; a step slower than that: "
+                   "raise BYTEPS_FUSION_TIMEOUT")
         return KVStoreBytePSError(
-            "worker rank %d: %s waited %g s for the gradient of key%s %s after key%s %s (its "
-            "pushpull was called, its input was not ready in that time; gradient buckets send "
-            "keys declared one after another together: BYTEPS_FUSION_BYTES=0 sends every key "
-            "alone; a step slower than that: raise BYTEPS_FUSION_TIMEOUT)" % (
+            "worker rank %d: %s waited %g s for the gradient of key%s %s after key%s %s: %s" % (
                 self.engine.rank, bucket.describe(), self.timeout,
                 "s" if len(missing) > 1 else "", _keys(missing),
-                "s" if len(pushed) > 1 else "", _keys(pushed)))
+                "s" if len(pushed) > 1 else "", _keys(pushed), why))
 
     def _fail(self, bucket: Bucket, bucket_round: BucketRound, error) -> None:
         self.engine._note_failure(error)

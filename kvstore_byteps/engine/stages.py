@@ -475,7 +475,7 @@ class _Done:
 
 def _annotate(error: BaseException, stage: Stage, items: List[WorkItem]) -> None:
     """Add a note naming where the error happened (the exception keeps its type)."""
-    where = ", ".join("key %s partition %d" % (item.key, item.index) for item in items[:4])
+    where = ", ".join("%s partition %d" % (item.task.name, item.index) for item in items[:4])
     if len(items) > 4:
         where += ", ... (%d partitions)" % len(items)
     if hasattr(error, "add_note"):

@@ -33,7 +33,7 @@ from ..van.kv.app import KVWorker
 from ..van.wire.message import ALL_GROUP, SERVER_GROUP, WORKER_GROUP
 from ..van.runtime.postoffice import Postoffice
 from ..words import count
-from .fusion import Fusion
+from .fusion import Fusion, Ticket
 from .modes import tell_presence
 from . import sizing
 from .layout import KeyLayout, Layouts, ServerDialect, dialect_for, server_kind
@@ -84,9 +84,13 @@ class RoundData:
 class WorkerEngine:
     """Cluster membership plus the pushpull pipeline of one worker. Thread-safe ``pushpull``."""
 
-    def __init__(self, config: Config, postoffice: Optional[Postoffice] = None):
-        """Set up; nothing touches the network until :meth:`start`."""
+    def __init__(self, config: Config, postoffice: Optional[Postoffice] = None,
+                 waiting: Optional[Callable[[int], bool]] = None):
+        """Set up; nothing touches the network until :meth:`start`. ``waiting(thread_id)``:
+        whether that thread is blocked waiting for an array (the framework's; gradient
+        buckets tell a program that reads between keys by it, :mod:`.buckets`)."""
         self.config = config
+        self._waiting = waiting
         self.mode = config.training_mode
         self.po = postoffice or Postoffice(config)
         self.kv: Optional[KVWorker] = None
@@ -131,7 +135,7 @@ class WorkerEngine:
         self.keeper = self._keeper()
         # a bucket is one partition: at most the partition size
         self.fusion = Fusion(self, min(config.fusion_bytes, config.partition_bytes)
-                             if self._fuses() else 0, config.fusion_timeout)
+                             if self._fuses() else 0, config.fusion_timeout, self._waiting)
         self.po.on_recovery(lambda node, epoch: self.kv.post(
             lambda: self.keeper.recover(node, epoch)))
         if self.rank == 0:
@@ -328,28 +332,30 @@ class WorkerEngine:
         return request
 
     # ------------------------------------------------------------------ pushpull
-    def use(self, key: int, fusable: bool = True) -> bool:
+    def use(self, key: int, fusable: bool = True) -> Optional[Ticket]:
         """A pushpull (``fusable``) or a lone push of ``key`` is being called (the API thread,
         in the program's order): what gradient buckets learn from it (:mod:`.fusion`). Returns
-        whether this round travels in the key's gradient bucket: the ``fused`` to pass to its
-        :meth:`pushpull`."""
+        the call's ticket (None: alone), the ``ticket`` to pass to its :meth:`pushpull`."""
         return self.fusion.use(key, fusable)
 
     def pushpull(self, key: int, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
                  priority: int = 0, on_done: Optional[Callable[[Optional[BaseException]], None]]
-                 = None, fused: bool = False) -> Optional[Task]:
+                 = None, ticket: Optional[Ticket] = None) -> Optional[Task]:
         """Sum ``inputs`` over local devices and all workers into every output. Returns at once;
-        ``on_done(error_or_None)`` runs on a pipeline thread when finished. ``fused``: what
-        :meth:`use` returned for this call; then ``key`` goes in its gradient bucket (and None
-        is returned) unless the bucket was dissolved since, else alone (its task is
-        returned)."""
+        ``on_done(error_or_None)`` runs on a pipeline thread when finished. ``ticket``: what
+        :meth:`use` returned for this call; a fused one puts ``key`` in its gradient bucket
+        (and None is returned) unless the bucket was dissolved since, else ``key`` goes alone
+        (its task is returned)."""
         layout = self.layout(key, inputs[0].shape, inputs[0].dtype)
         for array in (*inputs, *outputs):
             if array.shape != layout.shape or array.dtype != layout.dtype:
                 raise KeyLayoutError("%s: got an array of shape %s and dtype %s"
                                      % (layout.name, array.shape, array.dtype))
-        if fused and self.fusion.arrive(key, inputs, outputs, priority, on_done):
-            return None
+        if ticket is not None:
+            if not ticket.fused:
+                on_done = self.fusion.watch(key, ticket, on_done)
+            elif self.fusion.arrive(key, ticket, inputs, outputs, priority, on_done):
+                return None
         traced = self.tracer.enabled and len(inputs) > 1   # one input is sent as is: no reduce
         reduce_start = now_ns() if traced else 0
         send = local_reduce(inputs)

@@ -6,8 +6,13 @@ sums STORE ROUNDS  60 small keys (float32, then float16, then float32) and two b
          ``SUMS <digest>``, a hash of every output of every round (the test compares the digest
          of dist_byteps with and without buckets and of dist_sync).
 wait     keys 0-2 declared, then pushed one at a time, each read before the next is pushed
-         (a test of sums, one key at a time): the bucket is dissolved after the first read's
-         wait and every sum is exact; "WAIT OK <seconds of the first round>".
+         (a test of sums, one key at a time): rank 0 sees it in the first round of calls and
+         the bucket's keys go alone on every worker; every sum is exact; "WAIT OK <seconds of
+         all rounds>".
+paced    keys 0-2 declared in one init and pushed every round last key first, as a backward
+         does, rank 1 pausing PAUSE seconds between keys 1 and 0 (a slower layer: over a
+         second) and rank 0 0.1 s: every round goes in the bucket on both, every sum exact;
+         "PACED OK".
 stuck    keys 0-2 declared and pushed (a first round: it forms the bucket), then pushed again
          with key 1's gradient held back by an engine operation that does not finish: reading key 0 must fail within BYTEPS_FUSION_TIMEOUT,
          naming key 1; "STUCK FAILED: <error>".
@@ -68,9 +73,27 @@ def check_wait():
             grad = mx.nd.ones((10,)) * (key + r)
             kv.pushpull(key, grad)
             assert np.all(grad.asnumpy() == (key + r) * kv.num_workers), (r, key)
-        if r == 0:
-            first = time.monotonic() - began
-    print("WAIT OK %.1f" % first)
+    print("WAIT OK %.1f" % (time.monotonic() - began))
+
+
+def check_paced(pause, rounds=4):
+    kv = mx.kv.create("dist_byteps")
+    outs = [mx.nd.zeros((10 + key,)) for key in range(3)]
+    kv.init(list(range(3)), outs)
+    grads = [mx.nd.zeros((10 + key,)) for key in range(3)]
+    for r in range(rounds):
+        for key in (2, 1, 0):
+            if key == 0:
+                time.sleep(pause if kv.rank == 1 else 0.1)
+            grads[key][:] = (kv.rank + 1) * (r + 1) + key
+            kv.pushpull(key, grads[key], out=outs[key], priority=-key)
+        for key in range(3):
+            want = sum((w + 1) * (r + 1) + key for w in range(kv.num_workers))
+            got = outs[key].asnumpy()
+            assert np.all(got == want), (r, key, got[:3], want)
+    fused = [b for b in kv._engine.fusion.plan.fused() if not b.dissolved]
+    assert len(fused) == 1, kv._engine.fusion.plan.fused()
+    print("PACED OK")
 
 
 def check_stuck():
@@ -145,6 +168,8 @@ if __name__ == "__main__":
         check_wait()
     elif mode == "stuck":
         check_stuck()
+    elif mode == "paced":
+        check_paced(float(sys.argv[2]))
     elif mode == "late":
         check_late()
     elif mode == "mismatch":

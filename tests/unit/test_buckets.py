@@ -91,34 +91,36 @@ def sealed_bucket(sizes, capacity=1 << 20):
 
 def test_a_round_completes_when_its_last_member_arrives_with_the_highest_priority():
     bucket = sealed_bucket([4, 8, 4])
-    arrivals = []
+    sent = []
     for key, priority in ((2, -2), (0, 0), (1, -1)):
-        bucket_round, complete = bucket.arrive(key, ("out%d" % key, None), priority, now=0.0)
-        arrivals.append(complete)
-    assert arrivals == [False, False, True]
+        bucket_round, ready = bucket.arrive(key, 0, ("out%d" % key, None), priority, now=0.0)
+        sent.append(ready)
+    assert sent == [[], [], [bucket_round]]
     assert bucket_round.priority == 0
     assert bucket_round.arrivals == [("out0", None), ("out1", None), ("out2", None)]
     assert not bucket.has_open_rounds()
 
 
-def test_a_member_that_comes_back_before_the_others_joins_the_next_round_and_rounds_end_in_order():
+def test_a_member_that_comes_back_before_the_others_joins_its_own_round_and_rounds_leave_in_order():
     bucket = sealed_bucket([4, 4])
-    first, _ = bucket.arrive(0, ("a0", None), 0, now=0.0)
-    second, complete = bucket.arrive(0, ("b0", None), 0, now=0.0)   # round 2 of key 0
-    assert second is not first and not complete
-    done, complete = bucket.arrive(1, ("a1", None), 0, now=0.0)
-    assert done is first and complete
-    done, complete = bucket.arrive(1, ("b1", None), 0, now=0.0)
-    assert done is second and complete
+    first, _ = bucket.arrive(0, 0, ("a0", None), 0, now=0.0)
+    second, ready = bucket.arrive(0, 1, ("b0", None), 0, now=0.0)   # round 2 of key 0
+    assert second is not first and ready == []
+    # round 1 complete before round 0 (a member's operations ran out of order): held back,
+    # the servers pair a key's pushes by their order
+    done, ready = bucket.arrive(1, 1, ("b1", None), 0, now=0.0)
+    assert done is second and ready == []
+    done, ready = bucket.arrive(1, 0, ("a1", None), 0, now=0.0)
+    assert done is first and ready == [first, second]
     assert [a[0] for a in second.arrivals] == ["b0", "b1"]
 
 
 def test_buffers_are_reused_across_rounds():
     bucket = sealed_bucket([4, 4])
     slots = set()
-    for _ in range(5):
-        bucket.arrive(0, ("x", None), 0, now=0.0)
-        bucket_round, _ = bucket.arrive(1, ("y", None), 0, now=0.0)
+    for index in range(5):
+        bucket.arrive(0, index, ("x", None), 0, now=0.0)
+        bucket_round, _ = bucket.arrive(1, index, ("y", None), 0, now=0.0)
         slots.add(id(bucket_round.slot))
         assert bucket_round.slot.send.nbytes == bucket_round.slot.answer.nbytes == 8
         bucket.give_back(bucket_round.slot)
@@ -127,32 +129,66 @@ def test_buffers_are_reused_across_rounds():
 
 def test_a_round_missing_a_member_past_the_deadline_leaves_naming_the_missing_keys():
     bucket = sealed_bucket([4, 4, 4])
-    bucket.arrive(1, ("x", None), 0, now=10.0)
+    assert bucket.called(1) == 0
+    bucket.arrive(1, 0, ("x", None), 0, now=10.0)
     assert bucket.overdue(now=14.0, timeout=5.0) == []
     [late] = bucket.overdue(now=15.5, timeout=5.0)
     assert bucket.missing_keys(late) == [0, 2]
+    assert bucket.uncalled_keys(late) == [0, 2]     # their pushpull was never called
     assert not bucket.has_open_rounds()
+    for key in (0, 2):
+        bucket.called(key)           # the round of calls is complete: its members were called
+    assert bucket.uncalled_keys(late) == []
 
 
-def test_a_member_called_again_before_the_others_or_calls_that_stop_mean_dissolve():
+def test_rounds_of_calls_are_counted_in_the_programs_order_and_a_member_called_again_dissolves():
     bucket = sealed_bucket([4, 4, 4])
-    for key in (0, 1, 2, 2, 0, 1):          # two complete rounds of calls, any order
-        assert bucket.called(key, now=0.0)
-    assert bucket.called(1, now=5.0)
-    assert not bucket.called(1, now=5.1)      # key 1 again before keys 0 and 2: a test of sums
-    assert not bucket.calls_stopped(now=5.9, wait=1.0)
-    assert bucket.calls_stopped(now=6.1, wait=1.0)   # or the program stopped calling
+    assert [bucket.called(k) for k in (0, 1, 2, 2, 0, 1)] == [0, 0, 0, 1, 1, 1]  # any order
+    assert bucket.called(1) == 2
+    assert bucket.called(1) is None     # key 1 again before keys 0 and 2: a test of sums
+    assert bucket.calls_round == 2      # the round of calls it happened in
 
 
-def test_dissolving_hands_back_the_open_rounds_and_the_plan_stops_fusing_the_keys():
+def test_dissolving_from_a_round_of_calls_keeps_the_earlier_rounds_in_the_bucket():
     plan = BucketPlan(1 << 20)
     declare_all(plan, [(0, 4, F32), (1, 4, F32)])
     bucket = learn(plan.use(0))
-    bucket.arrive(0, ("x", None, 0), 0, now=0.0)
-    [open_round] = bucket.dissolve()
-    assert open_round.arrivals[0] == ("x", None, 0) and open_round.arrivals[1] is None
+    bucket.arrive(0, 0, ("r0", None, 0), 0, now=0.0)       # round 0: key 1's gradient is late
+    bucket.arrive(0, 1, ("r1", None, 0), 0, now=0.0)
+    [leaving] = bucket.dissolve(from_round=1)
+    assert leaving.index == 1 and leaving.arrivals[0] == ("r1", None, 0)
+    assert not bucket.goes_alone(0) and bucket.goes_alone(1) and bucket.goes_alone(2)
+    earlier, ready = bucket.arrive(1, 0, ("late", None, 0), 0, now=0.0)
+    assert ready == [earlier]            # round 0 still travels in the bucket, as elsewhere
     assert plan.bucket_of(0) is None and plan.fused_into(0) is bucket
     assert not bucket.has_open_rounds()
+
+
+def test_a_program_that_reads_a_member_before_calling_the_next_is_told_apart_while_learning():
+    def formed(events):
+        plan = BucketPlan(1 << 20)
+        declare_all(plan, [(k, 4, F32) for k in range(3)])
+        bucket = plan.use(0)
+        for kind, key in events:
+            if kind == "call":
+                assert not bucket.learn(key)
+            else:
+                bucket.read(key)
+        assert bucket.learn(0)
+        bucket.form()
+        return bucket.reads_between
+    # a test of sums: each key's result read before the next key is pushed
+    assert formed([("call", 0), ("read", 0), ("call", 1), ("read", 1), ("call", 2)])
+    # gluon: every key called in one loop, then the step's results read (loss.asnumpy())
+    assert not formed([("call", 0), ("call", 1), ("call", 2), ("read", 2)])
+    # a result that came while the program waited for another array, after the next call
+    assert not formed([("call", 0), ("call", 1), ("read", 0), ("call", 2)])
+
+
+def test_the_digest_carries_rank_0s_decision():
+    bucket = sealed_bucket([4, 4])
+    assert bucket.digest(True) != bucket.digest(False)
+    assert bucket.digest() == bucket.digest(True)
 
 
 def test_keys_declared_but_never_pushed_are_left_out_when_the_bucket_is_formed():

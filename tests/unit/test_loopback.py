@@ -138,8 +138,10 @@ def test_a_request_past_its_deadline_fails_on_the_customer_thread(no_sockets):
         request = worker.push([1], np.ones(2, np.float32), [8],
                               callback=lambda r: threads.append(threading.current_thread().name))
         # named as the request it is (its name is put into words only now)
+        # the servers it waits for named by rank and address too (a hang names its cause)
         with pytest.raises(DeadlineError, match=r"^push of 1 key\(s\) \[1\.\.\] \(timestamp \d+\): "
-                                                r"no answer from server node\(s\) \[8\]"):
+                                                r"no answer from server node\(s\) \[8\] "
+                                                r"\(server rank 0 \(node 8\) at 127\.0\.0\.1:\d+\)"):
             request.wait(5)
         assert time.monotonic() - started < 2
         assert threads == ["customer-0-0"]

@@ -153,11 +153,14 @@ class Request:
         if finish:
             self._complete()
 
-    def describe_wait(self, waited: float) -> str:
+    def describe_wait(self, waited: float, name_node: Optional[Callable[[int], str]] = None
+                      ) -> str:
+        """What it waits for, after ``waited`` seconds; ``name_node(id)`` names the nodes."""
         with self._lock:
             waiting = sorted(self._waiting)
-        return ("%s (timestamp %d): no answer from server node(s) %s within %.0f s"
-                % (self.what, self.timestamp, waiting, waited))
+        named = " (%s)" % ", ".join(map(name_node, waiting)) if name_node and waiting else ""
+        return ("%s (timestamp %d): no answer from server node(s) %s%s within %.0f s"
+                % (self.what, self.timestamp, waiting, named, waited))
 
     def _fail(self, error: BaseException) -> None:
         with self._lock:
@@ -288,7 +291,15 @@ class KVWorker:
             for request in expired:
                 self._pending.pop(request.timestamp, None)
         for request in expired:
-            request._fail(DeadlineError(request.describe_wait(now - request.started)))
+            request._fail(DeadlineError(request.describe_wait(now - request.started,
+                                                              self._name_node)))
+
+    def _name_node(self, node_id: int) -> str:
+        """``server rank 1 (node 10) at 10.0.0.3:4000``, or ``node 10`` if unknown."""
+        for node in self.po.nodes:
+            if node.id == node_id:
+                return node.describe_rank()
+        return "node %d" % node_id
 
     def _fail_pending(self, error: BaseException) -> None:
         """Fail every pending request with ``error`` (the node's van stopped with it)."""
