@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Start a parameter-server job from a checkout: the same program as ``kvstore-byteps-launch``.
 
-    python launch.py -n 2 -s 2 python train.py --kv-store dist_byteps
+    python launch.py -n 2 -s 2 python train.py --kvstore dist_byteps
 
-See ``python launch.py --help`` and the README's "Launching" sections.
+See ``python launch.py --help`` and docs/launching.md.
 """
 import sys
 

@@ -1,6 +1,6 @@
 """Start a parameter-server job: one scheduler, S servers and N workers running CMD.
 
-    kvstore-byteps-launch -n 2 -s 2 python train.py --kv-store dist_byteps
+    kvstore-byteps-launch -n 2 -s 2 python train.py --kvstore dist_byteps
     kvstore-byteps-launch --launcher ssh -H hosts.txt -n 4 -s 4 python train.py
     kvstore-byteps-launch --launcher netns --link-rate 1gbit -n 4 -s 4 python train.py
     salloc -n 9 kvstore-byteps-launch --launcher slurm -n 4 -s 4 python train.py
@@ -72,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
-    p.add_argument("-n", "--num-workers", type=_positive(int), required=True)
+    p.add_argument("-n", "--num-workers", type=_positive(int),
+                   help="number of workers (required, but with --launcher slurm and -s: the "
+                        "allocation's tasks after the scheduler and the servers)")
     p.add_argument("-s", "--num-servers", type=_positive(int),
                    help="number of servers (default: as many as workers, as MXNet's launcher)")
     p.add_argument("--launcher", choices=[x.value for x in Launcher], default=Launcher.LOCAL.value,
@@ -170,6 +172,13 @@ def parse_args(argv: Optional[Sequence[str]] = None,
     args = p.parse_args(argv)
     environ = os.environ if environ is None else environ
     args.command = worker_command(p, args.command)
+    if args.num_workers is None:
+        if args.launcher != Launcher.SLURM.value or args.num_servers is None:
+            p.error("the following arguments are required: -n/--num-workers")
+        try:
+            args.num_workers = slurm.workers_left(environ, args.num_servers)
+        except LaunchError as exc:
+            p.error(str(exc))
     if args.num_servers is None:
         args.num_servers = args.num_workers
     args.launcher = Launcher(args.launcher)
@@ -200,10 +209,21 @@ def parse_args(argv: Optional[Sequence[str]] = None,
     if args.launcher is Launcher.KUBERNETES and not args.image:
         p.error("--launcher kubernetes needs --image IMAGE (one with kvstore-byteps and the "
                 "training script; docker/Dockerfile builds one)")
+    if args.launcher is Launcher.KUBERNETES:
+        _check_kubernetes(p, args)
     if args.launcher is Launcher.SSH and not args.hostfile:
         p.error("--launcher ssh needs -H HOSTFILE (one host per line: [user@]host[:port] [slots=N])")
     _check_auth(p, args, environ)
     return args
+
+
+def _check_kubernetes(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A --name, --namespace, --cpu, ... that Kubernetes would refuse is a usage error."""
+    from . import kubernetes  # only this launcher needs it
+    try:
+        kubernetes.job_from_args(args)
+    except LaunchError as exc:
+        p.error(str(exc))
 
 
 def _check_auth(p: argparse.ArgumentParser, args: argparse.Namespace, environ) -> None:

@@ -30,8 +30,9 @@ def find_starter(wanted: Optional[str]) -> str:
         found = shutil.which(name)
         if found:
             return found
-    raise LaunchError("%s not found on PATH: --launcher mpi needs an MPI's starter (Debian: "
-                      "apt-get install openmpi-bin)" % (wanted or "neither mpirun nor mpiexec"))
+    missing = "%s not found" % wanted if wanted else "neither mpirun nor mpiexec was found"
+    raise LaunchError("%s on PATH: --launcher mpi needs an MPI's starter (Debian: apt-get "
+                      "install openmpi-bin)" % missing)
 
 
 def flavor_of(version_text: str) -> Optional[Flavor]:

@@ -94,6 +94,21 @@ def check_size(found: Allocation, num_servers: int, num_workers: int) -> None:
                              wanted, wanted))
 
 
+def workers_left(environ: Mapping[str, str], num_servers: int) -> int:
+    """The workers ``-n`` leaves to the allocation: its tasks (``SLURM_TASKS_PER_NODE``, as
+    :func:`allocation` counts them) after the scheduler and ``num_servers`` servers."""
+    job_id, per_node = environ.get("SLURM_JOB_ID"), environ.get("SLURM_TASKS_PER_NODE")
+    if not job_id or not per_node:
+        raise LaunchError("-n/--num-workers is required outside a Slurm allocation (no "
+                          "SLURM_JOB_ID or SLURM_TASKS_PER_NODE here)")
+    tasks = sum(expand_counts(per_node))
+    if tasks < 2 + num_servers:
+        raise LaunchError("Slurm job %s has %d tasks; 1 scheduler + %d servers leave none for a "
+                          "worker (salloc -n %d or more, or give -n)"
+                          % (job_id, tasks, num_servers, 2 + num_servers))
+    return tasks - 1 - num_servers
+
+
 def hosts_of(found: Allocation, addresses: Mapping[str, str]) -> List[Host]:
     """The allocation's nodes as launcher hosts: each node's address, as many worker slots as
     it has tasks."""

@@ -4,6 +4,7 @@ import os
 import re
 
 from kvstore_byteps.config import Env
+from kvstore_byteps.serving.backup_rounds import MAX_LATE_ROUNDS
 from tests.support.paths import REPO
 
 DOCS = os.path.join(REPO, "docs")
@@ -24,6 +25,11 @@ def test_every_variable_is_in_the_configuration_page():
     text = read("docs", "configuration.md")
     names = [v for k, v in vars(Env).items() if k.isupper()]
     assert [n for n in names if "| `%s` |" % n not in text] == []
+
+
+def test_both_pages_give_the_servers_window_for_a_late_push_with_backup_workers():
+    for page in ("configuration.md", "usage.md"):
+        assert "at most %d rounds ago" % MAX_LATE_ROUNDS in read("docs", page), page
 
 
 def test_the_readme_is_a_front_door_with_the_two_commands():

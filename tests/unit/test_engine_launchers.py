@@ -79,6 +79,23 @@ def test_outside_an_allocation_the_slurm_launcher_says_how_to_get_one():
         slurm.allocation({})
 
 
+def test_inside_an_allocation_the_workers_are_the_tasks_left_after_the_servers(capsys):
+    environ = {"SLURM_JOB_ID": "42", "SLURM_TASKS_PER_NODE": "3(x2),1"}
+    args = cli.parse_args(["--launcher", "slurm", "-s", "2", "python", "t.py"], environ=environ)
+    assert (args.num_servers, args.num_workers) == (2, 4)
+    for argv, environ, says in [
+            (["-s", "2"], {}, "error: the following arguments are required: -n/--num-workers"),
+            (["--launcher", "slurm"], environ, "error: the following arguments are required"),
+            (["--launcher", "slurm", "-s", "2"], {"SLURM_TASKS_PER_NODE": "7"},
+             "error: -n/--num-workers is required outside a Slurm allocation"),
+            (["--launcher", "slurm", "-s", "6"], environ, "error: Slurm job 42 has 7 tasks; 1 "
+             "scheduler + 6 servers leave none for a worker (salloc -n 8 or more, or give -n)")]:
+        with pytest.raises(SystemExit) as info:
+            cli.parse_args(argv + ["python", "t.py"], environ=environ)
+        assert info.value.code == 2
+        assert says in capsys.readouterr().err
+
+
 def test_every_task_of_a_step_derives_the_same_port():
     environ = {"SLURM_JOB_ID": "1234", "SLURM_STEP_ID": "2"}
     port = slurm.job_port(environ)
@@ -118,6 +135,16 @@ def test_values_never_travel_on_the_mpirun_command_line():
     assert names == ["BYTEPS_AUTH_KEY", "PATH"]
 
 
+def test_without_an_mpi_starter_the_launcher_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(LaunchError) as info:
+        mpi.find_starter(None)
+    assert str(info.value).startswith("neither mpirun nor mpiexec was found on PATH: "
+                                      "--launcher mpi needs an MPI's starter (Debian: ")
+    with pytest.raises(LaunchError, match="^mympirun not found on PATH: --launcher mpi needs"):
+        mpi.find_starter("mympirun")
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--launcher", "local", "--srun-args", "-p x"], "--srun-args is for --launcher slurm"),
     (["--launcher", "slurm", "--mpirun-args=-v"], "--mpirun-args is for --launcher mpi"),
@@ -125,6 +152,8 @@ def test_values_never_travel_on_the_mpirun_command_line():
     (["--launcher", "ssh", "-H", "h", "--gpus", "1"], "--gpus is for --launcher kubernetes"),
     (["--launcher", "mpi", "--local-groups"], "--local-groups is not for --launcher mpi"),
     (["--launcher", "kubernetes"], "--launcher kubernetes needs --image IMAGE"),
+    (["--launcher", "kubernetes", "--image", "x", "--name", "Bad_Name"],
+     "error: --name 'Bad_Name': expected at most 40 lower-case letters"),
 ])
 def test_engine_options_belong_to_their_launcher(argv, says, capsys):
     with pytest.raises(SystemExit) as info:

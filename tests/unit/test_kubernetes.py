@@ -3,6 +3,7 @@ API's schemas by kubernetes-validate, which bundles them) and give every node wh
 role, the cluster's size, the scheduler's address, its rank); bad options are refused; the
 state of a running job is read right. Creating and following a job with kubectl is tested
 against a fake kubectl in tests/cluster (it starts processes)."""
+import dataclasses
 import json
 import re
 
@@ -213,28 +214,43 @@ def test_the_default_name_is_random_and_valid():
 
 
 # ----------------------------------------------------------------------- refusals
+def usage_error(options, capsys, name="digits"):
+    """The one error line of a command line refused as a usage error (exit status 2)."""
+    with pytest.raises(SystemExit) as exit_:
+        parse(options, name=name)
+    assert exit_.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[-1].startswith("kvstore-byteps-launch: error: ")
+    return lines[-1]
+
+
 @pytest.mark.parametrize("name", ["Digits", "1digits", "digits-", "dig_its", "a.b", "x" * 41, ""])
-def test_a_name_that_cannot_name_kubernetes_objects_is_refused(name):
-    with pytest.raises(LaunchError, match="--name"):
-        kubernetes.job_from_args(parse(["-n", "1", "--name", name], name=None))
+def test_a_name_that_cannot_name_kubernetes_objects_is_a_usage_error(name, capsys):
+    assert "error: --name %r: expected at most 40 lower-case letters" % name in usage_error(
+        ["-n", "1", "--name", name], capsys, name=None)
+
+
+def test_the_job_refuses_a_bad_name_itself():
+    job = kubernetes.job_from_args(parse(["-n", "1"]))
+    with pytest.raises(LaunchError, match="--name 'Bad_Name'"):
+        dataclasses.replace(job, name="Bad_Name")
 
 
 @pytest.mark.parametrize("option", ["gpu", "=a100", "pool=", "pool=a b", "-pool=x",
                                     "example.com/=x", "Example_.com/pool=x", "pool=" + "v" * 64])
-def test_a_bad_node_selector_is_refused(option):
+def test_a_bad_node_selector_is_a_usage_error(option, capsys):
     if option == "pool=":      # an empty value is a valid label value
         assert kubernetes.parse_node_selector([option]) == {"pool": ""}
         return
-    with pytest.raises(LaunchError, match="--node-selector"):
-        kubernetes.job_from_args(parse(["-n", "1", "--node-selector=" + option]))
+    assert "error: --node-selector %r" % option in usage_error(
+        ["-n", "1", "--node-selector=" + option], capsys)
 
 
 @pytest.mark.parametrize("options, word", [(["--cpu", "four"], "--cpu"),
                                            (["--memory", "16GB"], "--memory"),
                                            (["--namespace", "Training"], "--namespace")])
-def test_bad_sizes_and_namespaces_are_refused(options, word):
-    with pytest.raises(LaunchError, match=word):
-        kubernetes.job_from_args(parse(["-n", "1"] + options))
+def test_bad_sizes_and_namespaces_are_usage_errors(options, word, capsys):
+    assert "error: %s %r" % (word, options[1]) in usage_error(["-n", "1"] + options, capsys)
 
 
 def test_without_kubectl_the_launcher_says_so(tmp_path, monkeypatch):
