@@ -5,6 +5,7 @@ Errors are split by whose fault they are: ``ConfigError`` (the user's environmen
 answered with an error), ``DeadlineError`` (a wait ran past its deadline; the message names
 what was awaited).
 """
+import time
 
 
 class KVStoreBytePSError(Exception):
@@ -79,4 +80,32 @@ class AuthenticationError(ConfigError):
 
 class JobAbortedError(PeerError):
     """A node ended the job on purpose and said why (e.g. a server refused the optimizer that
-    MXNet's workers sent, which they would not notice): every node stops with the reason."""
+    MXNet's workers sent, which they would not notice): every node stops with the reason, and
+    exits with :attr:`status` (a worker's ``sys.exit(N)``: N; otherwise 1)."""
+
+    def __init__(self, message: str, status: int = 1):
+        super().__init__(message)
+        self.status = status if 0 < status < 256 else 1
+        #: another node ended the job (this node's postoffice sets it)
+        self.elsewhere = False
+
+    def again(self) -> "JobAbortedError":
+        """A new error saying the same (raised again where this node's work stops)."""
+        error = JobAbortedError(str(self), self.status)
+        error.elsewhere = self.elsewhere
+        return error
+
+
+#: a node stopped by a job another node ended exits this much later, so that the node that
+#: ended it exits first and the launchers, which name the first node that failed, name it
+EXIT_AFTER_OTHERS_END_S = 1.0
+
+
+def exit_status(error: BaseException) -> int:
+    """The exit status a node that stops on ``error`` ends with: a job's abort status, else 1.
+    A job another node ended: after EXIT_AFTER_OTHERS_END_S (blocking)."""
+    if not isinstance(error, JobAbortedError):
+        return 1
+    if error.elsewhere:
+        time.sleep(EXIT_AFTER_OTHERS_END_S)
+    return error.status

@@ -5,7 +5,7 @@ import sys
 import threading
 
 from .config import Config
-from .errors import ClusterStartError, ConfigError
+from .errors import ClusterStartError, ConfigError, JobAbortedError
 
 _LEVELS = {"TRACE": logging.DEBUG, "DEBUG": logging.DEBUG, "INFO": logging.INFO,
            "WARNING": logging.WARNING, "ERROR": logging.ERROR, "FATAL": logging.CRITICAL}
@@ -57,8 +57,8 @@ def announce(config: Config, text: str) -> None:
 
 
 def config_errors_in_one_line() -> None:
-    """In a user's process (a worker): a ConfigError or ClusterStartError of ours that nothing
-    caught ends the process with one line on stderr (and exit code 1, as any uncaught exception), not a traceback: it
+    """In a user's process (a worker): a ConfigError, ClusterStartError or JobAbortedError of
+    ours that nothing caught ends the process with one line on stderr (and exit code 1, as any uncaught exception), not a traceback: it
     says what to set, and the traceback through the user's script and ours says nothing more.
     Every other exception still reaches the hook that was there before. Idempotent."""
     previous = sys.excepthook
@@ -71,10 +71,21 @@ def config_errors_in_one_line() -> None:
         elif isinstance(error, ClusterStartError):     # it names the peer and what to check
             print("[kvstore_byteps] the cluster did not form: %s" % error, file=sys.stderr,
                   flush=True)
+        elif isinstance(error, JobAbortedError):       # it names who ended the job, and why
+            print("[kvstore_byteps] the job was ended: %s" % _first_line(error),
+                  file=sys.stderr, flush=True)
         else:
             previous(kind, error, traceback)
     hook._kvstore_byteps = True
     sys.excepthook = hook
+
+
+def _first_line(error: BaseException) -> str:
+    """``error``'s message without the type and notes MXNet's engine adds when it raises it
+    again in the program (``JobAbortedError: ...`` then ``in kvstore-byteps stage ...``)."""
+    text = str(error).split("\n")[0]
+    prefix = type(error).__name__ + ": "
+    return text[len(prefix):] if text.startswith(prefix) else text
 
 
 class PeerLog:

@@ -81,6 +81,15 @@ class ServerCommand(enum.IntEnum):
     #: answered ``b"<stale>/<keys>"``: of this server's keys, how many the sender last read
     #: before their latest change (its weights differ from the servers' final ones)
     BYTEPS_STALE = 104
+    #: ours: answered with this server's rounds that wait for the sender's push, which other
+    #: workers pushed (engine/stuck.py): ``b"<ps key>:<round>:<node>,<node>;..."``, at most
+    #: WAITING_SHOWN of them, or empty (synchronous rounds only: other modes' rounds do not
+    #: wait for one worker)
+    BYTEPS_WAITING = 105
+
+
+#: how many waiting rounds a server names in its answer to BYTEPS_WAITING
+WAITING_SHOWN = 4
 
 
 class Presence(enum.Enum):

@@ -8,7 +8,7 @@ import sys
 from typing import Optional
 
 from .config import Config, Role
-from .errors import KVStoreBytePSError
+from .errors import KVStoreBytePSError, exit_status
 from .van.wire.message import ALL_GROUP
 from .van.runtime.postoffice import Postoffice
 
@@ -30,7 +30,7 @@ def run_scheduler(config: Config) -> int:
         log.error("scheduler failed: %s", exc)
         if postoffice is not None:
             postoffice.stop()
-        return 1
+        return exit_status(exc)
     return 0
 
 

@@ -17,7 +17,7 @@ import time
 from typing import Optional
 
 from .config import Config, Role
-from .errors import PeerError, ConfigError, JobAbortedError, KVStoreBytePSError
+from .errors import PeerError, ConfigError, JobAbortedError, KVStoreBytePSError, exit_status
 from .serving.byteps import BytePSServer
 from .serving.dist import KVStoreDistServer
 from .words import count
@@ -88,6 +88,8 @@ def run_server(config: Config) -> int:
                  count(config.num_workers, "worker"))
         while not server.wait_done(_POLL_SECONDS):
             if postoffice.stopped:     # the van died (its error was logged): stop serving
+                if isinstance(postoffice.error, JobAbortedError):   # a node ended the job
+                    raise postoffice.error.again()
                 raise PeerError("server rank %d: the van stopped before kStopServer: %s"
                                 % (postoffice.my_rank, postoffice.error))
             if server.recovery.error is not None:
@@ -142,7 +144,7 @@ def main(argv: Optional[list] = None) -> int:
         return run_server(config)
     except KVStoreBytePSError as exc:
         log.error("server failed: %s", exc)
-        return 1
+        return exit_status(exc)
 
 
 if __name__ == "__main__":

@@ -17,9 +17,12 @@ import logging
 import os
 import sys
 import threading
+import time
 
 from mxnet import ndarray as nd
 from mxnet.kvstore.base import KVStoreBase
+
+from mxnet_patch import exit_status
 
 __all__ = ["KVStoreBytePS"]
 
@@ -151,6 +154,9 @@ class _ViewCache(dict):
 
 #: After the script raised, how long the other workers get to leave the job with this one.
 LEAVE_AFTER_FAILURE_S = 10.0
+#: how long a worker whose program exited with a status waits for the scheduler's notice that
+#: ended the job (sent to every node at once) before it exits anyway
+END_JOB_WAIT_S = 2.0
 
 
 def _flush_and_exit(code: int) -> None:
@@ -246,6 +252,7 @@ class KVStoreBytePS(KVStoreBase):
             freeze_startup_objects()
         if config.gc_young_threshold:
             collect_young_less_often(config.gc_young_threshold)
+        exit_status.install()          # the program's sys.exit(N), for _close_at_exit
         close_at_exit(self._close_at_exit)
 
     # ------------------------------------------------------------------ properties
@@ -314,7 +321,7 @@ class KVStoreBytePS(KVStoreBase):
         or None)`` when finished. For callers inside an engine operation of their own (the
         local group's root): nothing is pushed to MXNet's engine."""
         self._engine.pushpull(self._initialised_key(key), inputs, [out], priority,
-                              on_done=on_done)   # no calls counted: alone
+                              on_done=on_done, called=False)   # not a program's call: alone
 
     def _initialise(self, key, value, outs, any_order=False):
         ikey = self._int_key(key)
@@ -433,16 +440,34 @@ class KVStoreBytePS(KVStoreBase):
         must not look like a success, and an exit hook cannot raise (Python would print the
         traceback and exit 0).
 
+        A program that exited with a status other than 0 (``sys.exit(N)``, recorded by
+        :mod:`mxnet_patch.exit_status`) ends the job for every node at once, saying so, and
+        every node exits with N (the launchers pass it on): the others may be waiting for this
+        one's next push, and would keep it until BYTEPS_REQUEST_TIMEOUT.
+
         A script that ended with an uncaught exception (Python printed it and set
         ``sys.last_value``) gives the other workers LEAVE_AFTER_FAILURE_S to leave with it
         (they do when they all failed alike, e.g. a refused setting, and the servers then stop
         as usual): the others may instead be waiting for this one's next push, and would keep
         it until BYTEPS_REQUEST_TIMEOUT. Then it exits 1 (Python's status for an uncaught
-        exception) and the launcher stops the job, naming this worker."""
+        exception) and the launcher stops the job, naming this worker. A worker stopped by a
+        job that another node ended exits with that job's status."""
+        from kvstore_byteps.errors import JobAbortedError, exit_status as aborted_status
         failure = getattr(sys, "last_value", None)
+        status = exit_status.requested()
+        if failure is None and status:
+            self._end_job_exiting(status)
+            return
         try:
-            self.close(None if failure is None else LEAVE_AFTER_FAILURE_S)
+            if failure is None:
+                self.close()
+            else:
+                self.close(LEAVE_AFTER_FAILURE_S, ending="its program stopped on an uncaught "
+                           "%s: %s" % (type(failure).__name__, str(failure).split("\n")[0]))
         except Exception as exc:    # KVStoreBytePSError, or MXNet's error from waitall
+            aborted = self._engine.po.error
+            if isinstance(aborted, JobAbortedError):
+                _flush_and_exit(aborted_status(aborted))     # its reason was said (one line)
             if failure is not None:
                 log.error("dist_byteps worker rank %s stops on an uncaught %s; the other workers "
                           "did not stop with it within %g s: it leaves without them", self.rank,
@@ -452,10 +477,32 @@ class KVStoreBytePS(KVStoreBase):
                           self.rank,
                           str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             _flush_and_exit(1)
+        aborted = self._engine.po.error
+        if failure is not None and isinstance(aborted, JobAbortedError):
+            _flush_and_exit(aborted_status(aborted))
 
-    def close(self, leave_within=None):
+    def _end_job_exiting(self, status):
+        """The program exited with ``status`` (not 0): end the job for every node, which all
+        exit with it, and exit at once with ``status``, without the shutdown barriers: first,
+        so that the launchers name this worker (the others stop on the notice)."""
+        reason = "its program exited with status %d (sys.exit)" % status
+        log.error("dist_byteps worker rank %s: %s; the job ends for every node", self.rank,
+                  reason)
+        postoffice = self._engine.po
+        try:
+            postoffice.end_job(reason, status)
+        except Exception as exc:    # the scheduler is gone: the launcher ends the job
+            log.debug("could not ask the scheduler to end the job: %s", exc)
+        else:   # the scheduler's notice, sent to every node, stops this one's van too
+            deadline = time.monotonic() + END_JOB_WAIT_S
+            while not postoffice.stopped and time.monotonic() < deadline:
+                time.sleep(0.02)
+        _flush_and_exit(status)
+
+    def close(self, leave_within=None, ending=None):
         """Finish pending work, then leave the cluster as MXNet's workers do (the other workers
-        must leave within ``leave_within`` seconds, default BYTEPS_REQUEST_TIMEOUT). Idempotent."""
+        must leave within ``leave_within`` seconds, default BYTEPS_REQUEST_TIMEOUT; ``ending``:
+        why this worker leaves, for messages). Idempotent."""
         engine = self._engine
         if engine.closed:
             return
@@ -463,7 +510,7 @@ class KVStoreBytePS(KVStoreBase):
             nd.waitall()
         except Exception as exc:     # a failed op was already reported to its reader
             log.warning("pending operations failed before close: %s", exc)
-        engine.close(leave_within)
+        engine.close(leave_within, ending)
 
 
 # Imported before MXNet, this module imports MXNet, whose start-up hook then finds it half made

@@ -26,22 +26,23 @@ import numpy as np
 from .. import compiled
 from ..compress.params import parse_compression_params
 from ..config import Config, ServerKind
-from ..errors import ConfigError, KVStoreBytePSError, PeerError, training_over
+from ..errors import ConfigError, JobAbortedError, KVStoreBytePSError, PeerError, training_over
 from ..logs import announce
 from ..mxproto import Presence, RequestType, ServerCommand, encode_cmd
 from ..van.kv.app import KVWorker
-from ..van.wire.message import ALL_GROUP, SERVER_GROUP, WORKER_GROUP
+from ..van.wire.message import ALL_GROUP, SERVER_GROUP, WORKER_GROUP, id_to_rank
 from ..van.runtime.postoffice import Postoffice
 from ..words import count
-from .fusion import Fusion, Ticket
+from .fusion import BUCKET_INDEX, Fusion, Ticket
 from .modes import tell_presence
 from . import sizing
 from .layout import KeyLayout, Layouts, ServerDialect, dialect_for, server_kind
-from .partition import KeyLayoutError
+from .partition import KeyLayoutError, decode_ps_key
 from .recovery import RecoveryKeeper, Unrecoverable
 from .reduce import local_reduce
 from .routes import CompressedRoute, PlainRoute, RidingRoute, compression_refusal
 from .stages import Pipeline, Stage, StageSpec, Task
+from .stuck import BarrierWatch, Waiting, parse as parse_waiting
 from .trace import Phase, Tracer, now_ns
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,15 @@ class WorkerEngine:
         self.training_over = False
         self._finished = False           # finish_training ran (its barrier passed)
         self.fusion: Optional[Fusion] = None     # gradient buckets (set at start)
+        #: a barrier while the others wait for this worker's pushes (synchronous rounds on
+        #: our servers; set at start)
+        self._barrier_watch: Optional[BarrierWatch] = None
+        self._declared = 0      # keys declared in the program's order (init without any_order)
+        #: pushpulls called (use: the API thread) and begun (pushpull: engine threads): while
+        #: they differ this worker still has pushes to send, and is not stuck in a barrier
+        self._called = 0
+        self._begun = 0
+        self._begun_lock = threading.Lock()
 
     def start(self) -> "WorkerEngine":
         """Join the cluster and get ready to push: postoffice start and MXNet's start-up
@@ -136,6 +146,8 @@ class WorkerEngine:
         # a bucket is one partition: at most the partition size
         self.fusion = Fusion(self, min(config.fusion_bytes, config.partition_bytes)
                              if self._fuses() else 0, config.fusion_timeout, self._waiting)
+        if self.mode.summed and kind is ServerKind.BYTEPS:
+            self._barrier_watch = BarrierWatch(self._waiting_rounds, self._end_stuck)
         self.po.on_recovery(lambda node, epoch: self.kv.post(
             lambda: self.keeper.recover(node, epoch)))
         if self.rank == 0:
@@ -260,7 +272,9 @@ class WorkerEngine:
             for request in requests:
                 self._wait(request, "initialising %s" % layout.name)
         if not any_order:
-            self.barrier()
+            self._declared += 1
+            self.barrier("declaring %s (its key number %d)"
+                         % (self.tracer.name_of(key), self._declared))
         try:
             stored = self._pull_all(layout, {"await_init": True} if any_order else None)
         except PeerError as exc:
@@ -294,12 +308,60 @@ class WorkerEngine:
             stored[part.offset:part.end] = np.frombuffer(got.vals, np.uint8)
         return stored
 
-    def barrier(self) -> None:
-        """Wait for every worker. With backup workers, the servers' rounds do not wait for
-        this worker's pushes meanwhile (the others may still be training)."""
+    def barrier(self, what: str = "in a barrier of the workers (kv._barrier)") -> None:
+        """Wait for every worker (``what`` it waits in, for messages). With backup workers, the
+        servers' rounds do not wait for this worker's pushes meanwhile (the others may still be
+        training)."""
         tell_presence(self.mode, self._command, Presence.AWAY)
-        self.po.barrier(WORKER_GROUP, timeout=self.config.request_timeout)
+        self._workers_barrier(what, self.config.request_timeout)
         tell_presence(self.mode, self._command, Presence.BACK)
+
+    def _workers_barrier(self, what: str, timeout: float, cause: Optional[str] = None) -> None:
+        """The workers' barrier, watched (:mod:`.stuck`): if the others wait at the servers
+        for this worker's pushes meanwhile, the job ends within seconds, naming both, and
+        ``cause`` (why this worker left) or else that the workers' programs differ."""
+        watch = self._barrier_watch
+        if watch is not None:
+            watch.arm((what, cause))
+        try:
+            self.po.barrier(WORKER_GROUP, timeout=timeout)
+        finally:
+            if watch is not None:
+                watch.disarm()
+
+    def _waiting_rounds(self) -> List[Waiting]:
+        """Every server's rounds that wait for this worker's push (BYTEPS_WAITING); none
+        while a pushpull this worker called has not begun (its push is still to come)."""
+        if self._begun < self._called:
+            return []
+        request = self.kv.command(ServerCommand.BYTEPS_WAITING, b"")
+        self.kv.wait(request)
+        return [w for body in request.bodies.values() for w in parse_waiting(body)]
+
+    def _end_stuck(self, barrier: Tuple[str, Optional[str]], rounds: List[Waiting]) -> None:
+        """End the job: this worker waits in a barrier (``(what, cause)``) while others wait
+        for its ``rounds``."""
+        what, cause = barrier
+        ranks = sorted({id_to_rank(node) for w in rounds for node in w.ahead})
+        shown = "; ".join("%s round %d" % (self._name_ps_key(w.ps_key), w.round)
+                          for w in rounds[:3])
+        reason = ("worker rank %d waits %s while worker rank%s %s wait%s at the servers for its "
+                  "push of %s%s: %s" % (
+                      self.rank, what, "s" if len(ranks) > 1 else "",
+                      ", ".join(map(str, ranks)), "" if len(ranks) > 1 else "s", shown,
+                      " and more" if len(rounds) > 3 else "",
+                      cause or "the workers' programs differ (every worker must declare the "
+                      "same keys in the same order and push every key in every step, as many "
+                      "steps)"))
+        log.error("%s", reason)
+        self.po.end_job(reason)
+
+    def _name_ps_key(self, ps_key: int) -> str:
+        """``key 3 (conv0_weight) partition 1`` or ``gradient bucket 2``, from a ps key."""
+        _, key, index = decode_ps_key(ps_key, self.po.num_servers)
+        if index == BUCKET_INDEX:
+            return "gradient bucket %d" % key
+        return "%s partition %d" % (self.tracer.name_of(key), index)
 
     def finish_training(self) -> bool:
         """This worker trains no more. Where the servers keep the weights (asynchronous
@@ -336,16 +398,22 @@ class WorkerEngine:
         """A pushpull (``fusable``) or a lone push of ``key`` is being called (the API thread,
         in the program's order): what gradient buckets learn from it (:mod:`.fusion`). Returns
         the call's ticket (None: alone), the ``ticket`` to pass to its :meth:`pushpull`."""
+        self._called += 1
         return self.fusion.use(key, fusable)
 
     def pushpull(self, key: int, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
                  priority: int = 0, on_done: Optional[Callable[[Optional[BaseException]], None]]
-                 = None, ticket: Optional[Ticket] = None) -> Optional[Task]:
+                 = None, ticket: Optional[Ticket] = None, called: bool = True
+                 ) -> Optional[Task]:
         """Sum ``inputs`` over local devices and all workers into every output. Returns at once;
         ``on_done(error_or_None)`` runs on a pipeline thread when finished. ``ticket``: what
         :meth:`use` returned for this call; a fused one puts ``key`` in its gradient bucket
         (and None is returned) unless the bucket was dissolved since, else ``key`` goes alone
-        (its task is returned)."""
+        (its task is returned). ``called``: :meth:`use` counted this call (the local group's
+        root pushes without it)."""
+        if called:
+            with self._begun_lock:
+                self._begun += 1
         layout = self.layout(key, inputs[0].shape, inputs[0].dtype)
         for array in (*inputs, *outputs):
             if array.shape != layout.shape or array.dtype != layout.dtype:
@@ -466,11 +534,13 @@ class WorkerEngine:
         self.fusion.disable("gradients are compressed")
 
     # ------------------------------------------------------------------ shutdown
-    def close(self, leave_within: Optional[float] = None) -> None:
+    def close(self, leave_within: Optional[float] = None, ending: Optional[str] = None) -> None:
         """MXNet's exit sequence: Barrier(4), kStopServer from rank 0, Barrier(7), each with a
-        deadline (BYTEPS_REQUEST_TIMEOUT, or ``leave_within`` seconds). After a failed request
-        the worker leaves at once instead: its peers' waits then end at their deadlines, naming
-        what they waited for. Idempotent."""
+        deadline (BYTEPS_REQUEST_TIMEOUT, or ``leave_within`` seconds; ``ending``: why this
+        worker leaves early, for the message of a barrier the others do not reach,
+        :mod:`.stuck`; None: the workers' programs differ).
+        After a failed request the worker leaves at once instead: its peers' waits then end at
+        their deadlines, naming what they waited for. Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -484,17 +554,21 @@ class WorkerEngine:
             if self.tracer.enabled:
                 self.tracer.dump()
             if self.failure is not None:
-                log.error("worker rank %d leaves without the shutdown barriers after: %s",
-                          self.rank, self.failure)
+                # a job ended by a node was said once, by the postoffice, with its reason
+                (log.debug if isinstance(self.failure, JobAbortedError) else log.error)(
+                    "worker rank %d leaves without the shutdown barriers after: %s",
+                    self.rank, self.failure)
                 return
             if self.finish_training() and self.dialect.extensions_missing is None:
                 self._warn_if_stale()       # our servers know the versions of the weights
             leaving = leave_within or self.config.request_timeout
-            self.po.barrier(WORKER_GROUP, timeout=leaving)
+            self._workers_barrier("in the shutdown barrier", leaving, cause=ending)
             if self.rank == 0:
                 self._command(ServerCommand.STOP_SERVER, b"", "kStopServer")
             self.po.finalize(timeout=leaving)
         finally:
+            if self._barrier_watch is not None:
+                self._barrier_watch.close()
             self.po.stop()
 
     def _warn_if_stale(self) -> None:

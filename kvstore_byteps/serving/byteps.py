@@ -55,7 +55,8 @@ __all__ = ["BytePSServer"]
 _BYTEPS_HEADS = frozenset(encode_cmd(RequestType.BYTEPS, dtype)
                           for dtype in SERVER_DTYPES.values())
 #: the workers' commands about themselves, which the data path may answer
-_WORKER_COMMANDS = (ServerCommand.BYTEPS_ABSENT, ServerCommand.BYTEPS_STALE)
+_WORKER_COMMANDS = (ServerCommand.BYTEPS_ABSENT, ServerCommand.BYTEPS_STALE,
+                    ServerCommand.BYTEPS_WAITING)
 
 
 #: each training mode's data path, built with (answers, mode, pacing: see SummedRounds)
@@ -121,6 +122,8 @@ class BytePSServer(KVStoreDistServer):
                 ServerCommand.BYTEPS_PROBE: self._probe,
                 ServerCommand.BYTEPS_ABSENT: lambda body: b"",
                 ServerCommand.BYTEPS_STALE: lambda body: b"0/0",   # summed rounds: no weights
+                # rounds that do not wait for one worker (the servers' weights)
+                ServerCommand.BYTEPS_WAITING: lambda body: b"",
                 ServerCommand.BYTEPS_COMPRESSION: lambda body: self.compressed.set_spec(body),
                 ServerCommand.BYTEPS_LAYOUT: self._layout_command}
 

@@ -34,6 +34,8 @@ class KeptWeights(DataPath):
         ``BYTEPS_ABSENT``: rounds stop (or start) waiting for it (the server answers)."""
         if head == ServerCommand.BYTEPS_STALE:
             return b"%d/%d" % (self.stale(sender, keys), len(keys))
+        if head == ServerCommand.BYTEPS_WAITING:    # rounds here never wait for one worker
+            return b""
         try:
             presence = Presence(body)
         except ValueError:

@@ -210,6 +210,14 @@ class KeyRounds:
         for sender, _ in answered:
             self._answered[sender] = self._answered.get(sender, 0) + 1
 
+    def waiting_for(self, sender: int) -> Optional[Tuple[int, List[int]]]:
+        """``(round, the senders that pushed it)`` if other workers pushed a round ``sender``
+        has not (it cannot complete without ``sender``'s push), else None."""
+        with self._lock:
+            r = self._pushed.get(sender, 0)
+            ahead = sorted(s for s, pushed in self._pushed.items() if pushed > r)
+        return (r, ahead) if ahead else None
+
     def rounds_pushed(self, sender: int) -> int:
         """How many rounds ``sender`` has pushed (for tests and diagnostics)."""
         with self._lock:

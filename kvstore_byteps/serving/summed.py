@@ -12,6 +12,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
+from ..mxproto import WAITING_SHOWN, ServerCommand
 from .compressed import claimed_round
 from .datapath import Answers, DataPath, describe_sum
 from .pacing import ImmediateAcks, PacedAcks
@@ -33,6 +34,20 @@ class SummedRounds(DataPath):
                      else ImmediateAcks())
         # the summing threads' work, as stages of the server profile (profiler.py)
         self._accumulate = answers.timed("sum", self._accumulate, describe_sum)
+
+    def worker_command(self, head, sender: int, body: bytes, keys) -> Optional[bytes]:
+        """``BYTEPS_WAITING``: the rounds that wait for ``sender``'s push (see mxproto)."""
+        if head != ServerCommand.BYTEPS_WAITING:
+            return None
+        found = []
+        for key in keys:
+            waiting = key.rounds.waiting_for(sender)
+            if waiting is not None:
+                found.append(b"%d:%d:%s" % (key.ps_key, waiting[0],
+                                            b",".join(b"%d" % s for s in waiting[1])))
+                if len(found) == WAITING_SHOWN:
+                    break
+        return b";".join(found)
 
     def new_rounds(self, ps_key: int, values: np.ndarray) -> KeyRounds:
         return KeyRounds(ps_key, self._answers.num_workers, values.size, values.dtype)

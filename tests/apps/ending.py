@@ -5,6 +5,10 @@
     python ending.py fresh STEPS MB   # STEPS rounds of pushpulls of arrays made fresh every
                                      # step and dropped at once; sums checked every 5 steps
     python ending.py crash       # rank 1 raises after 5 rounds; rank 0 goes on pushing
+    python ending.py exit        # rank 1 calls sys.exit(3) after 5 rounds; rank 0 goes on
+    python ending.py early       # rank 1's loop ends after 5 rounds (its program ends, status
+                                 # 0); rank 0 goes on pushing
+    python ending.py extra       # rank 1 declares one key more than rank 0, which trains
 
 Prints ``ENDING <mode> rank R`` as its last line; everything after is the store's exit.
 """
@@ -52,14 +56,27 @@ def fresh(kv, steps, megabytes):
             print("step %d exact" % step, flush=True)
 
 
-def crash(kv):
+def crash(kv, how="raise"):
     kv.init(0, mx.nd.zeros(1024))
     out = mx.nd.zeros(1024)
     for step in range(1, 10 ** 6):
         kv.pushpull(0, mx.nd.ones(1024), out=out)
         out.wait_to_read()
         if step == 5 and kv.rank == 1:
+            if how == "exit":
+                sys.exit(3)
+            if how == "early":
+                return
             raise RuntimeError("rank 1 fails at step 5")
+
+
+def extra(kv):
+    keys = 3 if kv.rank == 1 else 2
+    kv.init(list(range(keys)), [mx.nd.zeros(64) for _ in range(keys)])
+    out = mx.nd.zeros(64)
+    for _ in range(10 ** 6):
+        kv.pushpull(0, mx.nd.ones(64), out=out)
+        out.wait_to_read()
 
 
 def main():
@@ -69,8 +86,10 @@ def main():
         pushpull(kv)
     elif mode == "fit":
         fit(kv)
-    elif mode == "crash":
-        crash(kv)
+    elif mode in ("crash", "exit", "early"):
+        crash(kv, mode)
+    elif mode == "extra":
+        extra(kv)
     elif mode == "fresh":
         fresh(kv, int(sys.argv[2]), int(sys.argv[3]))
     else:

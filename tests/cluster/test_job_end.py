@@ -57,17 +57,36 @@ def test_a_script_ending_with_work_in_flight_completes_it_and_exits_0_in_seconds
     assert took < 40, "the job took %.0f s:\n%s" % (took, output)
 
 
-def test_a_worker_that_raises_fails_the_job_at_once_naming_it(spawn):
-    # Rank 1 raises while rank 0 waits for its next push: rank 1 leaves without it after
-    # LEAVE_AFTER_FAILURE_S (10 s), not at BYTEPS_REQUEST_TIMEOUT (300 s).
-    code, output, took = launch(spawn, ["crash"], ["-s", "1"] + LONG_HEARTBEAT)
-    assert code == 1, output
-    assert "RuntimeError: rank 1 fails at step 5" in output, output
-    assert "dist_byteps worker rank 1 stops on an uncaught RuntimeError; the other workers did " \
-           "not stop with it within 10 s: it leaves without them" in output, output
-    assert "[launch] worker 1 (on this machine) exited with code 1; stopping all processes" \
-        in output, output
-    assert took < 40, "the job took %.0f s:\n%s" % (took, output)
+WAITS_FOR_RANK_1 = ("worker rank 1 waits %s while worker rank 0 waits at the servers for its "
+                    "push of key 0 partition 0 round ")
+
+
+@pytest.mark.parametrize("mode,status,said", [
+    # rank 1 raises while rank 0 waits for its next push: its shutdown barrier sees rank 0
+    # waiting for it (engine/stuck.py) and ends the job, not BYTEPS_REQUEST_TIMEOUT (300 s)
+    ("crash", 1, WAITS_FOR_RANK_1 % "in the shutdown barrier"),
+    # sys.exit(3): the job ends at once for every node, and its status is the job's (it was 1,
+    # after 300 s)
+    ("exit", 3, "worker rank 1 (node 11) at 127.0.0.1:"),
+    # rank 1's program ends normally, a step early: the others wait for its pushes
+    ("early", 1, WAITS_FOR_RANK_1 % "in the shutdown barrier"),
+    # rank 1 declares a key more (it waits in that key's barrier; rank 0 pushes): it was a
+    # silent wait of 300 s
+    ("extra", 1, "worker rank 1 waits declaring key 2 (its key number 3) while worker rank 0 "
+                 "waits at the servers for its push of key 0 partition 0 round 0: the workers' "
+                 "programs differ"),
+], ids=["raises", "sys-exit-3", "ends-early", "declares-more"])
+def test_a_worker_that_fails_exits_or_differs_ends_the_job_within_seconds_naming_it(
+        spawn, mode, status, said):
+    code, output, took = launch(spawn, [mode], ["-s", "1"] + LONG_HEARTBEAT)
+    assert code == status, output
+    assert said in output, output
+    if mode == "exit":
+        assert "ended the job: its program exited with status 3 (sys.exit)" in output, output
+    # the node that ended the job exits first (the others 1 s after its notice): named
+    assert "[launch] worker 1 (on this machine) exited with code %d; stopping all processes" \
+        % status in output, output
+    assert took < 20, "the job took %.0f s:\n%s" % (took, output)
 
 
 # -- PS_RESEND under loss ----------------------------------------------------------------------

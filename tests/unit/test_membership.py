@@ -307,6 +307,24 @@ def test_a_node_ending_the_job_has_the_scheduler_tell_everyone_why_then_stop():
     assert isinstance(stopped[0].error, JobAbortedError) and str(stopped[0].error) == why
 
 
+def test_the_exit_status_a_worker_ends_the_job_with_reaches_every_node():
+    # a worker's sys.exit(3): every node of the job exits 3, so every launcher passes it on
+    sched = formed_scheduler()
+    request = from_sender(abort_request("its program exited with status 3", VanClock(), 3), 11)
+    notices = sends(sched.handle(request, 20.0))
+    assert {m.meta.extra["abort_status"] for m in notices} == {3}
+    worker = NodeMembership(node(Role.WORKER, "127.0.0.1", 4000),
+                            node(Role.SCHEDULER, "127.0.0.1", 9091), 10.0)
+    [stopped] = worker.handle(from_sender(notices[0], 1), 21.0)
+    assert stopped.error.status == 3
+    [failed] = [a for a in sched.tick(20.0 + ABORT_GRACE_S) if isinstance(a, Fail)]
+    assert failed.error.status == 3
+    # the default: status 1, and no field on the wire (older nodes read it as before)
+    plain = sends(formed_scheduler().handle(
+        from_sender(abort_request("x", VanClock()), 11), 20.0))
+    assert all("abort_status" not in m.meta.extra for m in plain)
+
+
 def test_only_members_end_the_job_and_only_the_schedulers_notice_stops_a_node():
     sched = formed_scheduler()
     stranger = sched.handle(from_sender(abort_request("x", VanClock()), 99), 20.0)

@@ -20,7 +20,8 @@ from typing import Callable, Dict, List, NamedTuple, Optional
 
 import numpy as np
 
-from ...errors import ConfigError, DeadlineError, PeerError, ProtocolError, refused_configuration
+from ...errors import (ConfigError, DeadlineError, JobAbortedError, PeerError, ProtocolError,
+                       refused_configuration)
 from ...logs import PeerLog
 from .slicing import as_keys, slice_request
 from ..wire.message import DataType, Message, Meta, server_rank_to_id
@@ -306,7 +307,8 @@ class KVWorker:
         with self._lock:
             pending, self._pending = list(self._pending.values()), {}
         for request in pending:
-            request._fail(PeerError("%s: %s" % (request.what, error)))
+            request._fail(error.again() if isinstance(error, JobAbortedError)
+                          else PeerError("%s: %s" % (request.what, error)))
 
     # -------------------------------------------------------------- public API
     def push(self, keys, vals, lens=None, cmd: int = 0, priority: int = 0,
@@ -511,9 +513,12 @@ class KVWorker:
             self._fail_send(request, message, exc)
 
     def _fail_send(self, request: Request, message: Message, exc: Exception) -> None:
-        error = PeerError("%s: sending to node %d failed: %s"
-                          % (request.what, message.meta.recver, exc))
-        error.unreachable_node = message.meta.recver     # for the engine's advice
+        if isinstance(exc, JobAbortedError):        # a node ended the job: that is the reason
+            error = exc
+        else:
+            error = PeerError("%s: sending to node %d failed: %s"
+                              % (request.what, message.meta.recver, exc))
+            error.unreachable_node = message.meta.recver     # for the engine's advice
         self._fail_request(request, error)
         raise request.error from exc
 

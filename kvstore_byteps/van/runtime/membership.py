@@ -402,20 +402,24 @@ class SchedulerMembership:
             return []
         reason = str(msg.meta.extra["abort"])
         error = JobAbortedError("%s ended the job: %s" % (self._node(sender).describe_rank(),
-                                                          reason))
+                                                          reason),
+                                int(msg.meta.extra.get("abort_status") or 1))
         self.aborting = (error, now + ABORT_GRACE_S)
         actions: List = []
         for node_id in group_members(WORKER_GROUP | SERVER_GROUP, self.num_workers,
                                      self.num_servers):
             if node_id not in self.dead:
-                actions.append(Send(self._abort_notice(node_id, str(error))))
+                actions.append(Send(self._abort_notice(node_id, str(error), error.status)))
         return actions + [Refused(str(error))]
 
-    def _abort_notice(self, node_id: int, why: str) -> Message:
-        """The notice that ends node ``node_id``'s part in the job with ``why``."""
+    def _abort_notice(self, node_id: int, why: str, status: int = 1) -> Message:
+        """The notice that ends node ``node_id``'s part in the job with ``why``; the nodes exit
+        with ``status``."""
         notice = control_message(ControlCommand.HEARTBEAT, node_id, self.clock.tick(),
                                  nodes=[self.my_node])
         notice.meta.extra = {"abort": why}
+        if status != 1:
+            notice.meta.extra["abort_status"] = status
         return notice
 
     def start_failed(self, node: Node, reason: str) -> List[Tuple[Node, Message]]:
@@ -505,7 +509,8 @@ class NodeMembership:
             if msg.meta.sender != SCHEDULER_ID:
                 return [Refused("ignored a notice to end the job from node %s: only the "
                                 "scheduler passes those on" % msg.meta.sender)]
-            return [Fail(JobAbortedError(str(msg.meta.extra["abort"])))]
+            return [Fail(JobAbortedError(str(msg.meta.extra["abort"]),
+                                         int(msg.meta.extra.get("abort_status") or 1)))]
         if cmd == ControlCommand.HEARTBEAT:
             if (msg.meta.extra or {}).get("dead_node"):
                 if msg.meta.sender != SCHEDULER_ID:
@@ -597,10 +602,13 @@ def barrier_post(group: int, customer_id: int, my_id: int, clock: VanClock) -> M
                            customer_id=customer_id, app_id=0, request=True)
 
 
-def abort_request(reason: str, clock: VanClock) -> Message:
-    """A node's request to the scheduler to end the job, saying why."""
+def abort_request(reason: str, clock: VanClock, status: int = 1) -> Message:
+    """A node's request to the scheduler to end the job, saying why; every node then exits
+    with ``status``."""
     message = control_message(ControlCommand.HEARTBEAT, SCHEDULER_ID, clock.tick(), request=True)
     message.meta.extra = {"abort": reason}
+    if status != 1:
+        message.meta.extra["abort_status"] = status
     return message
 
 

@@ -16,7 +16,8 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ...config import Config, Role
-from ...errors import ConfigError, DeadlineError, KVStoreBytePSError, PeerError, ProtocolError
+from ...errors import (ConfigError, DeadlineError, JobAbortedError, KVStoreBytePSError, PeerError,
+                       ProtocolError)
 from ...logs import PeerLog
 from .customer import HandlerThread, InlineHandler, MixedHandler
 from .membership import (Connect, Fail, NodeDead, NodeMembership, NodeRecovered, Ready, Refused,
@@ -65,6 +66,7 @@ class Postoffice:
         self._barrier_cond = threading.Condition()
         self._barrier_released = 0
         self._error: Optional[BaseException] = None
+        self._ended_job = False     # this node asked the scheduler to end the job
         #: while start() waits: a failure then is start()'s to raise (and its caller's to
         #: report), not the receive loop's to log as well (the user read it twice)
         self._starting = False
@@ -353,6 +355,8 @@ class Postoffice:
         return False
 
     def _fail(self, action: Fail, peer) -> bool:
+        if isinstance(action.error, JobAbortedError):
+            action.error.elsewhere = not self._ended_job
         self._record_failure(action.error, "%s" % action.error)
         return False
 
@@ -451,6 +455,8 @@ class Postoffice:
     def send(self, message: Message) -> int:
         """Send a message to ``message.meta.recver`` (thread-safe)."""
         if self._stopped.is_set():
+            if isinstance(self._error, JobAbortedError):    # the whole story: who, and why
+                raise self._error.again()
             raise PeerError("cannot send to node %s: this node's van has stopped%s"
                             % (message.meta.recver,
                                " (%s)" % self._error if self._error else ""))
@@ -482,6 +488,8 @@ class Postoffice:
         with self._barrier_cond:
             while self._barrier_released < target:
                 if self._stopped.is_set():
+                    if isinstance(self._error, JobAbortedError):   # who ended it, and why
+                        raise self._error.again()
                     raise PeerError("barrier of group %d aborted: the van stopped (%s)"
                                     % (group, self._error))
                 waited = time.monotonic() - started
@@ -494,11 +502,13 @@ class Postoffice:
                     log.info("%s still waiting for barrier of group %d",
                              self.my_node.describe(), group)
 
-    def end_job(self, reason: str) -> None:
-        """Ask the scheduler to end the job for every node, saying why (thread-safe). The
-        scheduler's notice then stops this node too (``error`` says why); with an upstream
-        scheduler, which ignores the request, nothing happens: the caller stops by itself."""
-        self.send(abort_request(reason, self.membership.clock))
+    def end_job(self, reason: str, status: int = 1) -> None:
+        """Ask the scheduler to end the job for every node, saying why (thread-safe); every
+        node then exits with ``status``. The scheduler's notice then stops this node too
+        (``error`` says why); with an upstream scheduler, which ignores the request, nothing
+        happens: the caller stops by itself."""
+        self._ended_job = True
+        self.send(abort_request(reason, self.membership.clock, status))
 
     def finalize(self, barrier: bool = True, timeout: Optional[float] = None) -> None:
         """MXNet's shutdown: Barrier(7) (DeadlineError after ``timeout`` s; None waits as long

@@ -65,6 +65,8 @@ _META_FIELDS = [
     # on a default pull: answer it once the key's initialising push arrived (a worker that
     # declares tensors in any order), instead of refusing a pull of an unknown key
     ("await_init", 108, _F.TYPE_BOOL, _F.LABEL_OPTIONAL, {}),
+    # beside "abort": the exit status every node of the job ends with (a worker's sys.exit(N))
+    ("abort_status", 109, _F.TYPE_INT32, _F.LABEL_OPTIONAL, {}),
 ]
 
 
