@@ -114,6 +114,7 @@ class Bucket:
         self._called: List[bool] = []     # per member: called in the current round of calls
         self._calls = 0
         self.calls_round = 0        # rounds of calls completed since the bucket was formed
+        self.fused_from = 0         # the first round of calls that travels in the bucket
         self._sent = 0              # rounds sent (or failed) so far: the next to send
 
     @property
@@ -148,8 +149,10 @@ class Bucket:
         if learnt and learnt[-1] == key:
             self._read.append(key)
 
-    def form(self) -> None:
-        """The members are the keys called in the first round of calls, in declared order."""
+    def form(self, fused_from: int = 0) -> None:
+        """The members are the keys called in the first round of calls, in declared order;
+        rounds of calls from ``fused_from`` on travel in the bucket (the earlier go alone)."""
+        self.fused_from = self._sent = fused_from
         last = self._learnt[-1]
         called, self._learnt = set(self._learnt), None
         self.reads_between = any(key != last for key in self._read)
@@ -243,8 +246,9 @@ class Bucket:
         return leaving
 
     def goes_alone(self, index: int) -> bool:
-        """Whether a round called as round of calls ``index`` goes alone (dissolved since)."""
-        return self.dissolved and index >= self.dissolved_from
+        """Whether a round called as round of calls ``index`` goes alone (before the bucket's
+        first fused round, or dissolved since)."""
+        return index < self.fused_from or (self.dissolved and index >= self.dissolved_from)
 
     def overdue(self, now: float, timeout: float) -> List[BucketRound]:
         """Rounds opened more than ``timeout`` ago and still missing members; they leave."""

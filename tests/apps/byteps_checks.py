@@ -201,7 +201,7 @@ def check_trace(kv):
     values = {"conv0_weight": (3000,), "dense0_bias": (10,)}
     for name, shape in values.items():
         kv.init(name, mx.nd.zeros(shape))
-    for _ in range(3):
+    for _ in range(4):      # buckets: learnt, formed, then two rounds in the bucket
         for index, (name, shape) in enumerate(values.items()):
             grads = [mx.nd.ones(shape, ctx=mx.cpu(i)) for i in range(2)]
             kv.pushpull(name, grads, priority=-index)

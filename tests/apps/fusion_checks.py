@@ -13,7 +13,8 @@ paced    keys 0-2 declared in one init and pushed every round last key first, as
          does, rank 1 pausing PAUSE seconds between keys 1 and 0 (a slower layer: over a
          second) and rank 0 0.1 s: every round goes in the bucket on both, every sum exact;
          "PACED OK".
-stuck    keys 0-2 declared and pushed (a first round: it forms the bucket), then pushed again
+stuck    keys 0-2 declared and pushed twice (the first round forms the bucket, the second
+         goes alone while it is set up), then pushed again
          with key 1's gradient held back by an engine operation that does not finish: reading key 0 must fail within BYTEPS_FUSION_TIMEOUT,
          naming key 1; "STUCK FAILED: <error>".
 late     keys 0-2 declared; on rank 1 the first round's gradient of key 1 is held back by an
@@ -21,8 +22,9 @@ late     keys 0-2 declared; on rank 1 the first round's gradient of key 1 is hel
          ready late, as a slow backward's): that round must still go alone, as on rank 0,
          and every round's sums be exact; "LATE OK".
 mismatch every rank declares the same keys in the same order; run with a different
-         BYTEPS_FUSION_BYTES on one worker, its buckets differ from rank 0's: the second step
-         (where the buckets are formed) must fail there saying the workers fused keys differently, never sum wrong bytes.
+         BYTEPS_FUSION_BYTES on one worker, its buckets differ from rank 0's: the buckets are
+         formed at the second step and set up meanwhile; the job must end by the third saying
+         the workers fused keys differently, never sum wrong bytes.
 """
 import hashlib
 import sys
@@ -102,8 +104,9 @@ def check_stuck():
     for key in range(3):
         kv.init(key, mx.nd.zeros((10,)))
     grads = [mx.nd.ones((10,)) for _ in range(3)]
-    for key in range(3):              # the first round of calls forms the bucket
-        kv.pushpull(key, grads[key])
+    for _ in range(2):      # the first round of calls forms the bucket, the second goes alone
+        for key in range(3):
+            kv.pushpull(key, grads[key])
     release = threading.Event()
     mx.nd.waitall()
     push_async(lambda done: threading.Thread(target=lambda: (release.wait(), done())).start(),
@@ -149,8 +152,8 @@ def check_mismatch():
         kv.init(key, mx.nd.zeros((key + 1,)))
     grads = [mx.nd.ones((key + 1,)) for key in range(6)]
     try:
-        for _ in range(2):            # the buckets are formed (and checked) at the second
-            for key in range(6):
+        for _ in range(3):            # formed at the second step, set up and checked
+            for key in range(6):    # meanwhile, used (the error raised) at the third
                 kv.pushpull(key, grads[key])
             mx.nd.waitall()
     except Exception as exc:   # the error of the first step

@@ -97,6 +97,8 @@ def test_workers_disagreeing_on_a_shape_get_an_error_naming_the_key():
 @pytest.mark.parametrize("buckets", ["0", "262144"])
 def test_trace_shows_every_stage_with_the_parameter_names(tmp_path, buckets):
     import json
+    # a key's step counts its own rounds: step 1 is the second round of a key, and of a
+    # bucket (formed at the program's second step, travelling from its third)
     env = {"BYTEPS_TRACE_ON": "1", "BYTEPS_TRACE_START_STEP": "1",
            "BYTEPS_TRACE_END_STEP": "1", "BYTEPS_TRACE_DIR": str(tmp_path),
            "BYTEPS_FUSION_BYTES": buckets}

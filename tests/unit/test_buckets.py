@@ -206,3 +206,17 @@ def test_keys_declared_but_never_pushed_are_left_out_when_the_bucket_is_formed()
     one = BucketPlan(1 << 20)
     declare_all(one, [(0, 8, F32), (1, 4, F32)])
     assert not learn(one.use(0), [0]).fused          # one key pushed: it goes alone
+
+
+def test_the_round_of_calls_that_formed_the_bucket_goes_alone_and_the_next_travels_in_it():
+    # the engine forms a bucket with fused_from=1: its server key is set up meanwhile
+    plan = BucketPlan(1 << 20)
+    declare_all(plan, [(0, 4, F32), (1, 4, F32)])
+    bucket = plan.use(0)
+    assert not bucket.learn(0) and not bucket.learn(1) and bucket.learn(0)
+    bucket.form(fused_from=1)
+    assert [bucket.called(k) for k in (0, 1, 1, 0)] == [0, 0, 1, 1]
+    assert bucket.goes_alone(0) and not bucket.goes_alone(1)
+    bucket.arrive(1, 1, ("b", None, 0), 0, now=0.0)
+    first, ready = bucket.arrive(0, 1, ("a", None, 0), 0, now=0.0)
+    assert ready == [first] and first.index == 1      # sent: no round 0 to wait for
