@@ -53,6 +53,16 @@ def _positive(kind):
     return parse
 
 
+def _gpus(text):
+    if ":" in text:   # no role prefix, unlike --cpu and --memory
+        raise argparse.ArgumentTypeError("%r: GPUs are for workers only; give a number, e.g. "
+                                         "--gpus 1" % text)
+    return _positive(int)(text)
+
+
+_gpus.__name__ = "int"  # argparse's "invalid int value" for a word
+
+
 def _nonnegative_float(text):
     value = float(text)
     if value < 0:
@@ -114,14 +124,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="kubernetes: the job's name, prefix of its objects' names "
                                   "(default: kvstore-byteps-<random>)")
     p.add_argument("--namespace", help="kubernetes: the namespace (default: kubectl's)")
-    p.add_argument("--cpu", metavar="N", help="kubernetes: CPU request and limit of each "
-                                              "server and worker container, e.g. 4 or 3500m")
-    p.add_argument("--memory", metavar="SIZE", help="kubernetes: memory request and limit of "
-                                                    "each server and worker container, e.g. 16Gi")
-    p.add_argument("--gpus", type=_positive(int), metavar="N",
+    # --node-selector, --cpu, --memory: [server:|worker:]VALUE, checked by _check_kubernetes
+    p.add_argument("--cpu", action="append", default=[], metavar="[ROLE:]N",
+                   help="kubernetes: CPU request and limit of each server and worker container, "
+                        "e.g. 4 or 3500m; server:N or worker:N for that role only (repeatable)")
+    p.add_argument("--memory", action="append", default=[], metavar="[ROLE:]SIZE",
+                   help="kubernetes: memory request and limit of each server and worker "
+                        "container, e.g. 16Gi; server:SIZE or worker:SIZE for that role only "
+                        "(repeatable)")
+    p.add_argument("--gpus", type=_gpus, metavar="N",
                    help="kubernetes: GPUs (nvidia.com/gpu) for each worker container")
-    p.add_argument("--node-selector", action="append", default=[], metavar="LABEL=VALUE",
-                   help="kubernetes: run pods only on nodes with this label (repeatable)")
+    p.add_argument("--node-selector", action="append", default=[], metavar="[ROLE:]LABEL=VALUE",
+                   help="kubernetes: run pods only on nodes with this label; server:LABEL=VALUE "
+                        "or worker:LABEL=VALUE for that role's pods only (the scheduler's go "
+                        "with the servers') (repeatable)")
     p.add_argument("--scheduler", choices=[x.value for x in SchedulerProgram],
                    default=SchedulerProgram.BYTEPS.value, help="scheduler program (default byteps)")
     p.add_argument("--server", choices=[x.value for x in ServerProgram],
@@ -218,7 +234,8 @@ def parse_args(argv: Optional[Sequence[str]] = None,
 
 
 def _check_kubernetes(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """A --name, --namespace, --cpu, ... that Kubernetes would refuse is a usage error."""
+    """A --name, --namespace, --cpu, ... that Kubernetes would refuse, or an unknown role
+    prefix (server:, worker:), is a usage error."""
     from . import kubernetes  # only this launcher needs it
     try:
         kubernetes.job_from_args(args)

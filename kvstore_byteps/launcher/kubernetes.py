@@ -8,6 +8,10 @@
   S and W pods, one node per pod. ``backoffLimit: 0`` and ``restartPolicy: Never``: a
   parameter-server node cannot rejoin a running job, so a node that fails fails its Job.
 
+Placement: each role's :class:`Placement` (``--node-selector``, ``--cpu``, ``--memory``, each
+``[server:|worker:]VALUE``) goes on that role's pod template only; the scheduler's pod gets the
+servers' node selector and no resources; ``--gpus`` is the workers' alone.
+
 Addresses: servers and workers reach the scheduler at the Service's name, ``<name>-scheduler``
 (``DMLC_PS_ROOT_URI``), which resolves inside the job's namespace whatever the cluster's domain.
 ZeroMQ resolves a name when it connects and retries, so a node that starts before the name exists
@@ -58,6 +62,18 @@ _LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[
                         r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
 _QUANTITY = re.compile(r"^(\d+(\.\d*)?|\.\d+)([KMGTPE]i|[mkMGTPE]|[eE][+-]?\d+)?$")
+#: The role prefixes of --node-selector, --cpu and --memory; without one a value is for both.
+ROLE_PREFIXES = {"server": Role.SERVER, "worker": Role.WORKER}
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where one role's pods run and what their containers get: a nodeSelector, and CPU and
+    memory (each both the request and the limit; None: unset)."""
+
+    node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    cpu: Optional[str] = None
+    memory: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,10 +93,9 @@ class KubeJob:
     env_worker: Mapping[str, str] = dataclasses.field(default_factory=dict)
     namespace: Optional[str] = None
     port: int = DEFAULT_PORT
-    cpu: Optional[str] = None
-    memory: Optional[str] = None
-    gpus: Optional[int] = None
-    node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    servers: Placement = dataclasses.field(default_factory=Placement)
+    workers: Placement = dataclasses.field(default_factory=Placement)
+    gpus: Optional[int] = None   # per worker: servers and the scheduler get none
     local_groups: bool = False
     timeout_s: Optional[float] = None
 
@@ -95,10 +110,10 @@ class KubeJob:
                               "and '-')" % self.namespace)
         if not self.image or any(c.isspace() for c in self.image):
             raise LaunchError("--image %r is not an image reference" % self.image)
-        for option, value in (("--cpu", self.cpu), ("--memory", self.memory)):
-            if value is not None and not _QUANTITY.match(value):
-                raise LaunchError("%s %r is not a Kubernetes quantity (e.g. 4, 3500m, 16Gi)"
-                                  % (option, value))
+        for placement in (self.servers, self.workers):
+            for option, value in (("--cpu", placement.cpu), ("--memory", placement.memory)):
+                if value is not None:
+                    _check_quantity(option, value, value)
 
     @property
     def scheduler_host(self) -> str:
@@ -106,17 +121,61 @@ class KubeJob:
         return self.name + "-scheduler"
 
 
+def _check_quantity(option: str, text: str, value: str) -> None:
+    if not _QUANTITY.match(value):
+        raise LaunchError("%s %r is not a Kubernetes quantity (e.g. 4, 3500m, 16Gi)"
+                          % (option, text))
+
+
+def _role_prefix(option: str, text: str, stop: str = "") -> Tuple[Optional[Role], str]:
+    """``[server:|worker:]VALUE`` as (the role, or None for both) and VALUE. A ':' after
+    ``stop`` is part of VALUE, not a prefix (a label value cannot hold one anyway)."""
+    head, sep, rest = text.partition(":")
+    if not sep or (stop and stop in head):
+        return None, text
+    if head not in ROLE_PREFIXES:
+        raise LaunchError("%s %r: unknown role %r; expected %s or no prefix (both)"
+                          % (option, text, head, " or ".join(r + ":" for r in ROLE_PREFIXES)))
+    return ROLE_PREFIXES[head], rest
+
+
+def _label(text: str, label: str) -> Tuple[str, str]:
+    """``LABEL=VALUE`` (``label``, from the option ``text``) as (name, value)."""
+    key, sep, value = label.partition("=")
+    if not sep or not _LABEL_KEY.match(key) or len(key.rpartition("/")[0]) > 253 \
+            or not _LABEL_VALUE.match(value):
+        raise LaunchError("--node-selector %r: expected [server:|worker:]LABEL=VALUE with a "
+                          "Kubernetes label name and value, e.g. kubernetes.io/arch=amd64" % text)
+    return key, value
+
+
 def parse_node_selector(options: Sequence[str]) -> Dict[str, str]:
-    """``--node-selector LABEL=VALUE`` options as a nodeSelector; LaunchError on a bad one."""
-    selector = {}
-    for text in options:
-        key, sep, value = text.partition("=")
-        if not sep or not _LABEL_KEY.match(key) or len(key.rpartition("/")[0]) > 253 \
-                or not _LABEL_VALUE.match(value):
-            raise LaunchError("--node-selector %r: expected LABEL=VALUE with a Kubernetes label "
-                              "name and value, e.g. kubernetes.io/arch=amd64" % text)
-        selector[key] = value
-    return selector
+    """``--node-selector LABEL=VALUE`` options (no role prefix) as a nodeSelector; LaunchError
+    on a bad one."""
+    return dict(_label(text, text) for text in options)
+
+
+def parse_placements(node_selector: Sequence[str] = (), cpu: Sequence[str] = (),
+                     memory: Sequence[str] = ()) -> Dict[Role, Placement]:
+    """The servers' and the workers' :class:`Placement` from ``--node-selector``, ``--cpu`` and
+    ``--memory`` options, each ``[server:|worker:]VALUE``. A value without a prefix is for both
+    roles; one with a prefix is added to (a label) or replaces (CPU, memory) it for that role
+    only, wherever it stands on the command line. Among equals the last one wins, as with any
+    repeated option. LaunchError, quoting the option as written, on a bad one."""
+    selectors = {None: {}, Role.SERVER: {}, Role.WORKER: {}}
+    sizes = {who: {} for who in selectors}
+    for text in node_selector:
+        role, label = _role_prefix("--node-selector", text, stop="=")
+        key, value = _label(text, label)
+        selectors[role][key] = value
+    for option, field, values in (("--cpu", "cpu", cpu), ("--memory", "memory", memory)):
+        for text in values:
+            role, value = _role_prefix(option, text)
+            _check_quantity(option, text, value)
+            sizes[role][field] = value
+    return {role: Placement(node_selector={**selectors[None], **selectors[role]},
+                            **{**sizes[None], **sizes[role]})
+            for role in (Role.SERVER, Role.WORKER)}
 
 
 def random_name() -> str:
@@ -128,6 +187,7 @@ def random_name() -> str:
 def job_from_args(args) -> KubeJob:
     """The :class:`KubeJob` a parsed command line (``cli.parse_args``) asks for."""
     server_argv, server_env = server_program(ServerProgram(args.server), CONTAINER_PYTHON)
+    placements = parse_placements(args.node_selector, args.cpu, args.memory)
     return KubeJob(
         name=random_name() if args.name is None else args.name, image=args.image,
         num_workers=args.num_workers, num_servers=args.num_servers,
@@ -136,8 +196,8 @@ def job_from_args(args) -> KubeJob:
             SchedulerProgram(args.scheduler), CONTAINER_PYTHON)),
         server_argv=tuple(args.server_cmd or server_argv), server_env=server_env,
         env_all=args.env_all, env_server=args.env_server, env_worker=args.env_worker,
-        namespace=args.namespace, port=args.port or DEFAULT_PORT, cpu=args.cpu,
-        memory=args.memory, gpus=args.gpus, node_selector=parse_node_selector(args.node_selector),
+        namespace=args.namespace, port=args.port or DEFAULT_PORT,
+        servers=placements[Role.SERVER], workers=placements[Role.WORKER], gpus=args.gpus,
         local_groups=args.local_groups, timeout_s=args.timeout)
 
 
@@ -169,13 +229,27 @@ def _metadata(job: KubeJob, name: str, role: Optional[Role]) -> dict:
     return metadata
 
 
+def _placement(job: KubeJob, role: Role) -> Placement:
+    """What ``role``'s pods get. The scheduler is a small CPU process, as the servers are, so its
+    pod goes where theirs go (with plain --node-selector options only: every pod, as before) and
+    not onto the workers' GPU nodes. It gets no CPU or memory, as before: it only passes
+    control messages, and --cpu and --memory size the servers and workers."""
+    if role is Role.WORKER:
+        return job.workers
+    if role is Role.SERVER:
+        return job.servers
+    return Placement(node_selector=job.servers.node_selector)
+
+
 def _container(job: KubeJob, role: Role, argv: Sequence[str], env: List[dict]) -> dict:
     container = {"name": role.name.lower(), "image": job.image, "imagePullPolicy": "IfNotPresent",
                  "command": [_literal(a) for a in argv], "env": env}
     if role is Role.SCHEDULER:
         container["ports"] = [{"name": "scheduler", "containerPort": job.port, "protocol": "TCP"}]
         return container
-    sizes = {k: v for k, v in (("cpu", job.cpu), ("memory", job.memory)) if v is not None}
+    placement = _placement(job, role)
+    sizes = {k: v for k, v in (("cpu", placement.cpu), ("memory", placement.memory))
+             if v is not None}
     limits = dict(sizes)
     if role is Role.WORKER and job.gpus:
         limits[GPU_RESOURCE] = str(job.gpus)
@@ -188,8 +262,9 @@ def _job(job: KubeJob, role: Role, pods: int, container: dict) -> dict:
     pod_spec = {"restartPolicy": "Never", "containers": [container],
                 # a node's environment is what we set, not one variable per Service in the namespace
                 "enableServiceLinks": False, "terminationGracePeriodSeconds": 10}
-    if job.node_selector:
-        pod_spec["nodeSelector"] = dict(job.node_selector)
+    selector = _placement(job, role).node_selector
+    if selector:
+        pod_spec["nodeSelector"] = dict(selector)
     spec = {"backoffLimit": 0, "completions": pods, "parallelism": pods,
             "ttlSecondsAfterFinished": TTL_AFTER_FINISHED_S,
             "template": {"metadata": {"labels": _labels(job, role)}, "spec": pod_spec}}

@@ -29,6 +29,12 @@ CONFIGS = {
                           "--env", "OMP_NUM_THREADS=4", "--env-server",
                           "BYTEPS_SERVER_ENGINE_THREAD=8", "--env-worker",
                           "BYTEPS_PARTITION_BYTES=1024000"],
+    # servers on CPU nodes, workers on GPU nodes: role-prefixed options over plain ones
+    "per-role-placement": ["-n", "4", "-s", "2", "--node-selector", "kubernetes.io/arch=amd64",
+                           "--node-selector", "server:example.com/pool=cpu",
+                           "--node-selector", "worker:example.com/pool=gpu-a100",
+                           "--cpu", "2", "--cpu", "server:8", "--memory", "server:64Gi",
+                           "--memory", "worker:16Gi", "--gpus", "1"],
     "server-mxnet": ["-n", "2", "--server", "mxnet"],
     "server-knob-scheduler-mxnet": ["-n", "3", "-s", "1", "--server", "byteps-knob",
                                     "--scheduler", "mxnet"],
@@ -170,6 +176,60 @@ def test_commands_images_resources_node_selectors_and_variables():
     assert "BYTEPS_SERVER_ENGINE_THREAD" not in worker_env
 
 
+def placement(job):
+    """A rendered Job's pods' nodeSelector and their container's resources (None: unset)."""
+    pod = job["spec"]["template"]["spec"]
+    return pod.get("nodeSelector"), fakes.the_container(job).get("resources")
+
+
+def test_each_role_gets_its_own_node_selector_and_resources():
+    """Servers on CPU nodes with memory, workers on GPU nodes with GPUs: a role-prefixed option
+    goes on that role's pod template only, over the plain one for both; the scheduler's pod
+    goes with the servers' (a CPU process) and gets no resources."""
+    _, jobs = by_kind(rendered(CONFIGS["per-role-placement"]))
+    assert placement(jobs["server"]) == (
+        {"kubernetes.io/arch": "amd64", "example.com/pool": "cpu"},
+        {"requests": {"cpu": "8", "memory": "64Gi"}, "limits": {"cpu": "8", "memory": "64Gi"}})
+    assert placement(jobs["worker"]) == (
+        {"kubernetes.io/arch": "amd64", "example.com/pool": "gpu-a100"},
+        {"requests": {"cpu": "2", "memory": "16Gi"},
+         "limits": {"cpu": "2", "memory": "16Gi", "nvidia.com/gpu": "1"}})
+    assert placement(jobs["scheduler"]) == (
+        {"kubernetes.io/arch": "amd64", "example.com/pool": "cpu"}, None)
+
+
+def test_one_roles_options_leave_the_other_roles_pods_alone():
+    _, jobs = by_kind(rendered(["-n", "2", "--node-selector", "worker:example.com/pool=gpu",
+                                "--cpu", "worker:4", "--memory", "worker:16Gi"]))
+    assert placement(jobs["worker"]) == (
+        {"example.com/pool": "gpu"},
+        {"requests": {"cpu": "4", "memory": "16Gi"}, "limits": {"cpu": "4", "memory": "16Gi"}})
+    assert placement(jobs["server"]) == placement(jobs["scheduler"]) == (None, None)
+    _, jobs = by_kind(rendered(["-n", "2", "--node-selector", "server:example.com/pool=cpu",
+                                "--memory", "server:32Gi"]))
+    assert placement(jobs["worker"]) == (None, None)
+    assert placement(jobs["scheduler"]) == ({"example.com/pool": "cpu"}, None)
+    assert placement(jobs["server"]) == ({"example.com/pool": "cpu"},
+                                         {"requests": {"memory": "32Gi"},
+                                          "limits": {"memory": "32Gi"}})
+
+
+def test_a_role_prefix_wins_over_the_plain_value_wherever_it_stands():
+    """A role's value replaces the plain one for that role whatever the order; among options of
+    the same kind the last one wins, as for any repeated option (--cpu 2 --cpu 4: 4)."""
+    placements = kubernetes.parse_placements(
+        ["server:pool=cpu", "pool=any", "zone=a", "zone=b"],
+        ["server:8", "2", "4"], ["worker:16Gi", "worker:32Gi"])
+    servers, workers = placements[Role.SERVER], placements[Role.WORKER]
+    assert (dict(servers.node_selector), servers.cpu, servers.memory) == (
+        {"pool": "cpu", "zone": "b"}, "8", None)
+    assert (dict(workers.node_selector), workers.cpu, workers.memory) == (
+        {"pool": "any", "zone": "b"}, "4", "32Gi")
+    # a ':' in the value, not before the '=', is not a role: the label value is refused as such
+    with pytest.raises(LaunchError, match="expected \\[server:\\|worker:\\]LABEL=VALUE"):
+        kubernetes.parse_placements(["pool=a:b"])
+
+
 def test_server_and_scheduler_programs_and_p3():
     _, jobs = by_kind(rendered(CONFIGS["server-mxnet"]))
     assert container(jobs["server"])["command"] == ["python", "-c", "import mxnet"]
@@ -248,9 +308,42 @@ def test_a_bad_node_selector_is_a_usage_error(option, capsys):
 
 @pytest.mark.parametrize("options, word", [(["--cpu", "four"], "--cpu"),
                                            (["--memory", "16GB"], "--memory"),
+                                           (["--cpu", "server:four"], "--cpu"),
+                                           (["--memory", "worker:16GB"], "--memory"),
+                                           (["--memory", "worker:"], "--memory"),
                                            (["--namespace", "Training"], "--namespace")])
 def test_bad_sizes_and_namespaces_are_usage_errors(options, word, capsys):
     assert "error: %s %r" % (word, options[1]) in usage_error(["-n", "1"] + options, capsys)
+
+
+@pytest.mark.parametrize("option, text", [
+    ("--node-selector", "gpu:pool=a100"), ("--node-selector", "scheduler:pool=cpu"),
+    ("--node-selector", "Server:pool=cpu"), ("--node-selector", ":pool=cpu"),
+    ("--cpu", "workers:4"), ("--memory", "ps:16Gi")])
+def test_an_unknown_role_prefix_is_a_usage_error(option, text, capsys):
+    role = text.partition(":")[0]
+    assert usage_error(["-n", "1", option, text], capsys).endswith(
+        "error: %s %r: unknown role %r; expected server: or worker: or no prefix (both)"
+        % (option, text, role))
+
+
+@pytest.mark.parametrize("text", ["server:pool", "worker:=x", "worker:pool=a b", "server:"])
+def test_a_bad_label_after_a_role_prefix_is_a_usage_error(text, capsys):
+    assert "error: --node-selector %r: expected [server:|worker:]LABEL=VALUE" % text in \
+        usage_error(["-n", "1", "--node-selector", text], capsys)
+
+
+@pytest.mark.parametrize("text", ["server:1", "worker:1"])
+def test_gpus_take_no_role_prefix(text, capsys):
+    assert usage_error(["-n", "1", "--gpus", text], capsys).endswith(
+        "error: argument --gpus: %r: GPUs are for workers only; give a number, e.g. --gpus 1"
+        % text)
+
+
+def test_the_job_refuses_a_bad_quantity_itself():
+    job = kubernetes.job_from_args(parse(["-n", "1"]))
+    with pytest.raises(LaunchError, match="--memory '16GB' is not a Kubernetes quantity"):
+        dataclasses.replace(job, workers=kubernetes.Placement(memory="16GB"))
 
 
 def test_without_kubectl_the_launcher_says_so(tmp_path, monkeypatch):
@@ -274,6 +367,21 @@ def test_dry_run_prints_the_objects_as_yaml_documents(capsys):
     args = parse(["-n", "4", "-s", "2", "--dry-run"])
     assert kubernetes.run(args) == 0
     assert documents(capsys.readouterr().out) == kubernetes.render(kubernetes.job_from_args(args))
+
+
+def test_dry_run_shows_each_roles_placement(capsys):
+    args = parse(["-n", "2", "-s", "1", "--dry-run", "--node-selector", "server:pool=cpu",
+                  "--node-selector", "worker:pool=gpu", "--cpu", "server:4",
+                  "--memory", "worker:16Gi", "--gpus", "1"])
+    assert kubernetes.run(args) == 0
+    jobs = {o["metadata"]["name"]: o for o in documents(capsys.readouterr().out)
+            if o["kind"] == "Job"}
+    assert placement(jobs["digits-scheduler"]) == ({"pool": "cpu"}, None)
+    assert placement(jobs["digits-server"]) == (
+        {"pool": "cpu"}, {"requests": {"cpu": "4"}, "limits": {"cpu": "4"}})
+    assert placement(jobs["digits-worker"]) == (
+        {"pool": "gpu"}, {"requests": {"memory": "16Gi"},
+                          "limits": {"memory": "16Gi", "nvidia.com/gpu": "1"}})
 
 
 def test_dry_run_through_the_command_line(capsys):
