@@ -13,7 +13,9 @@ dist_byteps, or dist_async): with the last two the store updates. The natural sc
 worker runs the same ``--epochs`` on its shard, the slow one too. With backup workers the job's
 training is over once all workers but the backups finished: a worker still training stops at
 its next step (``kvstore_byteps.TrainingOver``, caught here). Then every worker calls
-``kvstore_byteps.finish_training`` (the servers' final weights; nothing in sync mode).
+``kvstore_byteps.finish_training`` (the servers' final weights; nothing in sync mode), or with
+``--ending barrier`` ``kv._barrier()`` and, where the store holds the weights, a ``kv.pull`` of
+each parameter (as MXNet scripts with ``update_on_kvstore`` read the final weights).
 
 Rank 0 measures the test accuracy after every epoch and of the final weights. Prints
 ``STRAGGLER_RESULT {json}``: rank, samples trained, whether TrainingOver ended its training,
@@ -49,6 +51,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--step-time", type=float, default=0.03, help="seconds per step")
     p.add_argument("--slow-rank", type=int, default=-1, help="the straggler's rank (-1: none)")
     p.add_argument("--slow-factor", type=float, default=1.0)
+    p.add_argument("--ending", choices=["finish", "barrier"], default="finish",
+                   help="after the loop: kvstore_byteps.finish_training, or a barrier and a "
+                   "pull of the weights")
     return p.parse_args(argv)
 
 
@@ -89,7 +94,14 @@ def main(argv=None) -> int:
                             demo.accuracy(net, x_test, y_test, mx.cpu())])
     except kvstore_byteps.TrainingOver:      # backup workers: the job's training is over
         ended = True
-    kvstore_byteps.finish_training(trainer)
+    if args.ending == "finish":
+        kvstore_byteps.finish_training(trainer)
+    else:
+        mx.nd.waitall()
+        kv._barrier()
+        if on_store:           # the servers hold the weights: read the final ones
+            for index, param in enumerate(trainer._params):
+                kv.pull(index, out=param.list_data(), priority=-index)
     mx.nd.waitall()
     finished = time.time()
     final = demo.accuracy(net, x_test, y_test, mx.cpu()) if kv.rank == 0 else None

@@ -20,8 +20,8 @@ the last worker's steps take F times as long (a straggler). Systems:
   scheduler and servers; the optimizer runs on the servers in async mode).
 
 Every worker runs the same ``--epochs`` (the natural script: data sharded by rank, the
-straggler too), then ``kvstore_byteps.finish_training``. Each system runs without and with the
-straggler. The table: the job's wall time (from the first worker's start to the last one's
+straggler too), then ``kvstore_byteps.finish_training`` (``--ending barrier``: a barrier and a
+pull of the weights instead). Each system runs without and with the straggler. The table: the job's wall time (from the first worker's start to the last one's
 end), with the straggler against its synchronous counterpart's, rank 0's test accuracy of the
 final weights (without and with the straggler), the seconds until rank 0 first measured
 ``--target`` test accuracy (after an epoch), and the share of the samples the workers trained.
@@ -74,6 +74,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "of its own (launch.py --launcher netns; root)")
     p.add_argument("--link-rate", default="500mbit",
                    help="netns: each host's link rate in each direction (default 500mbit)")
+    p.add_argument("--ending", choices=["finish", "barrier"], default="finish",
+                   help="what every worker does after its loop: kvstore_byteps.finish_training,"
+                   " or a barrier and a pull of the weights (_straggler_worker.py)")
     p.add_argument("--job-timeout", type=int, default=600)
     p.add_argument("--out", help="results JSON (e.g. benchmarks/results/straggler/....json)")
     return p.parse_args(argv)
@@ -88,7 +91,7 @@ def run_job(args, system: str, slow: bool) -> Optional[Dict]:
             *network,
             "--timeout", str(args.job_timeout), "--grace", "20",
             sys.executable, WORKER, "--kvstore", kvstore, "--epochs", str(args.epochs),
-            "--step-time", str(args.step_time)]
+            "--step-time", str(args.step_time), "--ending", args.ending]
     if slow:
         argv += ["--slow-rank", str(_slow_rank(args)), "--slow-factor", str(args.slow_factor)]
     done = subprocess.run(argv, env={**child_env(), **env}, cwd=ROOT, stdout=subprocess.PIPE,

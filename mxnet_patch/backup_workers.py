@@ -6,9 +6,11 @@ SGD", 2016). A worker that fell behind does not apply the rounds it missed one b
 servers keep the weights and run the optimizer, as MXNet's ``dist_sync`` servers do with
 ``update_on_kvstore``, and a late worker's pull reads the current weights at once (its late
 gradient joins the open round if it is at most a few rounds late, else it is dropped, see
-``kvstore_byteps/serving/backup.py``). Once ``W - b`` workers finished training the job's
-training is over: a worker still training stops at its next step (``TrainingOver``, raised by
-the store) and ``kvstore_byteps.finish_training`` leaves every worker with the final weights.
+``kvstore_byteps/serving/backup.py``). Once ``W - b`` workers finished training, or while fewer
+than ``W - b`` are left training (the others wait in a barrier: the end of their loop), the
+job's training is over: a worker still training stops at its next step (``TrainingOver``,
+raised by the store) and ``kvstore_byteps.finish_training`` leaves every worker with the final
+weights.
 
 So in this mode the ``dist_byteps`` store is optimizer-capable, as ``dist_sync`` is:
 ``gluon.Trainer`` and ``Module.fit`` hand it the optimizer (rank 0 sends it to the servers,
@@ -57,13 +59,14 @@ class BackupTraining(UpdatingMode):
         self._pushed.discard(ikey)
 
     def before_step(self) -> None:
-        """The servers said the job's training is over (W - b workers finished), so this
-        worker's step ends its training: TrainingOver (a SystemExit with status 0), said in
-        one line the first time."""
+        """The servers said the job's training is over (W - b workers finished, or fewer than
+        W - b are left training), so this worker's step ends its training: TrainingOver (a
+        SystemExit with status 0), said in one line the first time."""
         if not self.store._engine.training_over:
             return
         message = ("worker rank %d: the job's training is over (BYTEPS_BACKUP_WORKERS=%d: "
-                   "enough workers finished), so this worker's training ends here; uncaught, "
+                   "enough workers finished or wait in a barrier after their training), so "
+                   "this worker's training ends here; uncaught, "
                    "TrainingOver ends the process with exit status 0 (catch "
                    "kvstore_byteps.TrainingOver to run code after the training loop)"
                    % (self.store.rank, self.mode.backup_workers))

@@ -316,7 +316,8 @@ class WorkerEngine:
         self._workers_barrier(what, self.config.request_timeout)
         tell_presence(self.mode, self._command, Presence.BACK)
 
-    def _workers_barrier(self, what: str, timeout: float, cause: Optional[str] = None) -> None:
+    def _workers_barrier(self, what: str, timeout: float, cause: Optional[str] = None,
+                         kind: str = "") -> None:
         """The workers' barrier, watched (:mod:`.stuck`): if the others wait at the servers
         for this worker's pushes meanwhile, the job ends within seconds, naming both, and
         ``cause`` (why this worker left) or else that the workers' programs differ."""
@@ -324,7 +325,7 @@ class WorkerEngine:
         if watch is not None:
             watch.arm((what, cause))
         try:
-            self.po.barrier(WORKER_GROUP, timeout=timeout)
+            self.po.barrier(WORKER_GROUP, timeout=timeout, kind=kind)
         finally:
             if watch is not None:
                 watch.disarm()
@@ -374,7 +375,8 @@ class WorkerEngine:
             return False
         if not self._finished:
             tell_presence(self.mode, self._command, Presence.DONE)
-            self.po.barrier(WORKER_GROUP, timeout=self.config.request_timeout)
+            # a finish barrier: the others' own barriers no longer wait for this worker
+            self.po.barrier(WORKER_GROUP, timeout=self.config.request_timeout, kind="finish")
             self._finished = True
         return True
 
@@ -562,7 +564,8 @@ class WorkerEngine:
             if self.finish_training() and self.dialect.extensions_missing is None:
                 self._warn_if_stale()       # our servers know the versions of the weights
             leaving = leave_within or self.config.request_timeout
-            self._workers_barrier("in the shutdown barrier", leaving, cause=ending)
+            self._workers_barrier("in the shutdown barrier", leaving, cause=ending,
+                                  kind="shutdown")
             if self.rank == 0:
                 self._command(ServerCommand.STOP_SERVER, b"", "kStopServer")
             self.po.finalize(timeout=leaving)

@@ -101,9 +101,9 @@ class BackupWorkers(KeptWeights):
         absent = presence is Presence.AWAY
         (self._absent.add if absent else self._absent.discard)(sender)
         for key in keys:
-            key.rounds.set_absent(sender, absent)
-            if absent:
-                self._recheck(key)
+            for token in key.rounds.set_absent(sender, absent):
+                self._answers.fail(token, self._over, quiet=True)
+            self._recheck(key)
 
     def _finish(self, sender: int, keys) -> None:
         self._absent.add(sender)
@@ -122,10 +122,13 @@ class BackupWorkers(KeptWeights):
     @property
     def _over(self) -> str:
         """The answer to a late worker's pull once the training is over."""
+        waiting = len(self._absent - self._done)
         return TRAINING_OVER + (
-            "%s of %d finished training (BYTEPS_BACKUP_WORKERS=%d), so the job's training is "
+            "%s of %d finished training%s (BYTEPS_BACKUP_WORKERS=%d), so the job's training is "
             "over; this worker's late gradient was not applied"
-            % (len(self._done), self._answers.num_workers, self.backup_workers))
+            % (len(self._done), self._answers.num_workers,
+               " and %d wait%s in a barrier" % (waiting, "" if waiting > 1 else "s")
+               if waiting else "", self.backup_workers))
 
     def _index(self, ps_key: int) -> int:
         """The index the optimizer keeps ``ps_key``'s state under: ``-1 - local key`` (unique

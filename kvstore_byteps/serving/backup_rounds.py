@@ -32,12 +32,17 @@ last answer), so it needs no round number on the wire:
   worker skips ahead to the current weights, so a late worker never waits for a round, and
   rounds close exactly when they would without it).
 
-Workers that wait in a barrier (:meth:`BackupRounds.set_absent`) or finished training
-(:meth:`BackupRounds.finish`) are not waited for: a round needs ``min(W - b, workers
-present)`` pushes. Once ``W - b`` workers finished, the job's training is over: no round closes
-any more (a late worker's rounds would be one or two gradients scaled by ``W / c``, outsized
-updates of a model the quorum already trained), later pushes are dropped, and a late worker's
-pulls are answered :data:`ENDED` (the server tells it the training is over).
+A round always needs ``W - b`` pushes on time: no round is applied with fewer gradients
+scaled up (one or two gradients scaled by ``W / c``, outsized updates of a model the quorum
+already trained). Workers that wait in a barrier (:meth:`BackupRounds.set_absent`) or finished
+training (:meth:`BackupRounds.finish`) push nothing: while fewer than ``W - b`` workers are
+left (the others finished their loop: a barrier, ``finish_training`` or their exit), no round
+can close, and the training is over for the workers still pushing: their pushes are dropped
+and their pulls answered :data:`ENDED` (the server tells them; their next step raises
+``TrainingOver``). Once ``W - b`` workers finished, that is for good; workers back from a
+barrier (``set_absent(..., False)``) make rounds close again. (Until issue 62, a round needed
+``min(W - b, workers present)`` pushes: workers ending their loop with a barrier left a
+straggler whose every remaining step was applied alone, scaled by ``W``.)
 
 Threads: ``begin_push``, ``request_pull``, ``set_absent`` and ``finish`` run on the receive
 thread; ``add``, ``recheck`` and ``close`` on the one summing thread the key is bound to (only
@@ -101,9 +106,20 @@ class BackupRounds:
 
     @property
     def needed(self) -> int:
-        """Pushes that close a round: W - b, or fewer while workers are absent."""
-        return max(1, min(self.num_workers - self.backup_workers,
-                          self.num_workers - len(self._absent)))
+        """Pushes on time that close a round: W - b."""
+        return self.num_workers - self.backup_workers
+
+    @property
+    def pushed_by(self) -> int:
+        """Workers that pushed into the open round (on time, late or dropped as too late)."""
+        with self._lock:
+            return len(self._senders)
+
+    @property
+    def over(self) -> bool:
+        """Whether no round can close: W - b workers finished training (for good), or fewer
+        than W - b are left (the others wait in a barrier or finished)."""
+        return self.ended or self.num_workers - len(self._absent) < self.needed
 
     def begin_push(self, sender: int) -> Optional[int]:
         """Register ``sender``'s push: the round it is summed into (the open one, or the
@@ -113,7 +129,7 @@ class BackupRounds:
             if sender in self._pushed:
                 raise ProtocolError("node %d pushed key %d again before its pull of round %d "
                                     "was answered" % (sender, self.ps_key, self._pushed[sender]))
-            if self.ended:
+            if self.over:
                 self.dropped_after_end += 1
                 return None
             r = self._read.get(sender, 0)
@@ -137,7 +153,7 @@ class BackupRounds:
         or None if ``token`` waits for the round the sender pushed, and comes back from
         :meth:`close`. Each pull is answered exactly once."""
         with self._lock:
-            if self.ended:
+            if self.over:
                 self._pushed.pop(sender, None)
                 return ENDED
             wanted = self._pushed.get(sender)
@@ -165,30 +181,38 @@ class BackupRounds:
             self._summed += 1
             return self._complete()
 
-    def set_absent(self, sender: int, absent: bool) -> None:
+    def set_absent(self, sender: int, absent: bool) -> List[object]:
         """``sender`` pushes nothing for now (it waits in a barrier or left the job), or is
-        back. Rounds need fewer pushes while it is away: the open round may be complete now,
-        the caller runs :meth:`recheck` on the key's summing thread."""
+        back. Returns the tokens of the pulls that waited for the open round if that left fewer
+        than W - b workers (:attr:`over`), to be answered that the training is over; the caller
+        runs :meth:`recheck` on the key's summing thread (every worker left pushed, say)."""
         with self._lock:
             if absent:
                 self._absent.add(sender)
             else:
                 self._absent.discard(sender)
+            return self._end_waits()
 
     def finish(self, sender: int) -> List[object]:
         """``sender`` finished training: not waited for any more. When that makes ``W - b``
-        finished workers, the training is over: returns the tokens of the pulls that waited
-        for the open round (it will never close), to be answered that the training is over."""
+        finished workers, the training is over for good. Returns the tokens of the pulls that
+        waited for the open round if it can no longer close (:attr:`over`), to be answered
+        that the training is over."""
         with self._lock:
             self._absent.add(sender)
             self._done.add(sender)
-            if self.ended or len(self._done) < self.num_workers - self.backup_workers:
-                return []
-            self.ended = True
-            waiting, self._pending = self._pending, []
-            for waiter, _, _ in waiting:
-                self._pushed.pop(waiter, None)
-            return [token for _, _, token in waiting]
+            if len(self._done) >= self.needed:
+                self.ended = True
+            return self._end_waits()
+
+    def _end_waits(self) -> List[object]:
+        """Under the lock: the waiting pulls' tokens if no round can close now."""
+        if not self.over:
+            return []
+        waiting, self._pending = self._pending, []
+        for waiter, _, _ in waiting:
+            self._pushed.pop(waiter, None)
+        return [token for _, _, token in waiting]
 
     def note_read(self, sender: int) -> None:
         """``sender`` read the current weights outside a round (a plain pull)."""
@@ -211,7 +235,7 @@ class BackupRounds:
         # for ever, that push waiting behind a round of another key that waits for one of
         # ours (the workers' steps cross). A worker's late push and its next one (on time)
         # may both be in: two gradients.
-        if (self.ended or self._closing or self._gradients == 0
+        if (self.over or self._closing or self._gradients == 0
                 or self._summed < self._gradients):
             return None
         if len(self._fresh) < self.needed and not (self._waited_for()

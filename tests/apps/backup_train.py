@@ -1,6 +1,6 @@
 """Synchronous training with backup workers (BYTEPS_BACKUP_WORKERS), with answers that are exact.
 
-    backup_train.py {kv,gluon,module} STEPS SLOW_RANK
+    backup_train.py {kv,gluon,module} STEPS SLOW_RANK [uncaught]
 
 Every worker sleeps a random 0-20 ms before each step (seeded by its rank; ``SLOW_RANK``
 sleeps 60 ms more), so which workers make each round differs from round to round.
@@ -9,12 +9,18 @@ sleeps 60 ms more), so which workers make each round differs from round to round
   ``workers x STEPS`` entries: worker r's gradient at step s is 1 at entry ``r * STEPS + s``
   and 0 elsewhere, so the servers' final weights say which pushes were counted, and with
   which scale: ``-W / c`` where c pushes made the round, 0 for a dropped push. Checked: every
-  entry is 0 or ``-W / c`` with c in [1, ..., W] (c < W - b only once workers left, c > W - b
-  when late pushes joined the round), the entries sum to ``-W`` times a whole number of rounds,
-  and the pushes counted in rounds of exactly W - b are a multiple of W - b.
+  entry is 0 or ``-W / c`` with c in [W - b, ..., W] (c > W - b when late pushes joined the
+  round; never fewer than W - b, not even when the others wait in their final barrier: issue
+  62), the entries sum to ``-W`` times a whole number of rounds, and the pushes counted in
+  rounds of exactly W - b are a multiple of W - b.
 * ``gluon`` / ``module``: gluon.Trainer and Module.fit on a least-squares problem; the
   workers end with the same weights (a zero-gradient round after a barrier reads the final
   ones) and the loss went down.
+
+Every path ends with a barrier and a pull of the final weights (as MXNet scripts with
+``update_on_kvstore`` do). The slow worker's training ends when the others wait in that barrier
+(``kvstore_byteps.TrainingOver``): caught around the loop, as the docs say to; with
+``uncaught``, it ends that worker's process (status 0) and the others still finish.
 
 Prints ``BACKUP_RESULT <path> <rank> <digest>``; exit 3 on a wrong answer.
 """
@@ -25,7 +31,20 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
+import kvstore_byteps
+
 EXIT_WRONG = 3
+CATCH = "uncaught" not in sys.argv[4:]
+
+
+class training:
+    """``with training():`` around a training loop: TrainingOver ends it (where caught)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        return CATCH and kind is not None and issubclass(kind, kvstore_byteps.TrainingOver)
 
 
 def pace(rank, slow_rank, rng):
@@ -45,19 +64,20 @@ def run_kv(kv, steps, slow_rank, rng):
     w = mx.nd.zeros((workers * steps,), dtype="float64")
     kv.init(0, w)
     kv.set_optimizer(mx.optimizer.SGD(learning_rate=1.0, rescale_grad=1.0, wd=0.0))
-    for step in range(steps):
-        pace(rank, slow_rank, rng)
-        grad = np.zeros(workers * steps)
-        grad[rank * steps + step] = 1.0
-        kv.pushpull(0, mx.nd.array(grad, dtype="float64"), out=w)
-        w.wait_to_read()
+    with training():
+        for step in range(steps):
+            pace(rank, slow_rank, rng)
+            grad = np.zeros(workers * steps)
+            grad[rank * steps + step] = 1.0
+            kv.pushpull(0, mx.nd.array(grad, dtype="float64"), out=w)
+            w.wait_to_read()
     final = -final_weights(kv, 0, w)
     return final
 
 
 def check_kv(final, workers, backup, steps):
     counted = final[final != 0]
-    allowed = {workers / c for c in range(1, workers + 1)}
+    allowed = {workers / c for c in range(workers - backup, workers + 1)}
     bad = [v for v in counted if not any(abs(v - a) < 1e-12 for a in allowed)]
     rounds = final.sum() / workers
     problems = []
@@ -87,13 +107,14 @@ def run_gluon(kv, steps, slow_rank, rng):
     trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.05}, kvstore=kv)
     x, y = map(mx.nd.array, least_squares(kv.rank))
     losses = []
-    for _ in range(steps):
-        pace(kv.rank, slow_rank, rng)
-        with autograd.record():
-            loss = ((net(x) - y) ** 2).mean()
-        loss.backward()
-        trainer.step(1)
-        losses.append(float(loss.asscalar()))
+    with training():
+        for _ in range(steps):
+            pace(kv.rank, slow_rank, rng)
+            with autograd.record():
+                loss = ((net(x) - y) ** 2).mean()
+            loss.backward()
+            trainer.step(1)
+            losses.append(float(loss.asscalar()))
     assert trainer._update_on_kvstore, "gluon did not update on the store"
     # the store's keys are the indices of the trainer's parameter list
     return [final_weights(kv, i, p.data()) for i, p in enumerate(trainer._params)], losses
@@ -111,9 +132,10 @@ def run_module(kv, steps, slow_rank, rng):
     def paced(param):
         pace(kv.rank, slow_rank, rng)
         losses.append(float(((mod.get_outputs()[0].asnumpy() - y) ** 2).mean()))
-    mod.fit(train, num_epoch=steps, kvstore=kv, optimizer="sgd",
-            optimizer_params={"learning_rate": 0.05}, initializer=mx.init.Zero(),
-            batch_end_callback=paced)
+    with training():
+        mod.fit(train, num_epoch=steps, kvstore=kv, optimizer="sgd",
+                optimizer_params={"learning_rate": 0.05}, initializer=mx.init.Zero(),
+                batch_end_callback=paced)
     args, _ = mod.get_params()
     names = sorted(args)
     weights = [final_weights(kv, n, args[n].copy()) for n in names]
@@ -133,8 +155,9 @@ def main():
     else:
         weights, losses = (run_gluon if path == "gluon" else run_module)(kv, steps, slow_rank,
                                                                         rng)
-        problems = [] if losses[-1] < 0.5 * losses[0] else ["loss %s -> %s" % (losses[0],
-                                                                                losses[-1])]
+        # (a worker whose training ended early may have too few steps to show it)
+        problems = [] if len(losses) < steps // 2 or losses[-1] < 0.5 * losses[0] else [
+            "loss %s -> %s" % (losses[0], losses[-1])]
         digest = ",".join("%.6f" % v for w in weights for v in w.ravel())
     print("BACKUP_RESULT %s %d %s" % (path, kv.rank, digest), flush=True)
     if problems:

@@ -81,18 +81,19 @@ def test_a_second_push_before_the_answer_is_refused():
         r.begin_push(9)
 
 
-def test_rounds_do_not_wait_for_absent_workers_and_wait_again_when_they_are_back():
+def test_with_fewer_than_w_minus_b_workers_left_no_round_closes_until_they_are_back():
+    # issue 62: workers that ended their loop with a barrier left a straggler whose every
+    # step closed a round alone, scaled by W
     r = rounds(workers=3, backup=1)
     r.begin_push(9)
     r.add(0, np.ones(2))
-    assert r.recheck() is None                         # needs 2
-    r.set_absent(11, True)
-    r.set_absent(13, True)
-    assert r.recheck()[1] == 1                         # alone: one push closes the round
-    r.close()
-    r.set_absent(11, False)
-    r.set_absent(13, False)
-    assert r.needed == 2
+    assert r.request_pull(9, "t9") is None and r.recheck() is None     # needs 2
+    assert r.set_absent(11, True) == [] and not r.over      # 2 left: W - b
+    assert r.set_absent(13, True) == ["t9"] and r.over      # 1 left: over for it
+    assert r.recheck() is None and r.version == 0           # its lone push closes nothing
+    assert r.begin_push(9) is None and r.request_pull(9, "again") == ENDED
+    assert r.set_absent(11, False) == [] and not r.over     # back: rounds close again
+    assert r.needed == 2 and not r.ended
 
 
 def test_pushes_are_summed_only_when_all_counted_pushes_arrived():
@@ -140,9 +141,10 @@ def test_once_w_minus_b_workers_finished_no_round_closes_and_late_pulls_hear_it(
     assert r.begin_push(15) == 0                       # the straggler's push of round 0
     r.add(0, np.ones(2))
     assert r.request_pull(15, "t15") is None           # waits for the round
-    assert r.finish(9) == [] and r.finish(11) == []
-    assert not r.ended and r.needed == 2
-    assert r.finish(13) == ["t15"] and r.ended         # 3 of 4 finished: training over
+    assert r.finish(9) == [] and not r.over            # 3 left: W - b
+    assert r.finish(11) == ["t15"] and r.over          # 2 left: no round can close
+    assert not r.ended and r.needed == 3
+    assert r.finish(13) == [] and r.ended              # 3 of 4 finished: over for good
     assert r.recheck() is None                         # its lone push closes nothing
     assert r.begin_push(15) is None and r.dropped_after_end == 1
     assert r.request_pull(15, "again") == ENDED

@@ -480,3 +480,27 @@ def test_the_postoffice_has_a_handler_for_every_action():
     from kvstore_byteps.van.runtime.postoffice import Postoffice
     assert set(Postoffice._ACTIONS) == set(membership.ACTIONS)
     assert all(callable(handler) for handler in Postoffice._ACTIONS.values())
+
+
+def test_a_worker_in_its_finish_or_shutdown_barrier_holds_no_program_barrier_of_the_others():
+    # backup workers: the fast workers end their loop with kv._barrier(); the straggler, its
+    # training ended, exits: its finish and shutdown barriers must not pair with that one
+    sched = make_scheduler(workers=3, servers=1)
+    clock = VanClock()
+
+    def barrier(sender, kind=""):
+        return [m.meta.recver for m in sends(sched.handle(
+            from_sender(barrier_request(4, 0, clock, kind), sender), 0))]
+    assert barrier(9) == [] and barrier(11) == []          # the program's own
+    assert barrier(13, "finish") == [9, 11]     # 13 waits in its finish: the requesters go
+    assert barrier(9, "finish") == []
+    assert barrier(11, "finish") == [9, 11, 13]  # finish pairs with finish
+    # after the finish barriers the program's own barriers need every worker again (rank 0
+    # initialises a key after finish_training, the others read it after the barrier)
+    assert barrier(9) == [] and barrier(11) == [] and barrier(13) == [9, 11, 13]
+    # a worker in its shutdown barrier holds neither kind of the others' any more
+    assert barrier(13, "shutdown") == []
+    assert barrier(9) == [] and barrier(11) == [9, 11]
+    assert barrier(9, "finish") == [] and barrier(11, "finish") == [9, 11]
+    refused = sched.handle(from_sender(barrier_request(4, 0, clock, "nap"), 9), 0)
+    assert len(refused) == 1 and isinstance(refused[0], Refused)

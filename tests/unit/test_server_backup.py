@@ -63,23 +63,24 @@ def test_a_round_of_two_of_three_pushes_updates_once_and_the_late_push_joins_the
         assert values(fake, current) == [-96.5] * 4
 
 
-def test_an_absent_worker_is_not_waited_for():
+def test_a_worker_left_alone_by_workers_in_a_barrier_hears_the_training_is_over():
+    # 3 workers, 1 backup: with two in a barrier no round gathers W - b = 2 gradients, and
+    # none is applied with fewer, scaled up (issue 62)
     srv, fake = backup_server()
     with srv:
-        for sender in (WORKER1, WORKER2):
-            srv.handle_command(command(sender, ServerCommand.BYTEPS_ABSENT, b"1"), fake)
-        alone = bpush(WORKER0, 1, 1.0, pull_too=True)
-        srv.handle_request(alone, fake)
-        assert values(fake, alone) == [7.0] * 4                 # 1 x 3 / 1
-        srv.handle_command(command(WORKER1, ServerCommand.BYTEPS_ABSENT, b"0"), fake)
-        again = bpush(WORKER0, 1, 1.0, pull_too=True)
-        srv.handle_request(again, fake)
-        assert not fake.answered(again)                         # worker 1 is back: 2 needed
-        srv.handle_request(bpush(WORKER1, 1, 1.0), fake)        # read version 0: late
-        assert not fake.answered(again)                         # not counted towards the 2
         srv.handle_command(command(WORKER1, ServerCommand.BYTEPS_ABSENT, b"1"), fake)
-        # worker 0's push and worker 1's late one: (1 + 1) x 3 / 2 -> 7 - 3
-        assert values(fake, again) == [4.0] * 4
+        waits = bpush(WORKER0, 1, 1.0, pull_too=True)
+        srv.handle_request(waits, fake)
+        assert not fake.answered(waits)                         # 2 left: W - b needed
+        srv.handle_command(command(WORKER2, ServerCommand.BYTEPS_ABSENT, b"1"), fake)
+        assert "training over: 0 of 3 finished training and 2 wait in a barrier" in \
+            fake.wait_for(waits).error                           # 1 left: over for it
+        srv.handle_command(command(WORKER1, ServerCommand.BYTEPS_ABSENT, b"0"), fake)
+        srv.handle_command(command(WORKER2, ServerCommand.BYTEPS_ABSENT, b"0"), fake)
+        again = bpush(WORKER0, 1, 1.0, pull_too=True)          # back: rounds close again
+        srv.handle_request(again, fake)
+        srv.handle_request(bpush(WORKER1, 1, 1.0), fake)
+        assert values(fake, again) == [7.0] * 4                 # (1 + 1) x 3 / 2 from 10
 
 
 def test_the_probe_refuses_a_worker_that_trains_otherwise():

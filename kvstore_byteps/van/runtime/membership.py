@@ -218,7 +218,11 @@ class SchedulerMembership:
         self.pending: List[Node] = []
         self.nodes: List[Node] = []
         self.ready = False
-        self.barrier_arrived: Dict[int, set] = {}
+        #: (group, kind) -> the nodes waiting in that barrier; (group, kind) -> its request's
+        #: (app, customer); workers that entered a finish or shutdown barrier
+        self.barrier_arrived: Dict[Tuple[int, str], set] = {}
+        self.barrier_apps: Dict[Tuple[int, str], Tuple[int, int]] = {}
+        self.leaving: set = set()
         self.last_heartbeat: Dict[int, float] = {}
         self.replacements: List[Tuple[Node, float]] = []   # restarted servers, since when
         self.epochs: Dict[int, int] = {}     # node id -> how many times it was restarted
@@ -376,21 +380,52 @@ class SchedulerMembership:
         return actions
 
     def _on_barrier(self, msg: Message) -> List:
+        """A barrier request. Barriers are counted per group and kind (:data:`BARRIER_KINDS`):
+        a worker's finish barrier pairs only with the others' finish barriers, its shutdown
+        barrier with their shutdown barriers. A worker that waits in its finish barrier does
+        not hold the others' own barriers meanwhile, and one that entered its shutdown barrier
+        holds neither their own nor their finish barriers any more (it is leaving): a
+        straggler whose training a backup-workers job ended, at exit, would otherwise pair its
+        finish and shutdown barriers with the barrier the others ended their loop with, and
+        everyone waited. Releases go to the requesters."""
         group = msg.meta.control.barrier_group
         members = group_members(group, self.num_workers, self.num_servers)
-        if msg.meta.sender not in members:
+        sender = msg.meta.sender
+        if sender not in members:
             # a stranger (or a forged id) must not complete anyone's barrier
             return [Refused("ignored a barrier request of group %d from node %s, which is not "
-                            "one of its members %s" % (group, msg.meta.sender, members))]
-        arrived = self.barrier_arrived.setdefault(group, set())
-        arrived.add(msg.meta.sender)          # a repeated request counts once
-        if len(arrived) < len(members):
-            return []
-        arrived.clear()
-        return [Send(control_message(ControlCommand.BARRIER, node_id, self.clock.tick(),
-                                     barrier_group=group, app_id=msg.meta.app_id,
-                                     customer_id=msg.meta.customer_id))
-                for node_id in members]
+                            "one of its members %s" % (group, sender, members))]
+        kind = str((msg.meta.extra or {}).get("barrier_kind", ""))
+        if kind not in BARRIER_KINDS:
+            return [Refused("ignored a barrier request of an unknown kind %r from node %s"
+                            % (kind, sender))]
+        if kind == "shutdown":
+            self.leaving.add(sender)
+        arrived = self.barrier_arrived.setdefault((group, kind), set())
+        arrived.add(sender)          # a repeated request counts once
+        self.barrier_apps[(group, kind)] = (msg.meta.app_id, msg.meta.customer_id)
+        return self._release_complete()
+
+    def _release_complete(self) -> List:
+        """Release every barrier whose members all arrived, or do not hold it (workers'
+        barriers: see :meth:`_on_barrier`)."""
+        actions = []
+        finishing = set(self.barrier_arrived.get((WORKER_GROUP, "finish"), ()))
+        excused = {"": finishing | self.leaving, "finish": self.leaving, "shutdown": set()}
+        for (group, kind), arrived in self.barrier_arrived.items():
+            if not arrived:
+                continue
+            members = group_members(group, self.num_workers, self.num_servers)
+            passed = arrived | (excused[kind] if group == WORKER_GROUP else set())
+            if not set(members) <= passed:
+                continue
+            app_id, customer_id = self.barrier_apps[(group, kind)]
+            actions += [Send(control_message(ControlCommand.BARRIER, node_id, self.clock.tick(),
+                                             barrier_group=group, app_id=app_id,
+                                             customer_id=customer_id))
+                        for node_id in members if node_id in arrived]
+            arrived.clear()
+        return actions
 
     def _on_abort(self, msg: Message, now: float) -> List:
         """A node ends the job: tell every node why, then stop (after ABORT_GRACE_S)."""
@@ -504,7 +539,8 @@ class NodeMembership:
                 return [Refused("ignored a barrier request from node %s: only the scheduler "
                                 "counts barriers" % msg.meta.sender)]
             return [Send(barrier_request(msg.meta.control.barrier_group, msg.meta.customer_id,
-                                         self.clock))]
+                                         self.clock,
+                                         str((msg.meta.extra or {}).get("barrier_kind", ""))))]
         if cmd == ControlCommand.HEARTBEAT and (msg.meta.extra or {}).get("abort"):
             if msg.meta.sender != SCHEDULER_ID:
                 return [Refused("ignored a notice to end the job from node %s: only the "
@@ -587,19 +623,33 @@ class NodeMembership:
         return actions
 
 
-def barrier_request(group: int, customer_id: int, clock: VanClock) -> Message:
-    """A node's BARRIER request to the scheduler (app 0)."""
-    return control_message(ControlCommand.BARRIER, SCHEDULER_ID, clock.tick(), barrier_group=group,
-                           customer_id=customer_id, app_id=0, request=True)
+#: a worker's barriers: "" the program's own (kv._barrier, init's pairing); "finish" its
+#: finish_training (asynchronous training, backup workers); "shutdown" its exit's. Which hold
+#: which: SchedulerMembership._on_barrier
+BARRIER_KINDS = ("", "finish", "shutdown")
 
 
-def barrier_post(group: int, customer_id: int, my_id: int, clock: VanClock) -> Message:
+def barrier_request(group: int, customer_id: int, clock: VanClock, kind: str = "") -> Message:
+    """A node's BARRIER request to the scheduler (app 0); ``kind``: :data:`BARRIER_KINDS`."""
+    message = control_message(ControlCommand.BARRIER, SCHEDULER_ID, clock.tick(),
+                              barrier_group=group, customer_id=customer_id, app_id=0,
+                              request=True)
+    if kind:
+        message.meta.extra = {"barrier_kind": kind}
+    return message
+
+
+def barrier_post(group: int, customer_id: int, my_id: int, clock: VanClock,
+                 kind: str = "") -> Message:
     """The barrier request a node's owning thread sends to its own receive loop, which
     forwards it to the scheduler with a timestamp of its own (the scheduler's loop counts it
     directly). It has a timestamp too: PS_RESEND tells messages apart by it, and would drop
     a second post as a duplicate of the first."""
-    return control_message(ControlCommand.BARRIER, my_id, clock.tick(), barrier_group=group,
-                           customer_id=customer_id, app_id=0, request=True)
+    message = control_message(ControlCommand.BARRIER, my_id, clock.tick(), barrier_group=group,
+                              customer_id=customer_id, app_id=0, request=True)
+    if kind:
+        message.meta.extra = {"barrier_kind": kind}
+    return message
 
 
 def abort_request(reason: str, clock: VanClock, status: int = 1) -> Message:
@@ -617,7 +667,7 @@ def terminate_message(my_id: int) -> Message:
     return control_message(ControlCommand.TERMINATE, my_id, customer_id=0)
 
 
-__all__ = ["Connect", "Send", "Ready", "NodeRecovered", "ReleaseBarrier", "Stop", "NodeDead", "Fail", "Refused",
+__all__ = ["BARRIER_KINDS", "Connect", "Send", "Ready", "NodeRecovered", "ReleaseBarrier", "Stop", "NodeDead", "Fail", "Refused",
            "VanClock",
            "SchedulerMembership",
            "NodeMembership", "assign_ids", "group_members", "barrier_request", "barrier_post",

@@ -43,6 +43,8 @@ _ABORT_LINGER_S = 0.5
 _TICK_STEP_SECONDS = 0.01
 _STOP_SECONDS = 10.0
 _TERMINATE_SECONDS = 1.0
+#: how much longer start() waits for the receive thread's verdict after the start deadline
+_VERDICT_WAIT_S = 10.0
 _PROGRESS_LOG_SECONDS = 30.0
 #: data messages kept while the node is not ready yet (a restarted server hears from workers
 #: that learnt of it before its own ADD_NODE answer arrived); more are dropped
@@ -170,6 +172,11 @@ class Postoffice:
         self._starting = True
         self._thread.start()      # it starts the membership: one thread owns that state
         self._ready.wait(max(0.0, deadline - time.monotonic()) + 1.0)
+        if not self._ready.is_set():
+            # the receive thread gives the verdict (its tick fails the start naming the nodes
+            # that did not come); a thread busy at the deadline may give it a little late:
+            # wait for it rather than say less (a CI run of test_auth_cluster[zmq] did)
+            self._ready.wait(_VERDICT_WAIT_S)
         with self._start_lock:
             self._starting = False
             error = self._error
@@ -475,15 +482,17 @@ class Postoffice:
             return self.van.send(message)
 
     # ------------------------------------------------------------------ barrier / stop
-    def barrier(self, group: int, customer_id: int = 0, timeout: Optional[float] = None) -> None:
+    def barrier(self, group: int, customer_id: int = 0, timeout: Optional[float] = None,
+                kind: str = "") -> None:
         """Block until every member of ``group`` called barrier. ``timeout=None`` waits as long
-        as the cluster is alive, logging progress; otherwise DeadlineError after ``timeout`` s."""
+        as the cluster is alive, logging progress; otherwise DeadlineError after ``timeout`` s.
+        ``kind``: a worker's finish or shutdown barrier (membership.BARRIER_KINDS)."""
         if len(self.group_ids(group)) <= 1:
             return
         with self._barrier_cond:
             target = self._barrier_released + 1
         # posted to the receive loop, which owns the membership and sends control messages
-        self.send(barrier_post(group, customer_id, self.my_id, self.membership.clock))
+        self.send(barrier_post(group, customer_id, self.my_id, self.membership.clock, kind))
         started = time.monotonic()
         with self._barrier_cond:
             while self._barrier_released < target:
