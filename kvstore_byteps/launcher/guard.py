@@ -7,7 +7,9 @@ the pipe; over ssh the remote sshd closes the channel when the ssh client dies. 
 guard reads end-of-file and stops the node's whole process group (SIGTERM, then SIGKILL after a
 grace), so no scheduler, server or worker outlives its launcher, locally or on a remote host.
 The guard also forwards SIGTERM/SIGINT/SIGHUP to the group and exits with the node's status
-(128 + N for a node killed by signal N).
+(128 + N for a node killed by signal N), except when the launcher stopped it with its word: then
+0, since the launcher has decided the job's status and said why (under Slurm a status other
+than 0 made srun print a line per node, and a step that srun had to cancel two).
 
     python -m kvstore_byteps.launcher.guard [--cwd DIR] [--path-prepend DIR] -- CMD [ARGS...]
 """
@@ -44,6 +46,7 @@ class Guard:
         guard_pid = os.getpid()
         #: the stop signal passed on to the node, if any (it did not fail by itself then)
         self.signalled: Optional[int] = None
+        self.stopped_by_launcher = False     # its word came: the launcher stops the job
         self.proc = subprocess.Popen(
             # output: None (ours) or subprocess.PIPE (stdout and stderr, for whoever copies them)
             list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=output, stderr=output,
@@ -99,6 +102,8 @@ class Guard:
                 self.signal_group(signal.SIGKILL)
         code = self.proc.poll()   # finished, or stop() gave up on it after SIGKILL
         self.signal_group(signal.SIGKILL)  # whatever the node left behind in its group
+        if self.stopped_by_launcher:
+            return 0
         return exit_status(code) if code is not None else 128 + signal.SIGKILL
 
     def _watch(self, selector, watch_fd: Optional[int]) -> None:
@@ -111,6 +116,7 @@ class Guard:
                 if not data or STOP_WORD in data:
                     if STOP_WORD not in data:  # no word: the launcher died
                         _say("the launcher went away; stopping %s" % self.proc.args[0])
+                    self.stopped_by_launcher = STOP_WORD in data
                     self.stop()
                     return
             elif watch_fd is None:

@@ -28,6 +28,11 @@ POLL_INTERVAL_S = 0.05
 #: How long nodes get to exit after we close their pipes and SIGTERM them (the guard itself waits
 #: 3 s before its SIGKILL), before we SIGKILL what is left.
 STOP_GRACE_S = 5.0
+#: How long nodes get to stop on the guard's word before we SIGTERM them (a guard stops its node
+#: with SIGTERM at once, and SIGKILLs it after 3 s).
+WORD_GRACE_S = 4.0
+#: How long a node killed by a signal waits to be blamed, in case the signal came to us too.
+SIGNAL_RACE_S = 0.5
 READER_JOIN_S = 5.0
 GUARD_MODULE = "kvstore_byteps.launcher.guard"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -208,6 +213,8 @@ class Job:
                 self._log("received %s; stopping all processes" % signal.Signals(self._signal).name)
                 return 128 + self._signal
             failed = next((c for c in self._children if c.proc.poll() not in (None, 0)), None)
+            if failed is not None and self._killed_with_us(failed):
+                continue       # our own stop signal came with it: say that instead
             if failed is not None:
                 code = failed.proc.returncode
                 where = "on " + self._starter.where(failed.spec)
@@ -230,11 +237,30 @@ class Job:
                 return EXIT_TIMEOUT
             time.sleep(POLL_INTERVAL_S)
 
+    def _killed_with_us(self, failed: "_Child") -> bool:
+        """Whether ``failed`` was killed by a signal that reached us too: a Ctrl-C goes to
+        the terminal's whole foreground group, and salloc may cancel the job's steps on it;
+        a node that died of it first must not be taken for the cause."""
+        code = exit_status(failed.proc.returncode)
+        if self._signal is not None or code <= 128:
+            return False
+        deadline = time.monotonic() + SIGNAL_RACE_S
+        while self._signal is None and time.monotonic() < deadline:
+            time.sleep(POLL_INTERVAL_S)
+        return self._signal is not None
+
     def _stop_all(self) -> None:
-        """Pipes closed and SIGTERM to every group, SIGKILL what is left after a grace, reap."""
+        """The stop word down every pipe (each guard stops its node and exits 0), SIGTERM to
+        the groups still running after a while, SIGKILL what is left after a grace, reap. The
+        word first: under Slurm a SIGTERM to srun cancels its step, and slurmstepd and srun
+        then print two lines per node."""
         alive = [c for c in self._children if c.running]
         for child in self._children:
             child.close_pipe()
+        deadline = time.monotonic() + WORD_GRACE_S
+        while any(c.running for c in alive) and time.monotonic() < deadline:
+            time.sleep(POLL_INTERVAL_S)
+        for child in self._children:
             child.signal_group(signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
         while any(c.running for c in alive) and time.monotonic() < deadline:

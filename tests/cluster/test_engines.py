@@ -192,6 +192,80 @@ def test_a_failing_worker_fails_the_slurm_job_naming_it(slurm):
     _assert_nothing_left(slurm)
 
 
+ENDING = os.path.join(REPO, "tests", "apps", "ending.py")
+#: what srun and slurmstepd print when the launcher has to cancel a node's step
+SLURM_NOISE = ("slurmstepd", "CANCELLED", "task 0: Killed", "Exited with exit code 143")
+
+
+@requires_slurm
+@pytest.mark.timeout(180)
+def test_a_worker_that_calls_sys_exit_3_ends_the_slurm_job_with_3_in_both_forms(slurm):
+    # the job ends at once for every node (the worker's status is the job's): srun needs no
+    # --kill-on-bad-exit to pass it on, and the launcher's stop cancels no step
+    code, out = _run(["salloc", "-n", "4"] + _launch_args("slurm", servers=1) +
+                     [sys.executable, ENDING, "exit"], env=slurm.env, timeout=90)
+    assert code == 3, out
+    assert ("[launch] worker 1 (on Slurm node %s) exited with code 3; stopping all processes"
+            % slurm_cluster.NODE) in out, out
+    assert not [line for line in out.splitlines() if any(n in line for n in SLURM_NOISE)], out
+    code, out = _run(["srun", "-n", "4", sys.executable, "-m", NODE_MODULE, "-s", "1",
+                      "--", sys.executable, ENDING, "exit"], env=slurm.env, timeout=90)
+    assert code == 3, out
+    assert "[kvstore-byteps-node] worker 1 (Slurm rank 3 of 4, on 127.0.0.1) exited with " \
+           "code 3" in out, out
+    assert out.count("exited with code 3") == 4, out          # every node, with its status
+    _assert_nothing_left(slurm)
+
+
+def _ctrl_c_after(argv, env, ready_text, timeout=90):
+    """Run ``argv`` in a terminal of its own, press Ctrl-C once ``ready_text`` was printed;
+    ``(exit status, output)``."""
+    import pty
+    import select
+    pid, fd = pty.fork()
+    if pid == 0:               # the child: argv in the terminal's foreground group
+        try:
+            os.chdir(REPO)
+            os.execvpe(argv[0], argv, env)
+        finally:
+            os._exit(127)
+    out, pressed, deadline = b"", False, time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if not pressed and ready_text.encode() in out:
+                os.write(fd, b"\x03")
+                pressed = True
+            if select.select([fd], [], [], 0.2)[0]:
+                try:
+                    data = os.read(fd, 65536)
+                except OSError:
+                    data = b""
+                if not data:
+                    break
+                out += data
+    finally:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if not done:
+            os.kill(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+        os.close(fd)
+    return os.waitstatus_to_exitcode(status), out.decode(errors="replace")
+
+
+@requires_slurm
+@pytest.mark.timeout(180)
+def test_ctrl_c_to_a_job_under_salloc_exits_130_quietly_leaving_nothing(slurm):
+    argv = (["salloc", "-n", "4"] + _launch_args("slurm", workers=2, servers=1) +
+            [sys.executable, DEMO, "--epochs", "100000"])
+    code, out = _ctrl_c_after(argv, slurm.env, "epoch 2/")
+    assert code == 130, out
+    # (the terminal echoes the ^C before the launcher's line)
+    stopped = out.split("[launch] received SIGINT; stopping all processes")
+    assert len(stopped) == 2 and "[launch]" not in stopped[1], out
+    assert not [line for line in out.splitlines() if any(n in line for n in SLURM_NOISE)], out
+    _assert_nothing_left(slurm)
+
+
 @requires_slurm
 @requires_netns
 @pytest.mark.timeout(300)
