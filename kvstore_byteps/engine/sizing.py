@@ -34,23 +34,23 @@ SIZES = (384000, 768000, 1536000, Config.partition_bytes)
 SMALL_BODY, LARGE_BODY, TRIES = 65536, 1048576, 2
 
 
-def agree_on_partition_bytes(rank: int, servers: int, command: Callable,
-                             link_test: Callable[[bytes], None],
-                             barrier: Callable[[], None]) -> Tuple[int, Optional[float]]:
-    """The workers' agreement at start: rank 0 sizes the partitions from its link to the
-    ``servers`` servers (``link_test(body)`` sends ``body`` to every one and waits) and leaves
-    the size with them; the others read it back after ``barrier()`` of the workers.
-    ``command(head, body, what)`` sends a command to every server and returns the answered
-    request. Returns ``(partition bytes, rate rank 0 measured)``."""
+def agree_on_layout(rank: int, servers: int, command: Callable,
+                    link_test: Callable[[bytes], None], barrier: Callable[[], None],
+                    partition_bytes: Optional[int], fusion_bytes: int) -> dict:
+    """The workers' agreement at start: rank 0 leaves its layout with the servers, the others
+    read it back after ``barrier()`` of the workers: ``partition_bytes`` (None: sized from rank
+    0's link to the ``servers`` servers, ``link_test(body)`` sending ``body`` to every one and
+    waiting; ``rate`` is what it measured) and ``fusion_bytes`` (every worker must fuse as rank
+    0 does: the caller compares). ``command(head, body, what)`` sends a command to every
+    server and returns the answered request. Returns the layout's dict."""
     if rank == 0:
-        rate = measure_rate(link_test, servers)
-        body = encode_layout(partition_bytes_for(rate), rate)
+        rate = measure_rate(link_test, servers) if partition_bytes is None else None
+        body = encode_layout(partition_bytes or partition_bytes_for(rate), rate, fusion_bytes)
         command(ServerCommand.BYTEPS_LAYOUT, body, "leaving the partition layout")
     barrier()
     if rank != 0:
         body = _read_layout(command)
-    layout = decode_layout(body)
-    return int(layout["partition_bytes"]), layout.get("rate")
+    return decode_layout(body)
 
 
 def _read_layout(command: Callable) -> bytes:
@@ -95,9 +95,13 @@ def _timed(send: Callable[[bytes], None], body: bytes, clock: Callable[[], float
     return clock() - started
 
 
-def encode_layout(partition_bytes: int, rate: Optional[float]) -> bytes:
+def encode_layout(partition_bytes: int, rate: Optional[float],
+                  fusion_bytes: Optional[int] = None) -> bytes:
     """The body of rank 0's ``BYTEPS_LAYOUT`` command."""
-    return json.dumps({"partition_bytes": partition_bytes, "rate": rate}).encode("utf-8")
+    layout = {"partition_bytes": partition_bytes, "rate": rate}
+    if fusion_bytes is not None:
+        layout["fusion_bytes"] = fusion_bytes
+    return json.dumps(layout).encode("utf-8")
 
 
 def decode_layout(body: bytes) -> dict:

@@ -137,9 +137,11 @@ class WorkerEngine:
         probe = self._command(ServerCommand.BYTEPS_PROBE, self.mode.name.encode("utf-8"),
                               "the server probe")
         kind = server_kind(probe.bodies.values())
-        if kind is ServerKind.BYTEPS and config.size_partitions_by_link:
-            self.config = config = dataclasses.replace(
-                config, partition_bytes=self._agree_on_partition_bytes())
+        if kind is ServerKind.BYTEPS:
+            layout = self._agree_on_layout()
+            if config.size_partitions_by_link:
+                self.config = config = dataclasses.replace(
+                    config, partition_bytes=int(layout["partition_bytes"]))
         self.dialect = dialect_for(kind, config, self.po.num_servers)
         self.layouts = Layouts(self.dialect)
         self.keeper = self._keeper()
@@ -164,12 +166,29 @@ class WorkerEngine:
             announce(config, self.describe())
         return self
 
-    def _agree_on_partition_bytes(self) -> int:
-        """The partition size every worker cuts its keys with (sizing.py); rank 0 measures."""
-        partition_bytes, self.link_rate = sizing.agree_on_partition_bytes(
+    def _agree_on_layout(self) -> dict:
+        """Rank 0's layout, which every worker takes (sizing.py): the partition size (rank 0
+        measures its link, unless BYTEPS_PARTITION_BYTES says) and the gradient buckets'
+        capacity, which must be this worker's: a worker that fuses otherwise ends the job
+        at start, saying so (fused differently, the workers sent each other's rounds in
+        different server keys, and waited for each other until BYTEPS_REQUEST_TIMEOUT)."""
+        config = self.config
+        layout = sizing.agree_on_layout(
             self.rank, self.po.num_servers, self._command, self._link_test,
-            lambda: self.po.barrier(WORKER_GROUP, timeout=self.config.request_timeout))
-        return partition_bytes
+            lambda: self.po.barrier(WORKER_GROUP, timeout=config.request_timeout),
+            None if config.size_partitions_by_link else config.partition_bytes,
+            config.fusion_bytes)
+        self.link_rate = layout.get("rate")
+        theirs = layout.get("fusion_bytes")       # None: rank 0 of an older release
+        if theirs is not None and theirs != config.fusion_bytes:
+            error = ConfigError(
+                "worker rank %d has BYTEPS_FUSION_BYTES=%d, rank 0 %d: gradient buckets fuse "
+                "keys by it, and workers that fuse otherwise cannot sum together: set the "
+                "same BYTEPS_FUSION_BYTES on every worker" % (self.rank, config.fusion_bytes,
+                                                              theirs))
+            self.po.end_job(str(error))
+            raise error
+        return layout
 
     def _link_test(self, body) -> None:
         """``body`` to every server at once as pushes they acknowledge and drop."""
