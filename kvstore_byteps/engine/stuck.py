@@ -25,9 +25,9 @@ log = logging.getLogger(__name__)
 
 #: a barrier waits this long before the servers are asked (a barrier of workers that all
 #: reach it passes in milliseconds; a worker still sending its last pushes is done by then)
-CHECK_AFTER_S = 4.0
+CHECK_AFTER_S = 3.0
 #: ... and again this much later: the rounds that still wait, unchanged, are stuck
-CHECK_AGAIN_S = 2.0
+CHECK_AGAIN_S = 1.5
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,7 +3,7 @@ through ``launch.py``, on loopback and on the emulated network's slow links.
 
 Every round of every step must complete with exact sums: a round that does not fails its
 request (BYTEPS_REQUEST_TIMEOUT) or its bucket's deadline (BYTEPS_FUSION_TIMEOUT), both short
-here, and the job exits non-zero. Each run takes one fixed seed and one new one (printed: set
+here, and the job exits non-zero. Each run takes a new seed on each network (printed: set
 BUCKET_STRESS_SEED to run it again); before issue 66's fix, 3 seeds of 3 hung.
 """
 import os
@@ -18,8 +18,7 @@ from tests.support.paths import APPS, REPO
 
 LAUNCH = os.path.join(REPO, "launch.py")
 STRESS = os.path.join(APPS, "bucket_stress.py")
-FIXED_SEED = 3          # 30 tensors in 22 layers, declared one by one, 2 buckets
-STEPS = 5
+STEPS = 4
 
 
 def new_seed() -> int:
@@ -38,10 +37,9 @@ def stress(spawn, seed, *options, timeout=90):
     return out
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(150)
 def test_random_models_and_paces_complete_every_round_on_loopback(spawn):
-    for seed in (FIXED_SEED, new_seed()):
-        stress(spawn, seed)
+    stress(spawn, new_seed())
 
 
 @requires_netns
