@@ -127,9 +127,7 @@ def _end_job(postoffice, reason: str) -> None:
     this node too, or after _END_JOB_WAIT_S (an upstream scheduler ignores the request: the
     job then ends as this server exits, under the launcher)."""
     postoffice.end_job(reason)
-    deadline = time.monotonic() + _END_JOB_WAIT_S
-    while not postoffice.stopped and time.monotonic() < deadline:
-        time.sleep(0.05)
+    postoffice.wait_stopped(_END_JOB_WAIT_S)
     raise postoffice.error if isinstance(postoffice.error, JobAbortedError) else \
         JobAbortedError("server rank %d ended the job: %s" % (postoffice.my_rank, reason))
 

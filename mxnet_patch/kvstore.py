@@ -17,7 +17,6 @@ import logging
 import os
 import sys
 import threading
-import time
 
 from mxnet import ndarray as nd
 from mxnet.kvstore.base import KVStoreBase
@@ -452,7 +451,6 @@ class KVStoreBytePS(KVStoreBase):
         it until BYTEPS_REQUEST_TIMEOUT. Then it exits 1 (Python's status for an uncaught
         exception) and the launcher stops the job, naming this worker. A worker stopped by a
         job that another node ended exits with that job's status."""
-        from kvstore_byteps.errors import JobAbortedError, exit_status as aborted_status
         failure = getattr(sys, "last_value", None)
         status = exit_status.requested()
         if failure is None and status:
@@ -465,9 +463,7 @@ class KVStoreBytePS(KVStoreBase):
                 self.close(LEAVE_AFTER_FAILURE_S, ending="its program stopped on an uncaught "
                            "%s: %s" % (type(failure).__name__, str(failure).split("\n")[0]))
         except Exception as exc:    # KVStoreBytePSError, or MXNet's error from waitall
-            aborted = self._engine.po.error
-            if isinstance(aborted, JobAbortedError):
-                _flush_and_exit(aborted_status(aborted))     # its reason was said (one line)
+            self._exit_if_aborted()
             if failure is not None:
                 log.error("dist_byteps worker rank %s stops on an uncaught %s; the other workers "
                           "did not stop with it within %g s: it leaves without them", self.rank,
@@ -477,9 +473,16 @@ class KVStoreBytePS(KVStoreBase):
                           self.rank,
                           str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             _flush_and_exit(1)
+        if failure is not None:
+            self._exit_if_aborted()
+
+    def _exit_if_aborted(self):
+        """A job that a node ended (its reason said, in one line, on every node): exit now
+        with its status (another node's ``sys.exit(N)``: N)."""
+        from kvstore_byteps.errors import JobAbortedError, exit_status
         aborted = self._engine.po.error
-        if failure is not None and isinstance(aborted, JobAbortedError):
-            _flush_and_exit(aborted_status(aborted))
+        if isinstance(aborted, JobAbortedError):
+            _flush_and_exit(exit_status(aborted))
 
     def _end_job_exiting(self, status):
         """The program exited with ``status`` (not 0): end the job for every node, which all
@@ -494,9 +497,7 @@ class KVStoreBytePS(KVStoreBase):
         except Exception as exc:    # the scheduler is gone: the launcher ends the job
             log.debug("could not ask the scheduler to end the job: %s", exc)
         else:   # the scheduler's notice, sent to every node, stops this one's van too
-            deadline = time.monotonic() + END_JOB_WAIT_S
-            while not postoffice.stopped and time.monotonic() < deadline:
-                time.sleep(0.02)
+            postoffice.wait_stopped(END_JOB_WAIT_S)
         _flush_and_exit(status)
 
     def close(self, leave_within=None, ending=None):

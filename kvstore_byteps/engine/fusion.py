@@ -178,7 +178,8 @@ class Fusion:
             return None
         if index < bucket.fused_from:     # the round of calls that formed it goes alone
             return None
-        self._await_set_up(bucket)
+        if bucket.layout is None:         # set up, or failed: once per bucket, not per call
+            self._await_set_up(bucket)
         if bucket.goes_alone(index):      # rank 0 saw the program read between keys
             return None
         return Ticket(bucket, index)
@@ -243,15 +244,16 @@ class Fusion:
         stored = stored[:len(digests[True])].tobytes()
         if stored not in digests.values():
             self._end_job(KeyLayoutError(differ))
-        bucket.layout = layout
         # too few bytes to tell the two decisions apart: alone, as every worker sees
         if digests[True] == digests[False] or stored == digests[False]:
             with bucket.lock:
                 bucket.dissolve(0)
+            bucket.layout = layout      # last: the program's thread reads it as "set up"
             log.info("worker rank %d: %s goes alone: %s", engine.rank, bucket.describe(),
                      "rank 0 saw the program read a key's result before pushing the next"
                      if digests[True] != digests[False] else "too small to check")
             return
+        bucket.layout = layout          # last: the program's thread reads it as "set up"
         log.info("worker rank %d: %s travels as ps key %d", engine.rank, layout.name,
                  part.ps_key)
         self._start_watch()

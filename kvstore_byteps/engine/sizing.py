@@ -19,7 +19,7 @@ servers; MXNet's lay keys out their own way.
 import json
 import math
 import time
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional
 
 from ..config import Config
 from ..errors import KVStoreBytePSError

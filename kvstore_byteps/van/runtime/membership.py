@@ -629,9 +629,10 @@ class NodeMembership:
 BARRIER_KINDS = ("", "finish", "shutdown")
 
 
-def barrier_request(group: int, customer_id: int, clock: VanClock, kind: str = "") -> Message:
+def barrier_request(group: int, customer_id: int, clock: VanClock, kind: str = "",
+                    recver: int = SCHEDULER_ID) -> Message:
     """A node's BARRIER request to the scheduler (app 0); ``kind``: :data:`BARRIER_KINDS`."""
-    message = control_message(ControlCommand.BARRIER, SCHEDULER_ID, clock.tick(),
+    message = control_message(ControlCommand.BARRIER, recver, clock.tick(),
                               barrier_group=group, customer_id=customer_id, app_id=0,
                               request=True)
     if kind:
@@ -645,11 +646,7 @@ def barrier_post(group: int, customer_id: int, my_id: int, clock: VanClock,
     forwards it to the scheduler with a timestamp of its own (the scheduler's loop counts it
     directly). It has a timestamp too: PS_RESEND tells messages apart by it, and would drop
     a second post as a duplicate of the first."""
-    message = control_message(ControlCommand.BARRIER, my_id, clock.tick(), barrier_group=group,
-                              customer_id=customer_id, app_id=0, request=True)
-    if kind:
-        message.meta.extra = {"barrier_kind": kind}
-    return message
+    return barrier_request(group, customer_id, clock, kind, recver=my_id)
 
 
 def abort_request(reason: str, clock: VanClock, status: int = 1) -> Message:

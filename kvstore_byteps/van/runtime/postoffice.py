@@ -122,6 +122,11 @@ class Postoffice:
         """Whether the receive loop ended (TERMINATE, or a fatal error: see ``error``)."""
         return self._stopped.is_set()
 
+    def wait_stopped(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the receive loop to end; whether it did (after
+        :meth:`end_job`, the scheduler's notice ends it)."""
+        return self._stopped.wait(timeout)
+
     @property
     def error(self) -> Optional[BaseException]:
         return self._error
