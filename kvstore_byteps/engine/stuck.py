@@ -12,14 +12,19 @@ CHECK_AGAIN_S later; rounds that still wait, unchanged, cannot complete (this wo
 nothing while it waits), and the worker ends the job for every node naming both sides, within
 seconds instead of BYTEPS_REQUEST_TIMEOUT.
 
-:func:`parse` and :func:`stuck` are pure; :class:`BarrierWatch` is the thread that asks.
+:func:`parse`, :func:`stuck` and :func:`reason` are pure; :class:`BarrierWatch` is the thread
+that asks; :class:`WorkerBarriers` is a worker engine's barriers, watched, through a
+:class:`BarrierPort` (the few operations of the engine they need).
 """
 import dataclasses
 import logging
 import threading
 from typing import Callable, List, Optional, Sequence, Tuple
 
-__all__ = ["Waiting", "parse", "stuck", "BarrierWatch", "CHECK_AFTER_S", "CHECK_AGAIN_S"]
+from ..van.wire.message import id_to_rank
+
+__all__ = ["Waiting", "parse", "stuck", "reason", "BarrierWatch", "BarrierPort",
+           "WorkerBarriers", "CHECK_AFTER_S", "CHECK_AGAIN_S"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +59,21 @@ def stuck(first: Sequence[Waiting], second: Sequence[Waiting]) -> List[Waiting]:
     """The rounds that waited for this worker at both asks: they cannot complete."""
     again = set(second)
     return [w for w in first if w in again]
+
+
+def reason(rank: int, what: str, cause: Optional[str], rounds: Sequence[Waiting],
+           name: Callable[[int], str]) -> str:
+    """Why worker ``rank`` ends the job: it waits ``what`` while others wait for its
+    ``rounds`` (``name(ps_key)`` names a key); ``cause``: why it left, else the programs
+    differ."""
+    ranks = sorted({id_to_rank(node) for w in rounds for node in w.ahead})
+    shown = "; ".join("%s round %d" % (name(w.ps_key), w.round) for w in rounds[:3])
+    return ("worker rank %d waits %s while worker rank%s %s wait%s at the servers for its push "
+            "of %s%s: %s" % (
+                rank, what, "s" if len(ranks) > 1 else "", ", ".join(map(str, ranks)),
+                "" if len(ranks) > 1 else "s", shown, " and more" if len(rounds) > 3 else "",
+                cause or "the workers' programs differ (every worker must declare the same "
+                "keys in the same order and push every key in every step, as many steps)"))
 
 
 class BarrierWatch:
@@ -125,3 +145,69 @@ class BarrierWatch:
 
     def _still(self, armed) -> bool:
         return self._armed is not None and self._armed[0] == armed[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class BarrierPort:
+    """What :class:`WorkerBarriers` needs of its worker engine."""
+
+    rank: Callable[[], int]
+    ask: Callable[[], List[Waiting]]         # every server's rounds waiting for this worker
+    barrier: Callable[[float, str], None]    # the workers' barrier (timeout, kind)
+    end_job: Callable[[str], None]           # end the job for every node, saying why
+    name: Callable[[int], str]               # a ps key, for messages
+
+
+class WorkerBarriers:
+    """A worker's barriers of the workers, watched once :meth:`watch` was called (synchronous
+    rounds on our servers): the pushpulls called and begun are counted, since a worker with a
+    call not begun yet still has pushes to send and is not stuck."""
+
+    def __init__(self, port: BarrierPort):
+        self._port = port
+        self._watch: Optional[BarrierWatch] = None
+        self._called = 0            # the program's thread only
+        self._begun = 0             # engine threads
+        self._begun_lock = threading.Lock()
+
+    def watch(self) -> None:
+        """From now on a barrier the others do not reach while they wait for this worker's
+        pushes ends the job (call once, at start)."""
+        self._watch = BarrierWatch(self._ask, self._end)
+
+    def called(self) -> None:
+        """A pushpull was called (the program's thread)."""
+        self._called += 1
+
+    def begun(self) -> None:
+        """A pushpull called earlier begins (its push goes out now)."""
+        with self._begun_lock:
+            self._begun += 1
+
+    def wait(self, what: str, timeout: float, cause: Optional[str] = None,
+             kind: str = "") -> None:
+        """The workers' barrier of ``kind`` (membership.BARRIER_KINDS); ``what`` this worker
+        waits in and ``cause`` (why it left, if it did) for the message that ends the job."""
+        watch = self._watch
+        if watch is not None:
+            watch.arm((what, cause))
+        try:
+            self._port.barrier(timeout, kind)
+        finally:
+            if watch is not None:
+                watch.disarm()
+
+    def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
+
+    def _ask(self) -> List[Waiting]:
+        if self._begun < self._called:
+            return []
+        return self._port.ask()
+
+    def _end(self, barrier: Tuple[str, Optional[str]], rounds: List[Waiting]) -> None:
+        port = self._port
+        why = reason(port.rank(), barrier[0], barrier[1], rounds, port.name)
+        log.error("%s", why)
+        port.end_job(why)

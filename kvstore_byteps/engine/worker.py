@@ -30,7 +30,7 @@ from ..errors import ConfigError, JobAbortedError, KVStoreBytePSError, PeerError
 from ..logs import announce
 from ..mxproto import Presence, RequestType, ServerCommand, encode_cmd
 from ..van.kv.app import KVWorker
-from ..van.wire.message import ALL_GROUP, SERVER_GROUP, WORKER_GROUP, id_to_rank
+from ..van.wire.message import ALL_GROUP, SERVER_GROUP, WORKER_GROUP
 from ..van.runtime.postoffice import Postoffice
 from ..words import count
 from .fusion import BUCKET_INDEX, Fusion, Ticket
@@ -42,7 +42,7 @@ from .recovery import RecoveryKeeper, Unrecoverable
 from .reduce import local_reduce
 from .routes import CompressedRoute, PlainRoute, RidingRoute, compression_refusal
 from .stages import Pipeline, Stage, StageSpec, Task
-from .stuck import BarrierWatch, Waiting, parse as parse_waiting
+from .stuck import BarrierPort, Waiting, WorkerBarriers, parse as parse_waiting
 from .trace import Phase, Tracer, now_ns
 
 log = logging.getLogger(__name__)
@@ -115,15 +115,12 @@ class WorkerEngine:
         self.training_over = False
         self._finished = False           # finish_training ran (its barrier passed)
         self.fusion: Optional[Fusion] = None     # gradient buckets (set at start)
-        #: a barrier while the others wait for this worker's pushes (synchronous rounds on
-        #: our servers; set at start)
-        self._barrier_watch: Optional[BarrierWatch] = None
         self._declared = 0      # keys declared in the program's order (init without any_order)
-        #: pushpulls called (use: the API thread) and begun (pushpull: engine threads): while
-        #: they differ this worker still has pushes to send, and is not stuck in a barrier
-        self._called = 0
-        self._begun = 0
-        self._begun_lock = threading.Lock()
+        #: the workers' barriers, watched for the others waiting for this worker's pushes
+        self.barriers = WorkerBarriers(BarrierPort(
+            lambda: self.rank, self._waiting_rounds,
+            lambda timeout, kind: self.po.barrier(WORKER_GROUP, timeout=timeout, kind=kind),
+            lambda why: self.po.end_job(why), self._name_ps_key))
 
     def start(self) -> "WorkerEngine":
         """Join the cluster and get ready to push: postoffice start and MXNet's start-up
@@ -148,8 +145,8 @@ class WorkerEngine:
         # a bucket is one partition: at most the partition size
         self.fusion = Fusion(self, min(config.fusion_bytes, config.partition_bytes)
                              if self._fuses() else 0, config.fusion_timeout, self._waiting)
-        if self.mode.summed and kind is ServerKind.BYTEPS:
-            self._barrier_watch = BarrierWatch(self._waiting_rounds, self._end_stuck)
+        if self.mode.summed and kind is ServerKind.BYTEPS:     # rounds wait for every worker
+            self.barriers.watch()
         self.po.on_recovery(lambda node, epoch: self.kv.post(
             lambda: self.keeper.recover(node, epoch)))
         if self.rank == 0:
@@ -332,49 +329,14 @@ class WorkerEngine:
         servers' rounds do not wait for this worker's pushes meanwhile (the others may still be
         training)."""
         tell_presence(self.mode, self._command, Presence.AWAY)
-        self._workers_barrier(what, self.config.request_timeout)
+        self.barriers.wait(what, self.config.request_timeout)   # watched: engine/stuck.py
         tell_presence(self.mode, self._command, Presence.BACK)
 
-    def _workers_barrier(self, what: str, timeout: float, cause: Optional[str] = None,
-                         kind: str = "") -> None:
-        """The workers' barrier, watched (:mod:`.stuck`): if the others wait at the servers
-        for this worker's pushes meanwhile, the job ends within seconds, naming both, and
-        ``cause`` (why this worker left) or else that the workers' programs differ."""
-        watch = self._barrier_watch
-        if watch is not None:
-            watch.arm((what, cause))
-        try:
-            self.po.barrier(WORKER_GROUP, timeout=timeout, kind=kind)
-        finally:
-            if watch is not None:
-                watch.disarm()
-
     def _waiting_rounds(self) -> List[Waiting]:
-        """Every server's rounds that wait for this worker's push (BYTEPS_WAITING); none
-        while a pushpull this worker called has not begun (its push is still to come)."""
-        if self._begun < self._called:
-            return []
+        """Every server's rounds that wait for this worker's push (BYTEPS_WAITING)."""
         request = self.kv.command(ServerCommand.BYTEPS_WAITING, b"")
         self.kv.wait(request)
         return [w for body in request.bodies.values() for w in parse_waiting(body)]
-
-    def _end_stuck(self, barrier: Tuple[str, Optional[str]], rounds: List[Waiting]) -> None:
-        """End the job: this worker waits in a barrier (``(what, cause)``) while others wait
-        for its ``rounds``."""
-        what, cause = barrier
-        ranks = sorted({id_to_rank(node) for w in rounds for node in w.ahead})
-        shown = "; ".join("%s round %d" % (self._name_ps_key(w.ps_key), w.round)
-                          for w in rounds[:3])
-        reason = ("worker rank %d waits %s while worker rank%s %s wait%s at the servers for its "
-                  "push of %s%s: %s" % (
-                      self.rank, what, "s" if len(ranks) > 1 else "",
-                      ", ".join(map(str, ranks)), "" if len(ranks) > 1 else "s", shown,
-                      " and more" if len(rounds) > 3 else "",
-                      cause or "the workers' programs differ (every worker must declare the "
-                      "same keys in the same order and push every key in every step, as many "
-                      "steps)"))
-        log.error("%s", reason)
-        self.po.end_job(reason)
 
     def _name_ps_key(self, ps_key: int) -> str:
         """``key 3 (conv0_weight) partition 1`` or ``gradient bucket 2``, from a ps key."""
@@ -395,7 +357,8 @@ class WorkerEngine:
         if not self._finished:
             tell_presence(self.mode, self._command, Presence.DONE)
             # a finish barrier: the others' own barriers no longer wait for this worker
-            self.po.barrier(WORKER_GROUP, timeout=self.config.request_timeout, kind="finish")
+            self.barriers.wait("in its finish barrier", self.config.request_timeout,
+                               kind="finish")
             self._finished = True
         return True
 
@@ -419,7 +382,7 @@ class WorkerEngine:
         """A pushpull (``fusable``) or a lone push of ``key`` is being called (the API thread,
         in the program's order): what gradient buckets learn from it (:mod:`.fusion`). Returns
         the call's ticket (None: alone), the ``ticket`` to pass to its :meth:`pushpull`."""
-        self._called += 1
+        self.barriers.called()
         return self.fusion.use(key, fusable)
 
     def pushpull(self, key: int, inputs: Sequence[np.ndarray], outputs: Sequence[np.ndarray],
@@ -433,8 +396,7 @@ class WorkerEngine:
         (its task is returned). ``called``: :meth:`use` counted this call (the local group's
         root pushes without it)."""
         if called:
-            with self._begun_lock:
-                self._begun += 1
+            self.barriers.begun()
         layout = self.layout(key, inputs[0].shape, inputs[0].dtype)
         for array in (*inputs, *outputs):
             if array.shape != layout.shape or array.dtype != layout.dtype:
@@ -583,14 +545,13 @@ class WorkerEngine:
             if self.finish_training() and self.dialect.extensions_missing is None:
                 self._warn_if_stale()       # our servers know the versions of the weights
             leaving = leave_within or self.config.request_timeout
-            self._workers_barrier("in the shutdown barrier", leaving, cause=ending,
-                                  kind="shutdown")
+            self.barriers.wait("in the shutdown barrier", leaving, cause=ending,
+                               kind="shutdown")
             if self.rank == 0:
                 self._command(ServerCommand.STOP_SERVER, b"", "kStopServer")
             self.po.finalize(timeout=leaving)
         finally:
-            if self._barrier_watch is not None:
-                self._barrier_watch.close()
+            self.barriers.close()
             self.po.stop()
 
     def _warn_if_stale(self) -> None:

@@ -5,7 +5,8 @@ import threading
 import numpy as np
 import pytest
 
-from kvstore_byteps.engine.stuck import BarrierWatch, Waiting, parse, stuck
+from kvstore_byteps.engine.stuck import (BarrierPort, BarrierWatch, Waiting, WorkerBarriers,
+                                         parse, reason, stuck)
 from kvstore_byteps.mxproto import WAITING_SHOWN, ServerCommand
 from kvstore_byteps.serving.rounds import KeyRounds
 from kvstore_byteps.serving.summed import SummedRounds
@@ -76,3 +77,25 @@ def test_a_barrier_that_passes_or_rounds_that_move_end_nothing():
     assert watch_until([waiting, [Waiting(3, 3, (11,))]]) is None     # progress
     assert watch_until([[], []]) is None                               # nobody waits
     assert watch_until([waiting, waiting], barrier_passes=0.01, after=0.2) is None
+
+
+def test_the_reason_names_both_sides_the_rounds_and_the_cause():
+    rounds = [Waiting(5, 2, (11, 13))] + [Waiting(k, 0, (11,)) for k in range(3)]
+    said = reason(1, "declaring key 4", None, rounds, lambda ps_key: "key %d" % ps_key)
+    assert said.startswith("worker rank 1 waits declaring key 4 while worker ranks 1, 2 wait "
+                           "at the servers for its push of key 5 round 2; key 0 round 0; key 1 "
+                           "round 0 and more: the workers' programs differ")
+    assert reason(0, "in the shutdown barrier", "its program stopped", rounds[:1],
+                  str).endswith("wait at the servers for its push of 5 round 2: its program "
+                                "stopped")
+
+
+def test_a_worker_with_a_pushpull_still_to_begin_is_not_stuck():
+    asked = []
+    port = BarrierPort(lambda: 0, lambda: asked.append(1) or [Waiting(1, 0, (11,))],
+                       lambda timeout, kind: None, lambda why: None, str)
+    barriers = WorkerBarriers(port)
+    barriers.called()
+    assert barriers._ask() == [] and asked == []         # its push is still to come
+    barriers.begun()
+    assert barriers._ask() == [Waiting(1, 0, (11,))] and asked == [1]
