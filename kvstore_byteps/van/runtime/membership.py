@@ -36,6 +36,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ...config import Role
 from ...errors import ClusterStartError, JobAbortedError
+from .barriers import BARRIER_KINDS, BarrierBook
 from ..wire.message import (ALL_GROUP, K_EMPTY, SCHEDULER_GROUP, SCHEDULER_ID, SERVER_GROUP,
                       WORKER_GROUP, ControlCommand, Control, Message, Meta, Node,
                       id_to_rank, role_of_id, server_rank_to_id, worker_rank_to_id)
@@ -218,11 +219,7 @@ class SchedulerMembership:
         self.pending: List[Node] = []
         self.nodes: List[Node] = []
         self.ready = False
-        #: (group, kind) -> the nodes waiting in that barrier; (group, kind) -> its request's
-        #: (app, customer); workers that entered a finish or shutdown barrier
-        self.barrier_arrived: Dict[Tuple[int, str], set] = {}
-        self.barrier_apps: Dict[Tuple[int, str], Tuple[int, int]] = {}
-        self.leaving: set = set()
+        self.barriers = BarrierBook()
         self.last_heartbeat: Dict[int, float] = {}
         self.replacements: List[Tuple[Node, float]] = []   # restarted servers, since when
         self.epochs: Dict[int, int] = {}     # node id -> how many times it was restarted
@@ -380,14 +377,7 @@ class SchedulerMembership:
         return actions
 
     def _on_barrier(self, msg: Message) -> List:
-        """A barrier request. Barriers are counted per group and kind (:data:`BARRIER_KINDS`):
-        a worker's finish barrier pairs only with the others' finish barriers, its shutdown
-        barrier with their shutdown barriers. A worker that waits in its finish barrier does
-        not hold the others' own barriers meanwhile, and one that entered its shutdown barrier
-        holds neither their own nor their finish barriers any more (it is leaving): a
-        straggler whose training a backup-workers job ended, at exit, would otherwise pair its
-        finish and shutdown barriers with the barrier the others ended their loop with, and
-        everyone waited. Releases go to the requesters."""
+        """A barrier request: counted by group and kind (:mod:`.barriers`)."""
         group = msg.meta.control.barrier_group
         members = group_members(group, self.num_workers, self.num_servers)
         sender = msg.meta.sender
@@ -399,33 +389,13 @@ class SchedulerMembership:
         if kind not in BARRIER_KINDS:
             return [Refused("ignored a barrier request of an unknown kind %r from node %s"
                             % (kind, sender))]
-        if kind == "shutdown":
-            self.leaving.add(sender)
-        arrived = self.barrier_arrived.setdefault((group, kind), set())
-        arrived.add(sender)          # a repeated request counts once
-        self.barrier_apps[(group, kind)] = (msg.meta.app_id, msg.meta.customer_id)
-        return self._release_complete()
-
-    def _release_complete(self) -> List:
-        """Release every barrier whose members all arrived, or do not hold it (workers'
-        barriers: see :meth:`_on_barrier`)."""
-        actions = []
-        finishing = set(self.barrier_arrived.get((WORKER_GROUP, "finish"), ()))
-        excused = {"": finishing | self.leaving, "finish": self.leaving, "shutdown": set()}
-        for (group, kind), arrived in self.barrier_arrived.items():
-            if not arrived:
-                continue
-            members = group_members(group, self.num_workers, self.num_servers)
-            passed = arrived | (excused[kind] if group == WORKER_GROUP else set())
-            if not set(members) <= passed:
-                continue
-            app_id, customer_id = self.barrier_apps[(group, kind)]
-            actions += [Send(control_message(ControlCommand.BARRIER, node_id, self.clock.tick(),
-                                             barrier_group=group, app_id=app_id,
-                                             customer_id=customer_id))
-                        for node_id in members if node_id in arrived]
-            arrived.clear()
-        return actions
+        releases = self.barriers.arrive(
+            group, kind, sender, (msg.meta.app_id, msg.meta.customer_id),
+            lambda g: group_members(g, self.num_workers, self.num_servers))
+        return [Send(control_message(ControlCommand.BARRIER, node, self.clock.tick(),
+                                     barrier_group=released, app_id=app_id,
+                                     customer_id=customer_id))
+                for node, released, (app_id, customer_id) in releases]
 
     def _on_abort(self, msg: Message, now: float) -> List:
         """A node ends the job: tell every node why, then stop (after ABORT_GRACE_S)."""
@@ -621,12 +591,6 @@ class NodeMembership:
                 actions.append(Connect(node))
             actions.append(NodeRecovered(node, epoch))
         return actions
-
-
-#: a worker's barriers: "" the program's own (kv._barrier, init's pairing); "finish" its
-#: finish_training (asynchronous training, backup workers); "shutdown" its exit's. Which hold
-#: which: SchedulerMembership._on_barrier
-BARRIER_KINDS = ("", "finish", "shutdown")
 
 
 def barrier_request(group: int, customer_id: int, clock: VanClock, kind: str = "",

@@ -67,7 +67,7 @@ _META_FIELDS = [
     ("await_init", 108, _F.TYPE_BOOL, _F.LABEL_OPTIONAL, {}),
     # beside "abort": the exit status every node of the job ends with (a worker's sys.exit(N))
     ("abort_status", 109, _F.TYPE_INT32, _F.LABEL_OPTIONAL, {}),
-    # on a BARRIER request: which of a worker's barriers it is (membership.py's BarrierKind:
+    # on a BARRIER request: which of a worker's barriers it is (barriers.py's BARRIER_KINDS:
     # "finish", "shutdown"; none: the program's own); upstream schedulers ignore it
     ("barrier_kind", 110, _F.TYPE_STRING, _F.LABEL_OPTIONAL, {}),
 ]

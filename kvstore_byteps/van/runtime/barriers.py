@@ -1,0 +1,56 @@
+"""The scheduler's count of barriers: who waits in which, and which are complete. Pure.
+
+Barriers are counted per group and kind (:data:`BARRIER_KINDS`): a worker's finish barrier
+(``finish_training``) pairs only with the others' finish barriers, its shutdown barrier (its
+exit) with their shutdown barriers, and the program's own barriers (``kv._barrier``, the
+pairing of ``init``) with each other. A worker that waits in its finish barrier does not hold
+the others' own barriers meanwhile, and one that entered its shutdown barrier holds neither
+their own nor their finish barriers any more (it is leaving): a straggler whose training a
+backup-workers job ended, at exit, would otherwise pair its finish and shutdown barriers with
+the barrier the others ended their loop with, and everyone waited. Only workers' barriers
+excuse anyone; releases go to the nodes that asked. Upstream nodes send no kind: their
+barriers count as the program's own, as ps-lite counts them.
+"""
+from typing import Dict, Iterable, List, Set, Tuple
+
+from ..wire.message import WORKER_GROUP
+
+__all__ = ["BARRIER_KINDS", "BarrierBook"]
+
+#: a worker's barriers: "" the program's own (kv._barrier, init's pairing); "finish" its
+#: finish_training (asynchronous training, backup workers); "shutdown" its exit's
+BARRIER_KINDS = ("", "finish", "shutdown")
+
+
+class BarrierBook:
+    """Who waits in which barrier (the scheduler's membership holds one)."""
+
+    def __init__(self):
+        self._waiting: Dict[Tuple[int, str], Set[int]] = {}      # (group, kind) -> nodes
+        self._app: Dict[Tuple[int, str], Tuple[int, int]] = {}   # -> the request's app, customer
+        self._leaving: Set[int] = set()     # workers that entered their shutdown barrier
+
+    def arrive(self, group: int, kind: str, sender: int, app: Tuple[int, int],
+               members_of) -> List[Tuple[int, int, Tuple[int, int]]]:
+        """``sender`` waits in barrier ``(group, kind)`` (a repeated request counts once);
+        ``members_of(group)`` lists a group's nodes. The releases due now: ``(node, group,
+        (app, customer))``, in each group's order."""
+        if kind == "shutdown":
+            self._leaving.add(sender)
+        self._waiting.setdefault((group, kind), set()).add(sender)
+        self._app[(group, kind)] = app
+        return self._complete(members_of)
+
+    def _complete(self, members_of) -> List[Tuple[int, int, Tuple[int, int]]]:
+        finishing = set(self._waiting.get((WORKER_GROUP, "finish"), ()))
+        excused = {"": finishing | self._leaving, "finish": self._leaving, "shutdown": set()}
+        releases = []
+        for (group, kind), waiting in self._waiting.items():
+            members: Iterable[int] = members_of(group)
+            passed = waiting | (excused[kind] if group == WORKER_GROUP else set())
+            if not waiting or not set(members) <= passed:
+                continue
+            releases += [(node, group, self._app[(group, kind)])
+                         for node in members if node in waiting]
+            waiting.clear()
+        return releases
