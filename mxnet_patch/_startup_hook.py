@@ -84,12 +84,12 @@ def register_dist_byteps():
     """Put ``dist_byteps`` into MXNet's KVStore registry (idempotent)."""
     from mxnet.kvstore.base import KVStoreBase
     store_module = sys.modules.get("mxnet_patch.kvstore")
-    if store_module is not None and not hasattr(store_module, "KVStoreBytePS"):
+    if store_module is not None and not hasattr(store_module, "register"):
         pass    # it is being imported and imported MXNet first: it registers itself at its end
     elif "dist_byteps" not in KVStoreBase.kv_registry:
         import kvstore_byteps  # noqa: F401  (first: it may load the compiled modules' .py files)
-        from mxnet_patch.kvstore import KVStoreBytePS
-        KVStoreBase.kv_registry["dist_byteps"] = KVStoreBytePS
+        from mxnet_patch.kvstore import register
+        register()
     from mxnet_patch.profiler import wrap_profiler
     wrap_profiler()           # server profiling through a dist_byteps store too, as MXNet's
 

@@ -226,7 +226,7 @@ class KVStoreBytePS(KVStoreBase):
 
     def __init__(self):
         from kvstore_byteps.config import Config
-        from kvstore_byteps.engine.worker import WorkerEngine
+        from kvstore_byteps.engine.worker import start_engine
         from kvstore_byteps.logs import config_errors_in_one_line, setup_library_logging
         from mxnet_patch.profiler import make_current
         from mxnet_patch.store_modes import store_mode
@@ -237,7 +237,7 @@ class KVStoreBytePS(KVStoreBase):
             from kvstore_byteps.memory import keep_freed_memory
             keep_freed_memory()
         from mxnet_patch.waits import blocked
-        self._engine = WorkerEngine(config, waiting=blocked).start()
+        self._engine = start_engine(config, waiting=blocked)
         make_current(self._engine)     # mx.profiler's server commands go through this store
         self._str_keys = {}
         self._key_kind = None
@@ -514,7 +514,12 @@ class KVStoreBytePS(KVStoreBase):
         engine.close(leave_within, ending)
 
 
+def register() -> None:
+    """Put this store into MXNet's KVStore registry as ``dist_byteps`` (idempotent)."""
+    if "dist_byteps" not in KVStoreBase.kv_registry:
+        KVStoreBase.kv_registry["dist_byteps"] = KVStoreBytePS
+
+
 # Imported before MXNet, this module imports MXNet, whose start-up hook then finds it half made
 # and leaves the registration to it (_startup_hook.register_dist_byteps).
-if "dist_byteps" not in KVStoreBase.kv_registry:
-    KVStoreBase.kv_registry["dist_byteps"] = KVStoreBytePS
+register()

@@ -29,7 +29,7 @@ from ..config import Config, ServerKind
 from ..errors import ConfigError, JobAbortedError, KVStoreBytePSError, PeerError, training_over
 from ..logs import announce
 from ..mxproto import Presence, RequestType, ServerCommand, encode_cmd
-from ..van.kv.app import KVWorker
+from ..van.kv import open_worker
 from ..van.wire.message import ALL_GROUP, SERVER_GROUP, WORKER_GROUP
 from ..van.runtime.postoffice import Postoffice
 from ..words import count
@@ -94,7 +94,7 @@ class WorkerEngine:
         self._waiting = waiting
         self.mode = config.training_mode
         self.po = postoffice or Postoffice(config)
-        self.kv: Optional[KVWorker] = None
+        self.kv = None          # the KV layer's worker app (set at start)
         self.rank: Optional[int] = None
         self.num_workers = config.num_workers
         self.dialect: Optional[ServerDialect] = None     # the servers' (found at start)
@@ -128,7 +128,7 @@ class WorkerEngine:
         config = self.config
         self.po.start()
         self.po.barrier(ALL_GROUP)
-        self.kv = KVWorker(self.po)
+        self.kv = open_worker(self.po)
         self.rank, self.num_workers = self.po.my_rank, self.po.num_workers
         # our servers check that they train as this worker does; MXNet's ignore the body
         probe = self._command(ServerCommand.BYTEPS_PROBE, self.mode.name.encode("utf-8"),
@@ -565,3 +565,9 @@ class WorkerEngine:
             log.warning("worker rank %d ends with weights that differ from the servers' final "
                         "weights (%d of %d partitions read before their last change, training "
                         "%s): %s", self.rank, stale, keys, self.mode.name, advice)
+
+
+def start_engine(config: Config, waiting: Optional[Callable[[int], bool]] = None) -> WorkerEngine:
+    """A started worker engine (:meth:`WorkerEngine.start`): the store's one way to an engine,
+    so that only this module names the class (tests/unit/test_layers.py)."""
+    return WorkerEngine(config, waiting=waiting).start()

@@ -549,6 +549,13 @@ class KVWorker:
 
 
 # ============================================================================ server side
+def open_worker(postoffice) -> KVWorker:
+    """The KV layer's worker app on a started ``postoffice`` (ps-lite's ``new KVWorker``): the
+    one place outside this module's class that builds it, so its users hold an object, never
+    the class (tests/unit/test_layers.py)."""
+    return KVWorker(postoffice)
+
+
 class KVRequest:
     """One request as a server handler sees it (data frames viewed without copying)."""
 
