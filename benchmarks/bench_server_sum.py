@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from kvstore_byteps.serving.byteps import BytePSServer            # noqa: E402
 from kvstore_byteps.mxproto import RequestType, encode_cmd   # noqa: E402
-from kvstore_byteps.van.kv.app import KVPairs, KVRequest             # noqa: E402
+from kvstore_byteps.van.kv import KVPairs, KVRequest             # noqa: E402
 from kvstore_byteps.van.wire.message import Meta                      # noqa: E402
 
 GB = 1e9

@@ -46,7 +46,7 @@ def run_server(config: Config) -> int:
     """Join the cluster as a server, serve until kStopServer, finalize; return 0."""
     if config.role is not Role.SERVER:
         raise ConfigError("run_server needs DMLC_ROLE=server, got %s" % config.role.name.lower())
-    from .van.kv.app import KVServer            # the transport is imported only to run for real
+    from .van.kv import KVServer            # the transport is imported only to run for real
     from .van.wire.message import ALL_GROUP
     from .van.runtime.postoffice import Postoffice
     if config.keep_freed_memory:

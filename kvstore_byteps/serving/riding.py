@@ -7,7 +7,7 @@ if it had been sent right after the push.
 """
 from typing import Optional
 
-from ..van.kv.app import KVPairs, KVRequest
+from ..van.kv import KVPairs, KVRequest
 from ..van.wire.message import Meta
 
 __all__ = ["why_no_riding_pull", "attached_pull"]

@@ -2,7 +2,7 @@
 
 A van moves :class:`~kvstore_byteps.van.wire.message.Message` s between nodes and knows nothing of
 membership or key-value semantics (those live in van/runtime/membership.py,
-van/runtime/postoffice.py and van/kv/app.py). It has ps-lite's four hooks plus a receive loop:
+van/runtime/postoffice.py and van/kv/). It has ps-lite's four hooks plus a receive loop:
 
 * ``bind(node, max_retry)``: listen at the node's address, return the port actually bound;
 * ``connect(node, my_id)``: open the channel used to send to ``node`` (``my_id=None``: anonymous);

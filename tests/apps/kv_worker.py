@@ -10,7 +10,7 @@ import sys
 import numpy as np
 
 from kvstore_byteps.config import Config
-from kvstore_byteps.van.kv.app import KVWorker
+from kvstore_byteps.van.kv.worker import KVWorker
 from kvstore_byteps.van.wire.message import WORKER_GROUP
 from kvstore_byteps.van.runtime.postoffice import Postoffice
 

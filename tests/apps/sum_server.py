@@ -10,7 +10,7 @@ import threading
 import numpy as np
 
 from kvstore_byteps.config import Config
-from kvstore_byteps.van.kv.app import KVServer
+from kvstore_byteps.van.kv import KVServer
 from kvstore_byteps.van.runtime.postoffice import Postoffice
 
 

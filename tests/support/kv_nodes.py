@@ -5,7 +5,8 @@ import threading
 
 import numpy as np
 
-from kvstore_byteps.van.kv.app import KVServer, KVWorker
+from kvstore_byteps.van.kv import KVServer
+from kvstore_byteps.van.kv.worker import KVWorker
 from kvstore_byteps.van.runtime.postoffice import Postoffice
 
 

@@ -5,7 +5,7 @@ import time
 import numpy as np
 
 from kvstore_byteps.mxproto import RequestType, encode_cmd
-from kvstore_byteps.van.kv.app import KVPairs, KVRequest
+from kvstore_byteps.van.kv import KVPairs, KVRequest
 from kvstore_byteps.van.wire.message import Gather, Meta
 
 WORKER0, WORKER1, WORKER2 = 9, 11, 13
@@ -110,7 +110,7 @@ def vector_request(name, sender=WORKER0):
     import os
 
     from kvstore_byteps.van.wire.codec import decode_meta
-    from kvstore_byteps.van.kv.app import parse_kv_frames
+    from kvstore_byteps.van.kv import parse_kv_frames
     from kvstore_byteps.van.wire.message import Message
     from tests.support import vectors
 

@@ -8,7 +8,7 @@ from kvstore_byteps.engine.layout import group_small
 from kvstore_byteps.engine.routes import split_answer
 from kvstore_byteps.serving.byteps import BytePSServer
 from kvstore_byteps.mxproto import RequestType, encode_cmd
-from kvstore_byteps.van.kv.app import KVPairs
+from kvstore_byteps.van.kv import KVPairs
 from tests.support.server_fakes import WORKER0, WORKER1, FakeServer, push, request
 
 BP = encode_cmd(RequestType.BYTEPS, np.float32)

@@ -9,7 +9,7 @@ from kvstore_byteps.errors import ConfigError, PeerError, config_refusal
 from kvstore_byteps.logs import config_errors_in_one_line
 from kvstore_byteps.mxproto import ServerCommand
 from kvstore_byteps.serving.byteps import BytePSServer
-from kvstore_byteps.van.kv.app import _answered_error
+from kvstore_byteps.van.kv.requests import _answered_error
 from tests.support.server_fakes import WORKER0, WORKER1, FakeServer, command
 
 

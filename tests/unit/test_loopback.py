@@ -9,7 +9,8 @@ import pytest
 
 from kvstore_byteps.config import Config, Role
 from kvstore_byteps.errors import DeadlineError, PeerError
-from kvstore_byteps.van.kv.app import KVPairs, KVRequest, KVServer, KVWorker, Request
+from kvstore_byteps.van.kv import KVPairs, KVRequest, KVServer, Request
+from kvstore_byteps.van.kv.worker import KVWorker
 from kvstore_byteps.van.loopback.van import LoopbackNetwork, LoopbackVan
 from kvstore_byteps.van.wire.message import Meta
 from kvstore_byteps.van.runtime.postoffice import Postoffice
@@ -184,7 +185,7 @@ def test_a_refused_push_fails_the_pull_riding_on_it_at_once(no_sockets):
             with pytest.raises(PeerError, match="answered with an error: no way"):
                 request.wait(5)
         assert time.monotonic() - started < 2      # not at the pull's deadline
-        assert workers[0]._pending == {}
+        assert workers[0]._requests._pending == {}
     finally:
         finalize_all(nodes)
 
@@ -193,7 +194,7 @@ def test_request_timestamps_wrap_within_the_metas_int32(no_sockets):
     network, nodes, workers = make_cluster(workers=1, servers=1)
     try:
         worker = workers[0]
-        worker._next_timestamp = 2 ** 31 - 1
+        worker._requests._next_timestamp = 2 ** 31 - 1
         stamps = []
         for _ in range(2):
             request = worker.push([1], np.ones(2, np.float32), [8])

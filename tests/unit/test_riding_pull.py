@@ -4,7 +4,7 @@ import dataclasses
 import numpy as np
 
 from kvstore_byteps.serving.riding import attached_pull
-from kvstore_byteps.van.kv.app import KVPairs, KVRequest
+from kvstore_byteps.van.kv import KVPairs, KVRequest
 from kvstore_byteps.van.wire.message import Control, ControlCommand, Meta
 
 

@@ -1,4 +1,4 @@
-"""Restarted servers as the KV worker sees them: a plug-in of :class:`~.kv.KVWorker`.
+"""Restarted servers as the KV worker sees them: a plug-in of the KV worker (:mod:`.worker`).
 
 With BYTEPS_SERVER_RECOVERY a server that died may be restarted under its node id. The worker
 then needs three things of the KV layer, all here (:class:`ServerRecovery`):
@@ -13,27 +13,42 @@ then needs three things of the KV layer, all here (:class:`ServerRecovery`):
 
 Without recovery the KV worker plugs in :class:`NoServerRecovery`: nothing is kept, stamped or
 parked. The hooks run under the KV worker's send lock (``stamp``, ``park``), or on its customer
-thread (``accepts``, ``recover``).
+thread (``accepts``, ``recover``). :class:`ServerRecovery` reaches its worker only through a
+:class:`RecoveryPort`, the few operations it needs.
 """
 import dataclasses
 import logging
-from typing import Callable, Dict, Optional
+from typing import Callable, ContextManager, Dict, List, Optional
 
 from ...errors import PeerError
 from ...logs import PeerLog
 from ..wire.message import Message, Meta, is_server_id
+from .requests import Request
 
 log = logging.getLogger(__name__)
 _PEER_LOG = PeerLog(log)
 
-__all__ = ["NoServerRecovery", "ServerRecovery"]
+__all__ = ["NoServerRecovery", "ServerRecovery", "RecoveryPort"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RecoveryPort:
+    """What :class:`ServerRecovery` needs of its KV worker."""
+
+    #: held while a request is stamped and sent (reentrant): taken to restore a server
+    send_lock: ContextManager
+    stopped: Callable[[], bool]                  # the node's postoffice stopped
+    #: ``(server, head, body, keys, vals, lens, what, callback)``: a push to ``server`` alone
+    send_push: Callable[..., Request]
+    #: ``(server, but)``: the pending requests waiting for ``server`` (except ``but``)
+    waiting_on: Callable[[int, Optional[Request]], List[Request]]
+    #: ``(request, server)``: count ``server``'s part as answered, with no data
+    count_answered: Callable[[Request, int], None]
+    resend: Callable[[Request, Message], None]   # send a request's message again
 
 
 class NoServerRecovery:
     """The KV worker's plug-in without BYTEPS_SERVER_RECOVERY: every hook lets things be."""
-
-    def __init__(self, kv):
-        self.kv = kv
 
     def stamp(self, request, message: Message) -> Message:
         """``message`` as it goes out now (called as it is sent)."""
@@ -52,8 +67,8 @@ class NoServerRecovery:
 class ServerRecovery(NoServerRecovery):
     """The KV worker's plug-in with BYTEPS_SERVER_RECOVERY."""
 
-    def __init__(self, kv):
-        super().__init__(kv)
+    def __init__(self, port: RecoveryPort):
+        self._port = port
         self._epochs: Dict[int, int] = {}            # server id -> restarts (when > 0)
         self._parked_logged: set = set()
 
@@ -71,7 +86,7 @@ class ServerRecovery(NoServerRecovery):
 
     def park(self, request, message: Message, error: PeerError) -> bool:
         server = message.meta.recver
-        if not is_server_id(server) or self.kv.po.stopped:
+        if not is_server_id(server) or self._port.stopped():
             return False
         if server not in self._parked_logged:
             self._parked_logged.add(server)
@@ -98,19 +113,19 @@ class ServerRecovery(NoServerRecovery):
         Call on the customer thread. ``report()`` runs while no request is being sent: what
         it reports was sent before it, the rest is sent after. Returns the report's request
         (``callback`` runs when it is answered)."""
-        kv = self.kv
-        with kv.send_lock:
+        port = self._port
+        with port.send_lock:
             self._epochs[server] = epoch
             sent = None
             if report is not None:
-                sent = kv.send_push(server, *report(), what="recovery report to node %d"
-                                    % server, callback=callback)
-            for request in kv.waiting_on(server, but=sent):
+                sent = port.send_push(server, *report(), what="recovery report to node %d"
+                                      % server, callback=callback)
+            for request in port.waiting_on(server, but=sent):
                 message = request.messages.get(server)
                 if message is None:
                     continue
                 if answered_by_report(message.meta):
-                    kv.count_answered(request, server)
+                    port.count_answered(request, server)
                 else:
-                    kv.resend(request, message)
+                    port.resend(request, message)
         return sent
