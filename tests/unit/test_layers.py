@@ -224,6 +224,10 @@ ENVIRONMENT_USERS = {
     "kvstore_byteps/launcher/cli.py": "--env NAME passes the launcher's value on to the nodes "
                                       "(and the key check sees what they will get)",
     "kvstore_byteps/launcher/guard.py": "the node's environment with PATH extended",
+    "kvstore_byteps/launcher/slurm.py": "run(): the allocation Slurm describes in the "
+                                        "launcher's environment (SLURM_*)",
+    "kvstore_byteps/launcher/mpi.py": "run(): which of the launcher's variables mpirun "
+                                      "exports to the ranks",
     "kvstore_byteps/launcher/node.py": "the rank srun or mpirun gave (their variables), and "
                                        "the environment its node starts from",
 }
