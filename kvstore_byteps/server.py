@@ -22,7 +22,7 @@ from .serving.byteps import BytePSServer
 from .serving.dist import KVStoreDistServer
 from .words import count
 
-__all__ = ["KVStoreDistServer", "BytePSServer", "build_server", "run_server", "main"]
+__all__ = ["KVStoreDistServer", "BytePSServer", "run_server", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -32,16 +32,6 @@ _POLL_SECONDS = 1.0
 _END_JOB_WAIT_S = 5.0
 
 
-def build_server(config: Config, num_workers: int, key_begin: int) -> BytePSServer:
-    """The server object for ``config`` (summing threads, async flag), not yet attached."""
-    return BytePSServer(num_workers, key_begin=key_begin,
-                        summing_threads=config.server_summing_threads,
-                        enable_async=config.enable_async,
-                        backup_workers=config.backup_workers,
-                        pacing_lead_bytes=config.server_pacing_bytes or None,
-                        pacing_hold_s=config.server_pacing_hold_ms / 1000.0)
-
-
 def run_server(config: Config) -> int:
     """Join the cluster as a server, serve until kStopServer, finalize; return 0."""
     if config.role is not Role.SERVER:
@@ -49,16 +39,13 @@ def run_server(config: Config) -> int:
     from .van.kv import KVServer            # the transport is imported only to run for real
     from .van.wire.message import ALL_GROUP
     from .van.runtime.postoffice import Postoffice
-    if config.keep_freed_memory:
-        from .memory import keep_freed_memory
-        keep_freed_memory()
-    if config.backup_workers:
-        # the servers will run the workers' optimizer: import MXNet now, while the cluster
-        # forms, not in the first round (2-3 s on 2 cores, in every worker's first step)
-        from .serving.unpickle import import_mxnet
-        import_mxnet()
+    _prepare_process(config)
     postoffice = Postoffice(config)
-    server = build_server(config, config.num_workers, key_begin=0)
+
+    def expect_pushes(ps_key: int, nbytes: int) -> None:    # kv_server is made before any push
+        kv_server.expect_requests(ps_key, nbytes)
+
+    server = BytePSServer.from_config(config, config.num_workers, expect_pushes)
     try:
         # registered before start, as upstream does, so no early request finds no handler
         profiler = server.profiler          # requests and commands as profile stages
@@ -68,7 +55,6 @@ def run_server(config: Config) -> int:
                              command_handler=profiler.timed("command", server.handle_command,
                                                             _describe_command),
                              quick_request=server.handles_quickly)
-        server.expect_pushes = kv_server.expect_requests
 
         def restarted(node, epoch):     # this server took over a dead one's id
             if node.id == postoffice.my_id:
@@ -86,20 +72,7 @@ def run_server(config: Config) -> int:
             postoffice.barrier(ALL_GROUP)
         log.info("server rank %d serving %s", postoffice.my_rank,
                  count(config.num_workers, "worker"))
-        while not server.wait_done(_POLL_SECONDS):
-            if postoffice.stopped:     # the van died (its error was logged): stop serving
-                if isinstance(postoffice.error, JobAbortedError):   # a node ended the job
-                    raise postoffice.error.again()
-                raise PeerError("server rank %d: the van stopped before kStopServer: %s"
-                                % (postoffice.my_rank, postoffice.error))
-            if server.recovery.error is not None:
-                raise PeerError("server rank %d: %s" % (postoffice.my_rank,
-                                                        server.recovery.error))
-            if server.recovery.overdue(time.monotonic()):
-                raise PeerError("server rank %d: %s" % (postoffice.my_rank,
-                                                        server.recovery.describe_wait()))
-        if server.job_error is not None:     # even if kStopServer came right after
-            _end_job(postoffice, server.job_error)
+        _serve(postoffice, server)
     except BaseException:
         server.close()
         postoffice.stop()
@@ -107,6 +80,37 @@ def run_server(config: Config) -> int:
     server.close()
     postoffice.finalize()
     return 0
+
+
+def _prepare_process(config: Config) -> None:
+    """What the process does before it joins: keep freed memory, import MXNet if needed."""
+    if config.keep_freed_memory:
+        from .memory import keep_freed_memory
+        keep_freed_memory()
+    if config.backup_workers:
+        # the servers will run the workers' optimizer: import MXNet now, while the cluster
+        # forms, not in the first round (2-3 s on 2 cores, in every worker's first step)
+        from .serving.unpickle import import_mxnet
+        import_mxnet()
+
+
+def _serve(postoffice, server: BytePSServer) -> None:
+    """Serve until kStopServer; PeerError when the van or a recovery fails first, and the job
+    ended (JobAbortedError) when a node or this server's job error ends it."""
+    while not server.wait_done(_POLL_SECONDS):
+        if postoffice.stopped:     # the van died (its error was logged): stop serving
+            if isinstance(postoffice.error, JobAbortedError):   # a node ended the job
+                raise postoffice.error.again()
+            raise PeerError("server rank %d: the van stopped before kStopServer: %s"
+                            % (postoffice.my_rank, postoffice.error))
+        if server.recovery.error is not None:
+            raise PeerError("server rank %d: %s" % (postoffice.my_rank,
+                                                    server.recovery.error))
+        if server.recovery.overdue(time.monotonic()):
+            raise PeerError("server rank %d: %s" % (postoffice.my_rank,
+                                                    server.recovery.describe_wait()))
+    if server.job_error is not None:     # even if kStopServer came right after
+        _end_job(postoffice, server.job_error)
 
 
 def _describe_request(req, server) -> tuple:

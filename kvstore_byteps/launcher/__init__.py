@@ -9,6 +9,9 @@ liveness), ``netns`` (the emulated network), ``ssh`` (remote command lines and t
 ``slurm`` (the allocation, nodes as job steps), ``mpi`` (the mpirun command line),
 ``rankrole`` (pure: a rank from srun or mpirun to a node's role), ``node`` (``kvstore-byteps-node``:
 one rank becomes its node), ``kubernetes`` (the job as Kubernetes objects, kubectl),
-``cli`` (the command line: ``kvstore-byteps-launch`` and ``python launch.py``). Only
-``kvstore_byteps.config`` is imported from the rest of the package.
+``local`` (every node on this machine), ``runs`` (what every engine's run shares: the nodes
+planned from the command line, the dry run, the supervised job), ``cli`` (the command line:
+``kvstore-byteps-launch`` and ``python launch.py``; parses and picks the engine, whose module's
+``run(args)`` owns the run). Only ``kvstore_byteps.config`` (with its errors and nouns) and the
+free-port helper are imported from the rest of the package.
 """

@@ -21,21 +21,16 @@ import os
 import shlex
 import signal
 import sys
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
-import kvstore_byteps
-
-from ..config import Env, Role
-from ..ports import free_port
-from . import mpi, netns, slurm, ssh
-from .job import EXIT_SPAWN_FAILED, STOP_SIGNALS, Job, NodeStarter
-from .plan import (JobShape, Launcher, LaunchError, ProcSpec, SchedulerProgram, ServerProgram,
-                   LOCALHOST, describe_placement, local_hosts, parse_env_options, parse_hostfile,
-                   plan_job, scheduler_argv, server_program, worker_command, Host)
+from ..config import Env
+from . import local, mpi, netns, slurm, ssh
+from .job import EXIT_SPAWN_FAILED, STOP_SIGNALS
+from .plan import (Launcher, LaunchError, SchedulerProgram, ServerProgram, parse_env_options,
+                   worker_command)
+from .runs import say
 
 PROG = "kvstore-byteps-launch"
-#: The scheduler's port inside an emulated network (fresh namespaces: nothing else is bound there).
-NETNS_ROOT_PORT = 9091
 DEFAULT_LINK_RATE = "1gbit"
 
 
@@ -82,6 +77,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    for add_options in (_add_job_options, _add_host_options, _add_engine_options,
+                        _add_kubernetes_options, _add_program_options, _add_environment_options,
+                        _add_run_options):
+        add_options(p)
+    return p
+
+
+def _add_job_options(p: argparse.ArgumentParser) -> None:
+    """The job's size and its launcher."""
     p.add_argument("-n", "--num-workers", type=_positive(int),
                    help="number of workers (required, but with --launcher slurm and -s: the "
                         "allocation's tasks after the scheduler and the servers)")
@@ -93,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "slurm: job steps inside a Slurm allocation (salloc, sbatch); mpi: one "
                         "mpirun (-H: an MPI hostfile); kubernetes: a Service and Indexed Jobs, "
                         "applied with kubectl (--dry-run prints them)")
+
+
+def _add_host_options(p: argparse.ArgumentParser) -> None:
+    """The hosts, the scheduler's place and port, what runs on them (ssh)."""
     p.add_argument("-H", "--hostfile", help="ssh, mpi: hosts, one per line: [user@]host[:ssh_port] "
                                             "[slots=N]")
     p.add_argument("--scheduler-host", metavar="HOST",
@@ -107,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ssh: the directory the nodes run in (default: the current one)")
     p.add_argument("--ssh-args", type=shlex.split, default=[], metavar="'ARGS'",
                    help="ssh: extra (shell-quoted) ssh options, e.g. '-i key -F config'")
+
+
+def _add_engine_options(p: argparse.ArgumentParser) -> None:
+    """The netns, slurm and mpi engines' own options."""
     p.add_argument("--hosts", type=_positive(int), metavar="N",
                    help="netns: number of hosts (default: one per node); nodes are placed as "
                         "over ssh")
@@ -119,6 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="mpi: the MPI starter (default: mpirun, else mpiexec, on PATH)")
     p.add_argument("--mpirun-args", type=shlex.split, default=[], metavar="'ARGS'",
                    help="mpi: extra (shell-quoted) options for mpirun, e.g. '--mca btl_tcp_if_include eth0'")
+
+
+def _add_kubernetes_options(p: argparse.ArgumentParser) -> None:
+    """The kubernetes engine's objects and their placement."""
     p.add_argument("--image", help="kubernetes: the container image every node runs (it has "
                                    "kvstore-byteps and the training script; see docker/Dockerfile)")
     p.add_argument("--name", help="kubernetes: the job's name, prefix of its objects' names "
@@ -138,6 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kubernetes: run pods only on nodes with this label; server:LABEL=VALUE "
                         "or worker:LABEL=VALUE for that role's pods only (the scheduler's go "
                         "with the servers') (repeatable)")
+
+
+def _add_program_options(p: argparse.ArgumentParser) -> None:
+    """The scheduler's and the servers' programs."""
     p.add_argument("--scheduler", choices=[x.value for x in SchedulerProgram],
                    default=SchedulerProgram.BYTEPS.value, help="scheduler program (default byteps)")
     p.add_argument("--server", choices=[x.value for x in ServerProgram],
@@ -150,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server-cmd", type=shlex.split, metavar="'CMD ARGS'",
                    help="run this shell-quoted command as each server instead "
                         "(the --server choice's environment still applies)")
+
+
+def _add_environment_options(p: argparse.ArgumentParser) -> None:
+    """What the nodes' environments get."""
     p.add_argument("--env", action="append", default=[], metavar="NAME[:=]VALUE|NAME",
                    help="set a variable in every node; NAME alone passes this shell's value "
                         "(repeatable)")
@@ -168,6 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "host needs the same number of workers, and a script that creates its "
                         "own dist_byteps store is refused on local ranks > 0. Default: every "
                         "process is a worker of its own")
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    """How the job runs: logs, time limits, a dry run, the workers' command."""
     p.add_argument("--log-dir", metavar="DIR",
                    help="also write each node's output to DIR/scheduler.log, "
                         "DIR/server-<rank>.log and DIR/worker-<rank>.log")
@@ -178,7 +206,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the nodes, start none")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD",
                    help="the worker program and its arguments")
-    return p
 
 
 def parse_args(argv: Optional[Sequence[str]] = None,
@@ -260,158 +287,13 @@ def _check_auth(p: argparse.ArgumentParser, args: argparse.Namespace, environ) -
               "on every host" % (Env.AUTH_KEY, Env.AUTH_KEY_FILE), file=sys.stderr)
 
 
-def _read_hostfile(path: str) -> List[Host]:
-    try:
-        with open(path) as f:
-            text = f.read()
-    except OSError as exc:
-        raise LaunchError("cannot read hostfile %s: %s" % (path, exc.strerror)) from None
-    return parse_hostfile(text, path)
-
-
-def _scheduler_index(hosts: Sequence[Host], wanted: Optional[str]) -> int:
-    if wanted is None:
-        return 0
-    if wanted.isdigit() and int(wanted) < len(hosts):
-        return int(wanted)
-    names = [h.name for h in hosts] + [h.address for h in hosts]
-    if wanted in names:
-        return names.index(wanted) % len(hosts)
-    raise LaunchError("--scheduler-host %s is not in the hostfile (%s)"
-                      % (wanted, ", ".join(h.name for h in hosts)))
-
-
-def plan(args: argparse.Namespace, hosts: Sequence[Host], root_port: int,
-         scheduler_host: int = 0, first_host: int = 0) -> List[ProcSpec]:
-    """The nodes the parsed command line asks for, on ``hosts``."""
-    server_argv, server_env = server_program(ServerProgram(args.server), args.python)
-    shape = JobShape(args.num_workers, args.num_servers, tuple(hosts), root_port,
-                     scheduler_host, first_host, args.local_groups)
-    return plan_job(shape, args.command,
-                    scheduler_cmd=args.scheduler_cmd or scheduler_argv(
-                        SchedulerProgram(args.scheduler), args.python),
-                    server_cmd=args.server_cmd or server_argv, server_env=server_env,
-                    env_all=args.env_all, env_server=args.env_server, env_worker=args.env_worker)
-
-
-def _print_dry_run(specs: Sequence[ProcSpec], hosts: Sequence[Host]) -> None:
-    for spec in specs:
-        assignments = " ".join("%s=%s" % (k, shlex.quote(v)) for k, v in sorted(spec.env.items()))
-        print("[%s] on %s: %s %s" % (spec.label, hosts[spec.host].name, assignments,
-                                     shlex.join(spec.argv)))
-
-
-def _say(text: str) -> None:
-    print("[launch] " + text, file=sys.stderr, flush=True)
-
-
-def _run_job(args, specs, starter: NodeStarter) -> int:
-    return Job(specs, starter=starter, timeout=args.timeout, grace=args.grace,
-               log_dir=args.log_dir).run()
-
-
-def run_local(args) -> int:
-    """All nodes on this machine, on 127.0.0.1."""
-    hosts = local_hosts()
-    specs = plan(args, hosts, args.port or free_port())
-    if args.dry_run:
-        _print_dry_run(specs, hosts)
-        return 0
-    return _run_job(args, specs, NodeStarter(args.python))
-
-
-def run_netns(args) -> int:
-    """Every host a network namespace on one bridge, links shaped to --link-rate."""
-    num_nodes = 1 + args.num_servers + args.num_workers
-    count = args.hosts or num_nodes
-    # With a host per node the scheduler gets host 0 to itself; otherwise place as over ssh.
-    first = 1 if count == num_nodes else 0
-    hosts = [Host(netns.EmulatedNetwork.address(i)) for i in range(count)]
-    specs = plan(args, hosts, args.port or NETNS_ROOT_PORT, 0, first)
-    if args.dry_run:
-        _print_dry_run(specs, hosts)
-        return 0
-    net = netns.EmulatedNetwork(count, args.rate)
-    try:
-        net.create()
-        _say("emulated network: %d hosts on %s links, 198.18.0.1-%d; %s"
-             % (count, netns.describe_rate(args.rate) if args.rate else "unshaped", count,
-                "; ".join(describe_placement(specs, hosts))))
-        return _run_job(args, specs, netns.NetnsStarter(net, args.python))
-    finally:
-        net.destroy()
-
-
-def run_ssh(args) -> int:
-    """Nodes on the hostfile's hosts over ssh, after a preflight of every host."""
-    hosts = _read_hostfile(args.hostfile)
-    sched = _scheduler_index(hosts, args.scheduler_host)
-    if args.dry_run:
-        _print_dry_run(plan(args, hosts, args.port or NETNS_ROOT_PORT, sched), hosts)
-        return 0
-    port = ssh.preflight(hosts, args.python, args.workdir, kvstore_byteps.__version__, sched,
-                         args.port, args.ssh_args)
-    specs = plan(args, hosts, port, sched)
-    _say("%d hosts passed the preflight; scheduler on %s:%d; %s"
-         % (len(hosts), hosts[sched].address, port, "; ".join(describe_placement(specs, hosts))))
-    return _run_job(args, specs, ssh.SshStarter(hosts, args.python, args.workdir, args.ssh_args))
-
-
-def run_slurm(args) -> int:
-    """Every node a job step on the allocation's nodes, placed as over ssh."""
-    found = slurm.allocation(os.environ)
-    slurm.check_size(found, args.num_servers, args.num_workers)
-    hosts = slurm.hosts_of(found, slurm.node_addresses(found.nodes))
-    # On the scheduler's node (an sbatch script) a port free now; elsewhere (salloc on a login
-    # node) one derived from the job's id.
-    on_first = os.environ.get("SLURMD_NODENAME") == found.nodes[0]
-    port = args.port or (free_port("") if on_first else slurm.job_port(os.environ))
-    specs = plan(args, hosts, port)
-    if args.dry_run:
-        _print_dry_run(specs, hosts)
-        return 0
-    starter = slurm.SrunStarter(found.nodes, args.python, args.srun_args)
-    _say("Slurm job %s: %d tasks on %s; scheduler on %s:%d; %s"
-         % (found.job_id, found.total_tasks, ",".join(found.nodes), hosts[0].address, port,
-            "; ".join(describe_placement(specs, hosts))))
-    return _run_job(args, specs, starter)
-
-
-def run_mpi(args) -> int:
-    """One mpirun of 1 + S + W ranks; each rank's kvstore-byteps-node takes its role."""
-    starter = mpi.find_starter(args.mpirun)
-    kind = mpi.flavor(starter)
-    hosts = _read_hostfile(args.hostfile) if args.hostfile else None
-    root = hosts[0].address if hosts else LOCALHOST
-    port = args.port or free_port("" if hosts else LOCALHOST)
-    options = ["--scheduler", args.scheduler, "--server", args.server]
-    if args.scheduler_cmd:
-        options += ["--scheduler-cmd", shlex.join(args.scheduler_cmd)]
-    if args.server_cmd:
-        options += ["--server-cmd", shlex.join(args.server_cmd)]
-    for option, values in (("--env-server", args.env_server), ("--env-worker", args.env_worker)):
-        for name, value in values.items():
-            options += [option, "%s=%s" % (name, value)]
-    node = mpi.node_command(args.python, args.num_servers, args.num_workers, root, port,
-                            args.command, None if hosts else LOCALHOST, options)
-    env = dict(args.env_all, PYTHONUNBUFFERED="1")
-    argv = mpi.mpirun_argv(starter, kind, 1 + args.num_servers + args.num_workers, node,
-                           mpi.exported_names(os.environ, env), args.hostfile, args.mpirun_args,
-                           mpi.is_root())
-    if args.dry_run:
-        print(" ".join("%s=%s" % (k, shlex.quote(v)) for k, v in sorted(env.items())),
-              shlex.join(argv))
-        return 0
-    _say("%s: %d ranks (rank 0 the scheduler on %s:%d, 1-%d servers, the rest workers)"
-         % (kind.value, 1 + args.num_servers + args.num_workers, root, port, args.num_servers))
-    spec = ProcSpec(Role.WORKER, None, tuple(argv), env, title="mpirun", prefixed=False)
-    return _run_job(args, [spec], NodeStarter(args.python))
-
-
-def run_kubernetes(args) -> int:
-    """The job as Kubernetes objects, applied with kubectl and followed (:mod:`.kubernetes`)."""
-    from . import kubernetes  # only this launcher needs it
-    return kubernetes.run(args)
+def _engine(launcher: Launcher):
+    """The module of ``launcher``'s engine: its ``run(args)`` owns the job's run."""
+    if launcher is Launcher.KUBERNETES:
+        from . import kubernetes  # only this launcher needs it
+        return kubernetes
+    return {Launcher.LOCAL: local, Launcher.NETNS: netns, Launcher.SSH: ssh,
+            Launcher.SLURM: slurm, Launcher.MPI: mpi}[launcher]
 
 
 def _raise_stopped(signum, _frame):
@@ -421,19 +303,17 @@ def _raise_stopped(signum, _frame):
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Command-line entry point; returns the exit status."""
     args = parse_args(argv)
-    run = {Launcher.LOCAL: run_local, Launcher.NETNS: run_netns, Launcher.SSH: run_ssh,
-           Launcher.SLURM: run_slurm, Launcher.MPI: run_mpi,
-           Launcher.KUBERNETES: run_kubernetes}[args.launcher]
+    run = _engine(args.launcher).run
     # Until the job supervises (it handles these itself), a stop signal unwinds set-up cleanly,
     # so a network half made is still removed.
     previous = {s: signal.signal(s, _raise_stopped) for s in STOP_SIGNALS}
     try:
         return run(args)
     except LaunchError as exc:
-        _say(str(exc))
+        say(str(exc))
         return EXIT_SPAWN_FAILED
     except _Stopped as exc:
-        _say("received %s during set-up; stopped" % exc)
+        say("received %s during set-up; stopped" % exc)
         return 128 + signal.Signals[str(exc)].value
     finally:
         for sig, handler in previous.items():

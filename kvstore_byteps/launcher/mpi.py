@@ -3,15 +3,22 @@
 As MXNet's own launcher, MPI only starts the processes (no MPI library is linked): each rank
 takes its role from its MPI rank (:mod:`.rankrole`), rank 0 being the scheduler on the first
 host of the hostfile (this machine, 127.0.0.1, without one). Open MPI's ``mpirun`` and MPICH's
-(Hydra) ``mpiexec`` are told apart by their ``--version``.
+(Hydra) ``mpiexec`` are told apart by their ``--version``. ``--launcher mpi`` runs a job so
+(:func:`run`).
 """
 import enum
 import os
+import shlex
 import shutil
 import subprocess
 from typing import List, Mapping, Optional, Sequence
 
-from .plan import LaunchError
+from kvstore_byteps.config import Role
+
+from ..ports import free_port
+from .job import NodeStarter
+from .plan import LOCALHOST, LaunchError, ProcSpec
+from .runs import read_hostfile, run_job, say
 
 VERSION_TIMEOUT_S = 20
 NODE_MODULE = "kvstore_byteps.launcher.node"
@@ -106,3 +113,39 @@ def exported_names(environ: Mapping[str, str], env_all: Mapping[str, str]) -> Li
 
 def is_root() -> bool:
     return os.geteuid() == 0
+
+
+def run(args) -> int:
+    """One mpirun of 1 + S + W ranks; each rank's kvstore-byteps-node takes its role."""
+    starter = find_starter(args.mpirun)
+    kind = flavor(starter)
+    hosts = read_hostfile(args.hostfile) if args.hostfile else None
+    root = hosts[0].address if hosts else LOCALHOST
+    port = args.port or free_port("" if hosts else LOCALHOST)
+    node = node_command(args.python, args.num_servers, args.num_workers, root, port,
+                        args.command, None if hosts else LOCALHOST, _node_options(args))
+    env = dict(args.env_all, PYTHONUNBUFFERED="1")
+    argv = mpirun_argv(starter, kind, 1 + args.num_servers + args.num_workers, node,
+                       exported_names(os.environ, env), args.hostfile, args.mpirun_args,
+                       is_root())
+    if args.dry_run:
+        print(" ".join("%s=%s" % (k, shlex.quote(v)) for k, v in sorted(env.items())),
+              shlex.join(argv))
+        return 0
+    say("%s: %d ranks (rank 0 the scheduler on %s:%d, 1-%d servers, the rest workers)"
+        % (kind.value, 1 + args.num_servers + args.num_workers, root, port, args.num_servers))
+    spec = ProcSpec(Role.WORKER, None, tuple(argv), env, title="mpirun", prefixed=False)
+    return run_job(args, [spec], NodeStarter(args.python))
+
+
+def _node_options(args) -> List[str]:
+    """The launcher's options every rank's kvstore-byteps-node passes on to its node."""
+    options = ["--scheduler", args.scheduler, "--server", args.server]
+    if args.scheduler_cmd:
+        options += ["--scheduler-cmd", shlex.join(args.scheduler_cmd)]
+    if args.server_cmd:
+        options += ["--server-cmd", shlex.join(args.server_cmd)]
+    for option, values in (("--env-server", args.env_server), ("--env-worker", args.env_worker)):
+        for name, value in values.items():
+            options += [option, "%s=%s" % (name, value)]
+    return options

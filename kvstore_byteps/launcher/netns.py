@@ -10,6 +10,7 @@ chosen speed. Addresses come from 198.18.0.0/15, the range reserved for benchmar
 only inside namespaces made here. Everything is named ``kvbps<launcher pid>-...`` and removed on
 exit (processes first, then namespaces, which takes their links along); namespaces left by a
 launcher that was SIGKILLed are removed by the next one. Needs root (CAP_NET_ADMIN).
+``--launcher netns`` runs a job in one (:func:`run`).
 """
 import dataclasses
 import os
@@ -24,9 +25,12 @@ import time
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .job import NodeStarter, guard_argv
-from .plan import LaunchError, ProcSpec
+from .plan import Host, LaunchError, ProcSpec, describe_placement
 from .procs import pid_alive
+from .runs import plan, print_dry_run, run_job, say
 
+#: The scheduler's port inside an emulated network (fresh namespaces: nothing else is bound there).
+NETNS_ROOT_PORT = 9091
 NAME_PREFIX = "kvbps"
 SUBNET = "198.18.0"
 PREFIX_LEN = 24
@@ -319,3 +323,25 @@ class NetnsStarter(NodeStarter):
 
     def where(self, spec: ProcSpec) -> str:
         return "%s (%s)" % (self.net.namespace(spec.host), self.net.address(spec.host))
+
+
+def run(args) -> int:
+    """Every host a network namespace on one bridge, links shaped to --link-rate."""
+    num_nodes = 1 + args.num_servers + args.num_workers
+    count = args.hosts or num_nodes
+    # With a host per node the scheduler gets host 0 to itself; otherwise place as over ssh.
+    first = 1 if count == num_nodes else 0
+    hosts = [Host(EmulatedNetwork.address(i)) for i in range(count)]
+    specs = plan(args, hosts, args.port or NETNS_ROOT_PORT, 0, first)
+    if args.dry_run:
+        print_dry_run(specs, hosts)
+        return 0
+    net = EmulatedNetwork(count, args.rate)
+    try:
+        net.create()
+        say("emulated network: %d hosts on %s links, 198.18.0.1-%d; %s"
+            % (count, describe_rate(args.rate) if args.rate else "unshaped", count,
+               "; ".join(describe_placement(specs, hosts))))
+        return run_job(args, specs, NetnsStarter(net, args.python))
+    finally:
+        net.destroy()

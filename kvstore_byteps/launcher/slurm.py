@@ -6,15 +6,19 @@ each with as many worker slots as Slurm gave it tasks; nodes are placed as over 
 scheduler on the first; each node is one job step (``srun --nodes=1 --ntasks=1 --overlap``), so
 Slurm accounts for it, signals it, and cleans it up with the allocation. Addresses are the
 nodes' ``NodeAddr`` (what ``scontrol show node`` says; the name itself where it says nothing).
+``--launcher slurm`` runs a job so (:func:`run`).
 """
 import dataclasses
+import os
 import shutil
 import subprocess
 from typing import Dict, List, Mapping, Sequence, Tuple
 
+from ..ports import free_port
 from .job import NodeStarter, guard_argv
-from .plan import Host, LaunchError, ProcSpec
+from .plan import Host, LaunchError, ProcSpec, describe_placement
 from .rankrole import expand_counts
+from .runs import plan, print_dry_run, run_job, say
 
 SCONTROL_TIMEOUT_S = 30
 #: Ports derived from the job's id lie here (:func:`job_port`): below 32768, where Linux's
@@ -146,3 +150,23 @@ class SrunStarter(NodeStarter):
 
     def where(self, spec: ProcSpec) -> str:
         return "Slurm node " + self.nodes[spec.host]
+
+
+def run(args) -> int:
+    """Every node a job step on the allocation's nodes, placed as over ssh."""
+    found = allocation(os.environ)
+    check_size(found, args.num_servers, args.num_workers)
+    hosts = hosts_of(found, node_addresses(found.nodes))
+    # On the scheduler's node (an sbatch script) a port free now; elsewhere (salloc on a login
+    # node) one derived from the job's id.
+    on_first = os.environ.get("SLURMD_NODENAME") == found.nodes[0]
+    port = args.port or (free_port("") if on_first else job_port(os.environ))
+    specs = plan(args, hosts, port)
+    if args.dry_run:
+        print_dry_run(specs, hosts)
+        return 0
+    starter = SrunStarter(found.nodes, args.python, args.srun_args)
+    say("Slurm job %s: %d tasks on %s; scheduler on %s:%d; %s"
+        % (found.job_id, found.total_tasks, ",".join(found.nodes), hosts[0].address, port,
+           "; ".join(describe_placement(specs, hosts))))
+    return run_job(args, specs, starter)

@@ -4,6 +4,7 @@ Each node is ``ssh [options] host 'exec env DMLC_...=... PYTHON -m kvstore_bytep
 --cwd DIR -- CMD'``: no terminal, BatchMode (a password prompt would hang), keep-alives so a dead
 host is noticed. The remote guard watches the ssh channel: when the launcher or its ssh client dies,
 sshd closes the channel and the guard stops the node's whole process group on that host.
+``--launcher ssh`` runs a job so (:func:`run`).
 """
 import concurrent.futures
 import os
@@ -11,8 +12,12 @@ import shlex
 import subprocess
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+import kvstore_byteps
+
 from .job import NodeStarter, guard_argv
-from .plan import Host, LaunchError, ProcSpec
+from .netns import NETNS_ROOT_PORT
+from .plan import Host, LaunchError, ProcSpec, describe_placement
+from .runs import plan, print_dry_run, read_hostfile, run_job, say
 
 CONNECT_TIMEOUT_S = 10
 #: The preflight command itself may take this long on top of the connection (a cold Python import).
@@ -126,3 +131,30 @@ def _judge(host: Host, done: subprocess.CompletedProcess, python: str, workdir: 
         return "%s: the scheduler's port %s is not free (%s)" % (
             host.name, port_arg, port[5:].replace("_", " ")), None
     return None, (int(port) if port != "-" else None)
+
+
+def run(args) -> int:
+    """Nodes on the hostfile's hosts over ssh, after a preflight of every host."""
+    hosts = read_hostfile(args.hostfile)
+    sched = _scheduler_index(hosts, args.scheduler_host)
+    if args.dry_run:
+        print_dry_run(plan(args, hosts, args.port or NETNS_ROOT_PORT, sched), hosts)
+        return 0
+    port = preflight(hosts, args.python, args.workdir, kvstore_byteps.__version__, sched,
+                     args.port, args.ssh_args)
+    specs = plan(args, hosts, port, sched)
+    say("%d hosts passed the preflight; scheduler on %s:%d; %s"
+        % (len(hosts), hosts[sched].address, port, "; ".join(describe_placement(specs, hosts))))
+    return run_job(args, specs, SshStarter(hosts, args.python, args.workdir, args.ssh_args))
+
+
+def _scheduler_index(hosts: Sequence[Host], wanted: Optional[str]) -> int:
+    if wanted is None:
+        return 0
+    if wanted.isdigit() and int(wanted) < len(hosts):
+        return int(wanted)
+    names = [h.name for h in hosts] + [h.address for h in hosts]
+    if wanted in names:
+        return names.index(wanted) % len(hosts)
+    raise LaunchError("--scheduler-host %s is not in the hostfile (%s)"
+                      % (wanted, ", ".join(h.name for h in hosts)))

@@ -30,7 +30,7 @@ from typing import Callable, Dict, Optional
 
 import numpy as np
 
-from ..config import Training, TrainingMode
+from ..config import Config, Training, TrainingMode
 from ..errors import ConfigError, ProtocolError
 from ..mxproto import PROBE_ANSWER, SERVER_DTYPES, Cmd, RequestType, ServerCommand, encode_cmd
 from .asynchronous import AsyncAdds
@@ -74,7 +74,8 @@ class BytePSServer(KVStoreDistServer):
     def __init__(self, num_workers: int, key_begin: int = 0, summing_threads: int = 4,
                  enable_async: bool = False, backup_workers: int = 0,
                  updater_loader: Callable[[bytes], Updater] = load_mxnet_updater,
-                 pacing_lead_bytes: Optional[int] = None, pacing_hold_s: float = 0.2):
+                 pacing_lead_bytes: Optional[int] = None, pacing_hold_s: float = 0.2,
+                 expect_pushes: Callable[[int, int], None] = lambda ps_key, nbytes: None):
         super().__init__(num_workers, key_begin, updater_loader)
         self.summing = SumThreads(summing_threads)
         #: what the data path may do here: answer, sum, read the optimizer
@@ -87,12 +88,10 @@ class BytePSServer(KVStoreDistServer):
         self.path: DataPath = _DATA_PATHS[self.mode.kind](
             answers, self.mode,
             None if pacing_lead_bytes is None else (pacing_lead_bytes, pacing_hold_s))
-        #: Called with (ps key, bytes per push) when a key is initialised, so a
-        #: receive-into-place van can set up the buffers its pushes will land in.
-        self.expect_pushes: Callable[[int, int], None] = lambda ps_key, nbytes: None
+        # expect_pushes is called with (ps key, bytes per push) when a key is initialised, so
+        # a receive-into-place van can set up the buffers its pushes will land in
         self.keys = KeyTable(self.path.new_rounds, self.summing, self._initial_value,
-                             lambda: bool(self.recovery.epoch),
-                             lambda ps_key, nbytes: self.expect_pushes(ps_key, nbytes))
+                             lambda: bool(self.recovery.epoch), expect_pushes)
         self._keys = self.keys.by_ps_key
         #: the dist_byteps workers' compressed path (``compression`` is MXNet's 2-bit)
         self.compressed = CompressedPath(self.keys, self.path)
@@ -102,6 +101,18 @@ class BytePSServer(KVStoreDistServer):
         self._init_waits = InitWaits(self._lock, lambda ps_key: ps_key in self._store)
         #: the partition layout rank 0 chose at start (BYTEPS_LAYOUT), as it sent it
         self._layout: Optional[bytes] = None
+
+    @classmethod
+    def from_config(cls, config: Config, num_workers: int,
+                    expect_pushes: Callable[[int, int], None] = lambda ps_key, nbytes: None
+                    ) -> "BytePSServer":
+        """The server ``config`` describes (summing threads, training mode, pacing) for
+        ``num_workers``, not yet attached."""
+        return cls(num_workers, summing_threads=config.server_summing_threads,
+                   enable_async=config.enable_async, backup_workers=config.backup_workers,
+                   pacing_lead_bytes=config.server_pacing_bytes or None,
+                   pacing_hold_s=config.server_pacing_hold_ms / 1000.0,
+                   expect_pushes=expect_pushes)
 
     @property
     def acks(self):

@@ -141,8 +141,8 @@ def test_counts_are_read_as_config_reads_them():
 
 @pytest.fixture
 def own_defaults(monkeypatch):
-    import kvstore_byteps.config as config
-    monkeypatch.setattr(config, "_process_defaults", {})
+    import kvstore_byteps.config.environment as environment
+    monkeypatch.setattr(environment, "_process_defaults", {})
     for name in ("DMLC_WORKER_ID", "BYTEPS_KEY_HASH_FN", "BYTEPS_LOCAL_SIZE"):
         monkeypatch.delenv(name, raising=False)
 

@@ -102,9 +102,9 @@ def test_a_trace_that_ends_before_it_starts_is_refused_naming_both_steps():
 @pytest.fixture
 def own_defaults(monkeypatch):
     """An empty set of this process's defaults, restored afterwards."""
-    import kvstore_byteps.config as config
-    monkeypatch.setattr(config, "_process_defaults", {})
-    return config
+    import kvstore_byteps.config.environment as environment
+    monkeypatch.setattr(environment, "_process_defaults", {})
+    return environment
 
 
 def test_a_process_default_fills_what_the_environment_leaves_unset(own_defaults, monkeypatch):

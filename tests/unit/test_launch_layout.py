@@ -4,8 +4,9 @@ import pytest
 
 from kvstore_byteps.config import Config, Env, Role
 from kvstore_byteps.errors import ConfigError
-from kvstore_byteps.launcher import cli
-from kvstore_byteps.launcher.plan import LaunchError, lay_out_workers, parse_hostfile
+from kvstore_byteps.launcher import cli, runs
+from kvstore_byteps.launcher.plan import (LaunchError, lay_out_workers, local_hosts,
+                                          parse_hostfile)
 
 TWO_BY_TWO = parse_hostfile("host1 slots=2\nhost2 slots=2\n")
 
@@ -13,7 +14,7 @@ TWO_BY_TWO = parse_hostfile("host1 slots=2\nhost2 slots=2\n")
 def planned(argv, hosts=None):
     """The workers' (label, host, env) that launch.py would start for ``argv``."""
     args = cli.parse_args(argv + ["python", "train.py"], environ={})
-    specs = cli.plan(args, hosts or cli.local_hosts(), 9000)
+    specs = runs.plan(args, hosts or local_hosts(), 9000)
     return specs, [s for s in specs if s.role is Role.WORKER]
 
 

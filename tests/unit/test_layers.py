@@ -66,7 +66,8 @@ def forbidden(module):
     server = ["kvstore_byteps.server", "kvstore_byteps.serving"]
     ours_below = ["kvstore_byteps.van", "kvstore_byteps.engine"] + server + [
         "kvstore_byteps.scheduler", "mxnet_patch"]
-    if module in ("kvstore_byteps.config", "kvstore_byteps.errors", "kvstore_byteps.ports"):
+    if matches(module, "kvstore_byteps.config") or module in ("kvstore_byteps.errors",
+                                                              "kvstore_byteps.ports"):
         return ours_below + ["kvstore_byteps.mxproto", "mxnet", "zmq"]
     if module == "kvstore_byteps.mxproto":     # MXNet's protocol: no transport, no MXNet
         return ours_below + ["mxnet", "zmq"]
@@ -210,11 +211,11 @@ def test_the_byteps_and_horovod_apis_build_on_the_collective_only():
             assert all(n.startswith(allowed) for n in ours), (module, ours)
 
 
-#: The files that may touch the process environment besides config.py, and why: each builds
-#: the environment of the processes the launcher starts (a copy of its own, plus what the plan
-#: adds), which is what a launcher is for; none reads a setting from it.
+#: The files that may touch the process environment besides config/environment.py, and why:
+#: each builds the environment of the processes the launcher starts (a copy of its own, plus
+#: what the plan adds), which is what a launcher is for; none reads a setting from it.
 ENVIRONMENT_USERS = {
-    "kvstore_byteps/config.py": "the one reader: Config.from_env()",
+    "kvstore_byteps/config/environment.py": "the one reader: Config.from_env() reads through it",
     "kvstore_byteps/compiled.py": "KVSTORE_BYTEPS_PURE_PYTHON, read at import (before any "
                                   "Config): which files the modules of the hot path load from",
     "kvstore_byteps/launcher/job.py": "a Job's children start from this process's environment",
@@ -223,6 +224,10 @@ ENVIRONMENT_USERS = {
     "kvstore_byteps/launcher/cli.py": "--env NAME passes the launcher's value on to the nodes "
                                       "(and the key check sees what they will get)",
     "kvstore_byteps/launcher/guard.py": "the node's environment with PATH extended",
+    "kvstore_byteps/launcher/slurm.py": "run(): the allocation Slurm describes in the "
+                                        "launcher's environment (SLURM_*)",
+    "kvstore_byteps/launcher/mpi.py": "run(): which of the launcher's variables mpirun "
+                                      "exports to the ranks",
     "kvstore_byteps/launcher/node.py": "the rank srun or mpirun gave (their variables), and "
                                        "the environment its node starts from",
 }

@@ -6,7 +6,6 @@ import pytest
 
 from kvstore_byteps.config import Config
 from kvstore_byteps.mxproto import RequestType
-from kvstore_byteps.server import build_server
 from kvstore_byteps.serving.byteps import BytePSServer
 from kvstore_byteps.serving.pacing import HoldExpiry, PushPacer
 from tests.support.server_fakes import WORKER0, WORKER1, FakeServer, pull, push
@@ -157,10 +156,10 @@ def test_server_holds_a_leading_workers_ack_but_sums_its_push_at_once():
 
 
 def test_pacing_is_opt_in_and_never_in_async_mode():
-    with build_server(Config.from_env({}), 2, 0) as srv:
+    with BytePSServer.from_config(Config.from_env({}), 2) as srv:
         assert srv.acks.pacer is None
     on = {"BYTEPS_SERVER_PACING_BYTES": "1024000", "BYTEPS_SERVER_PACING_HOLD_MS": "50"}
-    with build_server(Config.from_env(on), 2, 0) as srv:
+    with BytePSServer.from_config(Config.from_env(on), 2) as srv:
         assert srv.acks.pacer.lead_bytes == 1024000 and srv.acks.pacer.hold_s == 0.05
-    with build_server(Config.from_env(dict(on, BYTEPS_ENABLE_ASYNC="1")), 2, 0) as srv:
+    with BytePSServer.from_config(Config.from_env(dict(on, BYTEPS_ENABLE_ASYNC="1")), 2) as srv:
         assert srv.acks.pacer is None

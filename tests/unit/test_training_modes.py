@@ -1,5 +1,5 @@
-"""TrainingMode (config.py) and engine/modes.py: what each training mode tells the servers,
-refuses and sends around a barrier. Pure."""
+"""TrainingMode (config/training.py) and engine/modes.py: what each training mode tells the
+servers, refuses and sends around a barrier. Pure."""
 import pytest
 
 from kvstore_byteps.config import Config, ConfigError, Training, TrainingMode
