@@ -12,16 +12,11 @@ start-up hook. This module is imported while MXNet itself is still importing (fr
 ``mxnet.kvstore``), so at module level it imports only MXNet modules loaded before
 ``mxnet.kvstore``, and everything of ours lazily.
 """
-import atexit
 import logging
-import os
-import sys
 import threading
 
 from mxnet import ndarray as nd
 from mxnet.kvstore.base import KVStoreBase
-
-from mxnet_patch import exit_status
 
 __all__ = ["KVStoreBytePS"]
 
@@ -151,71 +146,6 @@ class _ViewCache(dict):
         return views
 
 
-#: After the script raised, how long the other workers get to leave the job with this one.
-LEAVE_AFTER_FAILURE_S = 10.0
-#: how long a worker whose program exited with a status waits for the scheduler's notice that
-#: ended the job (sent to every node at once) before it exits anyway
-END_JOB_WAIT_S = 2.0
-
-
-def _flush_and_exit(code: int) -> None:
-    """Exit now with ``code`` (from an exit hook, which cannot raise), output flushed first."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
-
-
-def close_at_exit(close) -> None:
-    """Run ``close`` when the main thread has finished, before any ``atexit`` handler.
-
-    A script may end with pushpulls still queued (any script without a final ``waitall``
-    or a read of its outputs): ``close`` completes them, which needs the van. ``atexit`` handlers run last-registered first, and pyzmq
-    registers its garbage collector's (which zero-copy sends need) only at the first such
-    send, after this store was made; MXNet's engine shutdown is one too. Python runs the
-    ``threading`` module's exit hooks first (as ``concurrent.futures`` relies on), so
-    ``close`` registered there still finds everything working.
-    """
-    register = getattr(threading, "_register_atexit", None)
-    if register is not None:
-        try:
-            register(close)
-            return
-        except RuntimeError:    # the interpreter is already shutting down
-            pass
-    atexit.register(close)
-
-
-def freeze_startup_objects() -> None:
-    """Start-up step of ``dist_byteps`` (``BYTEPS_GC_FREEZE=1``, the default): move every
-    object alive now out of the garbage collector's sight (``gc.freeze``).
-
-    MXNet's import leaves tens of thousands of tracked objects; every full collection rescans
-    them, and per-key garbage triggers collections often (measured: a quarter of the time of
-    1000 small pushpulls). Frozen objects stay alive and usable, they are only not rescanned;
-    objects created later are collected as usual.
-    """
-    import gc
-    gc.freeze()
-
-
-def collect_young_less_often(threshold: int) -> None:
-    """Start-up step of ``dist_byteps`` (``BYTEPS_GC_YOUNG_THRESHOLD``, default 10000): the
-    cyclic garbage collector's youngest generation is collected once ``threshold`` more
-    objects were made than freed, not after Python's 700.
-
-    A round of many keys keeps thousands of objects alive until it is answered (requests,
-    tasks, completions): every 700 of them a collection scanned the ones in flight, then moved
-    them on to the older generations, where later collections scanned them again. With 10000,
-    rounds of a thousand small keys cost a worker about a sixth less CPU (loopback 2x2,
-    bench_cost's 1000 x 4 KB). Objects without cycles are still freed at once; only cyclic
-    garbage waits a little longer."""
-    import gc
-    gc.set_threshold(threshold, *gc.get_threshold()[1:])
-
-
 class KVStoreBytePS(KVStoreBase):
     """BytePS-style distributed KVStore for unmodified MXNet (``mx.kv.create('dist_byteps')``).
 
@@ -228,8 +158,10 @@ class KVStoreBytePS(KVStoreBase):
         from kvstore_byteps.config import Config
         from kvstore_byteps.engine.worker import start_engine
         from kvstore_byteps.logs import config_errors_in_one_line, setup_library_logging
+        from mxnet_patch.gc_tuning import tune_collector
         from mxnet_patch.profiler import make_current
         from mxnet_patch.store_modes import store_mode
+        from mxnet_patch.worker_exit import leave_at_exit
         config_errors_in_one_line()    # a bad setting ends the script with one line
         config = Config.from_env()
         setup_library_logging(config, "[worker]")  # PS_VERBOSE / BYTEPS_LOG_LEVEL reach workers too
@@ -247,12 +179,8 @@ class KVStoreBytePS(KVStoreBase):
         self._views = _ViewCache()
         self._calls = {}              # key -> _KeyCall: its arrays as the engine takes them
         self._mode = store_mode(config.training_mode, self)   # what push, pull... mean
-        if config.gc_freeze:
-            freeze_startup_objects()
-        if config.gc_young_threshold:
-            collect_young_less_often(config.gc_young_threshold)
-        exit_status.install()          # the program's sys.exit(N), for _close_at_exit
-        close_at_exit(self._close_at_exit)
+        tune_collector(config)         # BYTEPS_GC_FREEZE, BYTEPS_GC_YOUNG_THRESHOLD
+        leave_at_exit(self.close, self._engine.rank, self._engine.po)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -432,73 +360,6 @@ class KVStoreBytePS(KVStoreBase):
         """Block until every worker reached this barrier (after this worker's pending ops)."""
         nd.waitall()
         self._engine.barrier()
-
-    def _close_at_exit(self):
-        """:meth:`close` as the process ends. If leaving fails (the scheduler is gone, say),
-        the process exits with status 1 after one line saying why: a job whose shutdown failed
-        must not look like a success, and an exit hook cannot raise (Python would print the
-        traceback and exit 0).
-
-        A program that exited with a status other than 0 (``sys.exit(N)``, recorded by
-        :mod:`mxnet_patch.exit_status`) ends the job for every node at once, saying so, and
-        every node exits with N (the launchers pass it on): the others may be waiting for this
-        one's next push, and would keep it until BYTEPS_REQUEST_TIMEOUT.
-
-        A script that ended with an uncaught exception (Python printed it and set
-        ``sys.last_value``) gives the other workers LEAVE_AFTER_FAILURE_S to leave with it
-        (they do when they all failed alike, e.g. a refused setting, and the servers then stop
-        as usual): the others may instead be waiting for this one's next push, and would keep
-        it until BYTEPS_REQUEST_TIMEOUT. Then it exits 1 (Python's status for an uncaught
-        exception) and the launcher stops the job, naming this worker. A worker stopped by a
-        job that another node ended exits with that job's status."""
-        failure = getattr(sys, "last_value", None)
-        status = exit_status.requested()
-        if failure is None and status:
-            self._end_job_exiting(status)
-            return
-        try:
-            if failure is None:
-                self.close()
-            else:
-                self.close(LEAVE_AFTER_FAILURE_S, ending="its program stopped on an uncaught "
-                           "%s: %s" % (type(failure).__name__, str(failure).split("\n")[0]))
-        except Exception as exc:    # KVStoreBytePSError, or MXNet's error from waitall
-            self._exit_if_aborted()
-            if failure is not None:
-                log.error("dist_byteps worker rank %s stops on an uncaught %s; the other workers "
-                          "did not stop with it within %g s: it leaves without them", self.rank,
-                          type(failure).__name__, LEAVE_AFTER_FAILURE_S)
-            else:
-                log.error("dist_byteps worker rank %s could not leave the job cleanly: %s",
-                          self.rank,
-                          str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-            _flush_and_exit(1)
-        if failure is not None:
-            self._exit_if_aborted()
-
-    def _exit_if_aborted(self):
-        """A job that a node ended (its reason said, in one line, on every node): exit now
-        with its status (another node's ``sys.exit(N)``: N)."""
-        from kvstore_byteps.errors import JobAbortedError, exit_status
-        aborted = self._engine.po.error
-        if isinstance(aborted, JobAbortedError):
-            _flush_and_exit(exit_status(aborted))
-
-    def _end_job_exiting(self, status):
-        """The program exited with ``status`` (not 0): end the job for every node, which all
-        exit with it, and exit at once with ``status``, without the shutdown barriers: first,
-        so that the launchers name this worker (the others stop on the notice)."""
-        reason = "its program exited with status %d (sys.exit)" % status
-        log.error("dist_byteps worker rank %s: %s; the job ends for every node", self.rank,
-                  reason)
-        postoffice = self._engine.po
-        try:
-            postoffice.end_job(reason, status)
-        except Exception as exc:    # the scheduler is gone: the launcher ends the job
-            log.debug("could not ask the scheduler to end the job: %s", exc)
-        else:   # the scheduler's notice, sent to every node, stops this one's van too
-            postoffice.wait_stopped(END_JOB_WAIT_S)
-        _flush_and_exit(status)
 
     def close(self, leave_within=None, ending=None):
         """Finish pending work, then leave the cluster as MXNet's workers do (the other workers
