@@ -178,9 +178,18 @@ class KVStoreBytePS(KVStoreBase):
         self._gpu_path = None
         self._views = _ViewCache()
         self._calls = {}              # key -> _KeyCall: its arrays as the engine takes them
-        self._mode = store_mode(config.training_mode, self)   # what push, pull... mean
+        self._mode = store_mode(config.training_mode, self._mode_port())  # push, pull... mean
         tune_collector(config)         # BYTEPS_GC_FREEZE, BYTEPS_GC_YOUNG_THRESHOLD
         leave_at_exit(self.close, self._engine.rank, self._engine.po)
+
+    def _mode_port(self):
+        """What the store's mode object may do with it (it never holds the store)."""
+        from mxnet_patch.store_modes import StorePort
+        engine = self._engine
+        return StorePort(rank=lambda: engine.rank, initialised_key=self._initialised_key,
+                         held=self._push_results.__getitem__, submit=self._submit,
+                         read=engine.read, training_over=lambda: engine.training_over,
+                         set_optimizer=engine.set_optimizer)
 
     # ------------------------------------------------------------------ properties
     @property
