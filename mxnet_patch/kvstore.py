@@ -5,7 +5,9 @@ the outputs, so MXNet orders later reads of the outputs after it while backward 
 keys' communication and the caller's Python go on. What a push, a pull and the optimizer mean
 depends on the job's training mode: the store hands them to its mode object, chosen once at
 creation (:mod:`mxnet_patch.store_modes`: synchronous rounds of sums that the workers apply,
-asynchronous training, backup workers).
+asynchronous training, backup workers). The worker process's garbage collector settings
+(:mod:`mxnet_patch.gc_tuning`) and its leaving the job as the program ends
+(:mod:`mxnet_patch.worker_exit`) are made once by the store's constructor.
 
 Registered under ``'dist_byteps'`` in ``KVStoreBase.kv_registry`` by :mod:`mxnet_patch`'s
 start-up hook. This module is imported while MXNet itself is still importing (from

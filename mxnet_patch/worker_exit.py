@@ -39,11 +39,12 @@ def close_at_exit(close) -> None:
     """Run ``close`` when the main thread has finished, before any ``atexit`` handler.
 
     A script may end with pushpulls still queued (any script without a final ``waitall``
-    or a read of its outputs): ``close`` completes them, which needs the van. ``atexit`` handlers run last-registered first, and pyzmq
-    registers its garbage collector's (which zero-copy sends need) only at the first such
-    send, after this store was made; MXNet's engine shutdown is one too. Python runs the
-    ``threading`` module's exit hooks first (as ``concurrent.futures`` relies on), so
-    ``close`` registered there still finds everything working.
+    or a read of its outputs): ``close`` completes them, which needs the van. ``atexit``
+    handlers run last-registered first, and pyzmq registers its garbage collector's (which
+    zero-copy sends need) only at the first such send, after this store was made; MXNet's
+    engine shutdown is one too. Python runs the ``threading`` module's exit hooks first (as
+    ``concurrent.futures`` relies on), so ``close`` registered there still finds everything
+    working.
     """
     register = getattr(threading, "_register_atexit", None)
     if register is not None:
