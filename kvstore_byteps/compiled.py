@@ -66,6 +66,7 @@ MODULES = (
     "kvstore_byteps.serving.store",
     "mxnet_patch.engine_async",
     "mxnet_patch.kvstore",
+    "mxnet_patch.pushpull_ops",
 )
 _NAMES = frozenset(MODULES)
 

@@ -41,11 +41,12 @@ class AsyncTraining(UpdatingMode):
 
     def before_pull(self, ikey, held, priority) -> None:
         """Read fresh: push no change."""
-        self.store._submit(ikey, [nd.zeros(held.shape, held.context, held.dtype)], [held],
-                           priority)
+        self.port.submit(ikey, [nd.zeros(held.shape, held.context, held.dtype)], [held],
+                         priority)
 
     def add_to_shared(self, key, change, out, priority) -> None:
-        self.store._submit(self.store._initialised_key(key), change, out, priority)
+        port = self.port
+        port.submit(port.initialised_key(key), change, out, priority)
 
     def set_optimizer(self, optimizer) -> None:
         """The optimizer that turns this worker's gradients into changes of the shared

@@ -36,14 +36,14 @@ class BackupTraining(UpdatingMode):
     no_optimizer = ("with BYTEPS_BACKUP_WORKERS the servers run the optimizer: set it first "
                     "(gluon.Trainer and Module.fit do; or call kv.set_optimizer)")
 
-    def __init__(self, mode, store):
-        super().__init__(mode, store)
+    def __init__(self, mode, port):
+        super().__init__(mode, port)
         self._pushed = set()          # keys pushed since their last pull
         self._said_over = False       # the end of the training was said
 
     def push(self, key, values, priority) -> None:
         super().push(key, values, priority)
-        self._pushed.add(self.store._int_key(key))
+        self._pushed.add(self.port.initialised_key(key))   # initialised: it was pushed
 
     def before_pull(self, ikey, held, priority) -> None:
         """The weights after the round of this worker's push of ``ikey`` (Module's push then
@@ -51,7 +51,7 @@ class BackupTraining(UpdatingMode):
         (blocking, e.g. to read the final weights after a barrier)."""
         if ikey not in self._pushed:
             held.wait_to_read()                  # this worker's own rounds first
-            held[:] = self.store._engine.read(ikey, held.shape, held.dtype)
+            held[:] = self.port.read(ikey, held.shape, held.dtype)
         self._pushed.discard(ikey)
 
     def read_final(self, ikey, held) -> None:
@@ -62,14 +62,14 @@ class BackupTraining(UpdatingMode):
         """The servers said the job's training is over (W - b workers finished, or fewer than
         W - b are left training), so this worker's step ends its training: TrainingOver (a
         SystemExit with status 0), said in one line the first time."""
-        if not self.store._engine.training_over:
+        if not self.port.training_over():
             return
         message = ("worker rank %d: the job's training is over (BYTEPS_BACKUP_WORKERS=%d: "
                    "enough workers finished or wait in a barrier after their training), so "
                    "this worker's training ends here; uncaught, "
                    "TrainingOver ends the process with exit status 0 (catch "
                    "kvstore_byteps.TrainingOver to run code after the training loop)"
-                   % (self.store.rank, self.mode.backup_workers))
+                   % (self.port.rank(), self.mode.backup_workers))
         if not self._said_over:
             self._said_over = True
             log.warning("%s", message)
@@ -77,7 +77,7 @@ class BackupTraining(UpdatingMode):
 
     def set_optimizer(self, optimizer) -> None:
         """The servers' optimizer (rank 0 sends it, as MXNet's dist_sync does)."""
-        self.updates = ServerUpdates(optimizer, self.store._engine)
+        self.updates = ServerUpdates(optimizer, self.port)
 
     def optimizer_states(self, what: str):
         raise NotImplementedError(
@@ -88,7 +88,9 @@ class BackupTraining(UpdatingMode):
 class ServerUpdates:
     """The optimizer runs on the servers; a step pushes the gradients and reads the weights."""
 
-    def __init__(self, optimizer, engine):
+    def __init__(self, optimizer, servers):
+        """``servers.set_optimizer(body)`` sends the pickled optimizer to the servers (the
+        store's :class:`~mxnet_patch.store_modes.StorePort`)."""
         from mxnet import optimizer as opt
         if not isinstance(optimizer, opt.Optimizer):
             raise TypeError("set_optimizer needs an mx.optimizer.Optimizer, got %s"
@@ -101,7 +103,7 @@ class ServerUpdates:
         self._lr = optimizer.lr          # what the servers got
         # as MXNet's KVStore.set_optimizer sends it (rank 0 only), then a barrier: every
         # worker calls set_optimizer (gluon's Trainer and Module do)
-        engine.set_optimizer(pickle.dumps(optimizer, 0))
+        servers.set_optimizer(pickle.dumps(optimizer, 0))
 
     #: the workers keep no updater (gluon's load_states reads it)
     updater = None

@@ -40,8 +40,8 @@ from kvstore_byteps.logs import announce
 from kvstore_byteps.words import count
 
 from .engine_async import host_view, push_async
-from .kvstore import close_at_exit
 from .localgroup import LocalMember, LocalRoot, group_address
+from .worker_exit import close_at_exit
 
 __all__ = ["Collective", "key_of", "COLLECTIVE"]
 

@@ -1,7 +1,7 @@
 """The exit status a worker's program asked for, recorded as ``sys.exit(N)``, ``exit(N)`` or
 ``quit(N)`` is called on the main thread.
 
-A ``dist_byteps`` worker leaves the job in an exit hook (mxnet_patch/kvstore.py), and an exit
+A ``dist_byteps`` worker leaves the job in an exit hook (mxnet_patch/worker_exit.py), and an exit
 hook cannot read the status: Python works it out of the SystemExit after the program ended,
 where no Python code sees it. The worker needs it: a program that exits with a status other
 than 0 while the others still train would otherwise wait for them in the shutdown barrier

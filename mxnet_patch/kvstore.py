@@ -5,38 +5,23 @@ the outputs, so MXNet orders later reads of the outputs after it while backward 
 keys' communication and the caller's Python go on. What a push, a pull and the optimizer mean
 depends on the job's training mode: the store hands them to its mode object, chosen once at
 creation (:mod:`mxnet_patch.store_modes`: synchronous rounds of sums that the workers apply,
-asynchronous training, backup workers).
+asynchronous training, backup workers). The worker process's garbage collector settings
+(:mod:`mxnet_patch.gc_tuning`) and its leaving the job as the program ends
+(:mod:`mxnet_patch.worker_exit`) are made once by the store's constructor.
 
 Registered under ``'dist_byteps'`` in ``KVStoreBase.kv_registry`` by :mod:`mxnet_patch`'s
 start-up hook. This module is imported while MXNet itself is still importing (from
 ``mxnet.kvstore``), so at module level it imports only MXNet modules loaded before
 ``mxnet.kvstore``, and everything of ours lazily.
 """
-import atexit
 import logging
-import os
-import sys
-import threading
 
 from mxnet import ndarray as nd
 from mxnet.kvstore.base import KVStoreBase
 
-from mxnet_patch import exit_status
-
 __all__ = ["KVStoreBytePS"]
 
 log = logging.getLogger(__name__)
-
-
-def _placement(key, arrays):
-    """True if every array is a dense GPU array, False if every one is a dense CPU array."""
-    kinds = {a.context.device_type for a in arrays}
-    if any(a.stype != "default" for a in arrays) or len(kinds) != 1 or \
-            kinds - {"cpu", "cpu_pinned", "cpu_shared", "gpu"}:
-        raise NotImplementedError(
-            "dist_byteps pushpull takes dense arrays all on CPUs or all on GPUs; key %d has %s"
-            % (key, ", ".join("%s on %s" % (a.stype, a.context) for a in arrays)))
-    return kinds == {"gpu"}
 
 
 def _per_key(keys, values, what):
@@ -54,168 +39,6 @@ def _as_list(value):
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-class _CachedViews:
-    __slots__ = ("arrays", "ids", "views")
-
-    def __init__(self, arrays, views):
-        self.arrays, self.views = arrays, views
-        self.ids = tuple(map(id, arrays))
-
-    def same_arrays(self, arrays) -> bool:
-        # Identity, compared by id: the entry keeps its arrays alive, so no other object can
-        # have their ids meanwhile (one tuple compare instead of a generator per key).
-        return tuple(map(id, arrays)) == self.ids
-
-
-class _KeyCall:
-    """What a key's pushpull hands MXNet's engine, made once for the arrays it is called with
-    (gluon and Module pass the same arrays every step): whether they are on a GPU, and the
-    operation's operands (handles, context, name). Keeps the arrays alive, so their ids name
-    them for as long as the entry lives."""
-
-    __slots__ = ("ids", "arrays", "on_gpu", "operands")
-
-    def __init__(self, ikey, values, outs):
-        self.ids = (tuple(map(id, values)), tuple(map(id, outs)))
-        self.arrays = values + outs
-        self.on_gpu = _placement(ikey, self.arrays)
-        if outs is values:                  # in place
-            const = []
-        else:                               # an array both read and written is only written
-            written = set(map(id, outs))
-            const = [v for v in values if id(v) not in written]
-        self.operands = _engine_ops().Operands(
-            const, outs, "byteps_pushpull_%d" % ikey, values[0].context if self.on_gpu else None)
-
-    def made_for(self, values, outs) -> bool:
-        """Whether this entry was made for these very arrays (by identity, in this split)."""
-        return (tuple(map(id, values)), tuple(map(id, outs))) == self.ids
-
-
-_ENGINE_OPS = None
-
-
-def _engine_ops():
-    """:mod:`mxnet_patch.engine_async`, imported on first use (not while MXNet imports this
-    module); an import statement per pushpull was a sixteenth of its cost."""
-    global _ENGINE_OPS
-    if _ENGINE_OPS is None:
-        from mxnet_patch import engine_async
-        _ENGINE_OPS = engine_async
-    return _ENGINE_OPS
-
-
-class _PushPull:
-    """One pushpull as an engine operation: ``op(done)`` runs when its inputs are ready. An
-    object, not a closure: a closure is a function and a cell per captured name, objects the
-    cyclic garbage collector tracks, and with thousands of keys in flight it ran as much as the
-    rest of the worker (benchmarks/bench_cost.py)."""
-
-    __slots__ = ("store", "ikey", "values", "outs", "arrays", "priority", "on_gpu", "ticket")
-
-    def __init__(self, store, ikey, values, outs, arrays, priority, on_gpu, ticket):
-        self.store, self.ikey, self.values, self.outs = store, ikey, values, outs
-        self.arrays, self.priority, self.on_gpu = arrays, priority, on_gpu
-        self.ticket = ticket    # its gradient bucket's round, if any (decided when called)
-
-    def __call__(self, done) -> None:
-        store = self.store
-        if self.on_gpu:
-            store._gpu().run(self.ikey, self.values, self.outs, self.priority, done,
-                             ticket=self.ticket)
-            return
-        views = store._views.host_views(self.ikey, self.arrays)
-        n = len(self.values)
-        store._engine.pushpull(self.ikey, views[:n], views[n:], self.priority, on_done=done,
-                               ticket=self.ticket)
-
-
-class _ViewCache(dict):
-    """Per key, the arrays of its last pushpull and their numpy views.
-
-    Gluon passes the same gradient arrays every step, and building a view costs several C
-    calls per array (checking a cached one by handle, address, shape and dtype cost as much:
-    a third of the engine thread's time with 1000 small keys). So an entry keeps the NDArray
-    objects themselves alive and is reused only for those very objects: an NDArray that is
-    alive keeps its handle, shape, dtype and memory. Entries are built on the engine
-    operation's thread, while the operation holds the arrays.
-    """
-
-    def host_views(self, key, arrays):
-        from mxnet_patch.engine_async import host_view
-        cached = self.get(key)
-        if cached is not None and cached.same_arrays(arrays):
-            return cached.views
-        views = [host_view(a) for a in arrays]
-        self[key] = _CachedViews(tuple(arrays), views)
-        return views
-
-
-#: After the script raised, how long the other workers get to leave the job with this one.
-LEAVE_AFTER_FAILURE_S = 10.0
-#: how long a worker whose program exited with a status waits for the scheduler's notice that
-#: ended the job (sent to every node at once) before it exits anyway
-END_JOB_WAIT_S = 2.0
-
-
-def _flush_and_exit(code: int) -> None:
-    """Exit now with ``code`` (from an exit hook, which cannot raise), output flushed first."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
-
-
-def close_at_exit(close) -> None:
-    """Run ``close`` when the main thread has finished, before any ``atexit`` handler.
-
-    A script may end with pushpulls still queued (any script without a final ``waitall``
-    or a read of its outputs): ``close`` completes them, which needs the van. ``atexit`` handlers run last-registered first, and pyzmq
-    registers its garbage collector's (which zero-copy sends need) only at the first such
-    send, after this store was made; MXNet's engine shutdown is one too. Python runs the
-    ``threading`` module's exit hooks first (as ``concurrent.futures`` relies on), so
-    ``close`` registered there still finds everything working.
-    """
-    register = getattr(threading, "_register_atexit", None)
-    if register is not None:
-        try:
-            register(close)
-            return
-        except RuntimeError:    # the interpreter is already shutting down
-            pass
-    atexit.register(close)
-
-
-def freeze_startup_objects() -> None:
-    """Start-up step of ``dist_byteps`` (``BYTEPS_GC_FREEZE=1``, the default): move every
-    object alive now out of the garbage collector's sight (``gc.freeze``).
-
-    MXNet's import leaves tens of thousands of tracked objects; every full collection rescans
-    them, and per-key garbage triggers collections often (measured: a quarter of the time of
-    1000 small pushpulls). Frozen objects stay alive and usable, they are only not rescanned;
-    objects created later are collected as usual.
-    """
-    import gc
-    gc.freeze()
-
-
-def collect_young_less_often(threshold: int) -> None:
-    """Start-up step of ``dist_byteps`` (``BYTEPS_GC_YOUNG_THRESHOLD``, default 10000): the
-    cyclic garbage collector's youngest generation is collected once ``threshold`` more
-    objects were made than freed, not after Python's 700.
-
-    A round of many keys keeps thousands of objects alive until it is answered (requests,
-    tasks, completions): every 700 of them a collection scanned the ones in flight, then moved
-    them on to the older generations, where later collections scanned them again. With 10000,
-    rounds of a thousand small keys cost a worker about a sixth less CPU (loopback 2x2,
-    bench_cost's 1000 x 4 KB). Objects without cycles are still freed at once; only cyclic
-    garbage waits a little longer."""
-    import gc
-    gc.set_threshold(threshold, *gc.get_threshold()[1:])
-
-
 class KVStoreBytePS(KVStoreBase):
     """BytePS-style distributed KVStore for unmodified MXNet (``mx.kv.create('dist_byteps')``).
 
@@ -228,8 +51,11 @@ class KVStoreBytePS(KVStoreBase):
         from kvstore_byteps.config import Config
         from kvstore_byteps.engine.worker import start_engine
         from kvstore_byteps.logs import config_errors_in_one_line, setup_library_logging
+        from mxnet_patch.gc_tuning import tune_collector
         from mxnet_patch.profiler import make_current
+        from mxnet_patch.pushpull_ops import PushPullOps
         from mxnet_patch.store_modes import store_mode
+        from mxnet_patch.worker_exit import leave_at_exit
         config_errors_in_one_line()    # a bad setting ends the script with one line
         config = Config.from_env()
         setup_library_logging(config, "[worker]")  # PS_VERBOSE / BYTEPS_LOG_LEVEL reach workers too
@@ -242,17 +68,19 @@ class KVStoreBytePS(KVStoreBase):
         self._str_keys = {}
         self._key_kind = None
         self._push_results = {}       # key -> NDArray holding the last push's sum (push/pull API)
-        self._lock = threading.Lock()
-        self._gpu_path = None
-        self._views = _ViewCache()
-        self._calls = {}              # key -> _KeyCall: its arrays as the engine takes them
-        self._mode = store_mode(config.training_mode, self)   # what push, pull... mean
-        if config.gc_freeze:
-            freeze_startup_objects()
-        if config.gc_young_threshold:
-            collect_young_less_often(config.gc_young_threshold)
-        exit_status.install()          # the program's sys.exit(N), for _close_at_exit
-        close_at_exit(self._close_at_exit)
+        self._ops = PushPullOps(self._engine)   # each pushpull as an engine operation
+        self._mode = store_mode(config.training_mode, self._mode_port())  # push, pull... mean
+        tune_collector(config)         # BYTEPS_GC_FREEZE, BYTEPS_GC_YOUNG_THRESHOLD
+        leave_at_exit(self.close, self._engine.rank, self._engine.po)
+
+    def _mode_port(self):
+        """What the store's mode object may do with it (it never holds the store)."""
+        from mxnet_patch.store_modes import StorePort
+        engine = self._engine
+        return StorePort(rank=lambda: engine.rank, initialised_key=self._initialised_key,
+                         held=self._push_results.__getitem__, submit=self._ops.submit,
+                         read=engine.read, training_over=lambda: engine.training_over,
+                         set_optimizer=engine.set_optimizer)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -383,24 +211,6 @@ class KVStoreBytePS(KVStoreBase):
             for target in _as_list(arrays):
                 held.copyto(target)
 
-    def _submit(self, ikey, values, outs, priority, fusable=True):
-        """Push the engine operation of one pushpull of ``ikey``; ``fusable``: it may travel in
-        the key's gradient bucket (a pushpull; a lone push does not)."""
-        ticket = self._engine.use(ikey, fusable)   # in the program's order (gradient buckets)
-        call = self._calls.get(ikey)
-        if call is None or not call.made_for(values, outs):
-            call = self._calls[ikey] = _KeyCall(ikey, values, outs)
-        _engine_ops().push_prepared(
-            _PushPull(self, ikey, values, outs, call.arrays, priority, call.on_gpu, ticket),
-            call.operands, priority)
-
-    def _gpu(self):
-        with self._lock:
-            if self._gpu_path is None:
-                from mxnet_patch.gpu import GpuPushPull
-                self._gpu_path = GpuPushPull(self._engine)
-            return self._gpu_path
-
     # ------------------------------------------------------------------ the rest of the API
     def set_optimizer(self, optimizer):
         """The optimizer, where the training mode takes it (see the mode's class)."""
@@ -432,73 +242,6 @@ class KVStoreBytePS(KVStoreBase):
         """Block until every worker reached this barrier (after this worker's pending ops)."""
         nd.waitall()
         self._engine.barrier()
-
-    def _close_at_exit(self):
-        """:meth:`close` as the process ends. If leaving fails (the scheduler is gone, say),
-        the process exits with status 1 after one line saying why: a job whose shutdown failed
-        must not look like a success, and an exit hook cannot raise (Python would print the
-        traceback and exit 0).
-
-        A program that exited with a status other than 0 (``sys.exit(N)``, recorded by
-        :mod:`mxnet_patch.exit_status`) ends the job for every node at once, saying so, and
-        every node exits with N (the launchers pass it on): the others may be waiting for this
-        one's next push, and would keep it until BYTEPS_REQUEST_TIMEOUT.
-
-        A script that ended with an uncaught exception (Python printed it and set
-        ``sys.last_value``) gives the other workers LEAVE_AFTER_FAILURE_S to leave with it
-        (they do when they all failed alike, e.g. a refused setting, and the servers then stop
-        as usual): the others may instead be waiting for this one's next push, and would keep
-        it until BYTEPS_REQUEST_TIMEOUT. Then it exits 1 (Python's status for an uncaught
-        exception) and the launcher stops the job, naming this worker. A worker stopped by a
-        job that another node ended exits with that job's status."""
-        failure = getattr(sys, "last_value", None)
-        status = exit_status.requested()
-        if failure is None and status:
-            self._end_job_exiting(status)
-            return
-        try:
-            if failure is None:
-                self.close()
-            else:
-                self.close(LEAVE_AFTER_FAILURE_S, ending="its program stopped on an uncaught "
-                           "%s: %s" % (type(failure).__name__, str(failure).split("\n")[0]))
-        except Exception as exc:    # KVStoreBytePSError, or MXNet's error from waitall
-            self._exit_if_aborted()
-            if failure is not None:
-                log.error("dist_byteps worker rank %s stops on an uncaught %s; the other workers "
-                          "did not stop with it within %g s: it leaves without them", self.rank,
-                          type(failure).__name__, LEAVE_AFTER_FAILURE_S)
-            else:
-                log.error("dist_byteps worker rank %s could not leave the job cleanly: %s",
-                          self.rank,
-                          str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-            _flush_and_exit(1)
-        if failure is not None:
-            self._exit_if_aborted()
-
-    def _exit_if_aborted(self):
-        """A job that a node ended (its reason said, in one line, on every node): exit now
-        with its status (another node's ``sys.exit(N)``: N)."""
-        from kvstore_byteps.errors import JobAbortedError, exit_status
-        aborted = self._engine.po.error
-        if isinstance(aborted, JobAbortedError):
-            _flush_and_exit(exit_status(aborted))
-
-    def _end_job_exiting(self, status):
-        """The program exited with ``status`` (not 0): end the job for every node, which all
-        exit with it, and exit at once with ``status``, without the shutdown barriers: first,
-        so that the launchers name this worker (the others stop on the notice)."""
-        reason = "its program exited with status %d (sys.exit)" % status
-        log.error("dist_byteps worker rank %s: %s; the job ends for every node", self.rank,
-                  reason)
-        postoffice = self._engine.po
-        try:
-            postoffice.end_job(reason, status)
-        except Exception as exc:    # the scheduler is gone: the launcher ends the job
-            log.debug("could not ask the scheduler to end the job: %s", exc)
-        else:   # the scheduler's notice, sent to every node, stops this one's van too
-            postoffice.wait_stopped(END_JOB_WAIT_S)
-        _flush_and_exit(status)
 
     def close(self, leave_within=None, ending=None):
         """Finish pending work, then leave the cluster as MXNet's workers do (the other workers

@@ -10,15 +10,21 @@ creation from ``Config.training_mode`` by :func:`store_mode`: ``push``, ``pushpu
 * :class:`mxnet_patch.async_training.AsyncTraining` (``BYTEPS_ENABLE_ASYNC=1``);
 * :class:`mxnet_patch.backup_workers.BackupTraining` (``BYTEPS_BACKUP_WORKERS``).
 
+A mode object never holds its store: the store hands it a :class:`StorePort`, the few
+operations a mode needs of it (as ``torch.distributed``'s comm hooks get a state and a bucket,
+never the DDP module).
+
 A new mode is a ``Training`` member, a class here (its worker side) and one among the servers'
 data paths (``kvstore_byteps/serving/``).
 """
+import dataclasses
 import importlib
+from typing import Any, Callable
 
 from kvstore_byteps.config import Training, TrainingMode
 from kvstore_byteps.errors import KVStoreBytePSError
 
-__all__ = ["StoreMode", "UpdatingMode", "store_mode"]
+__all__ = ["StoreMode", "StorePort", "UpdatingMode", "store_mode"]
 
 #: each mode's class, as ``module:class`` (imported when chosen)
 _CLASSES = {Training.SYNC: "mxnet_patch.sync_training:SyncTraining",
@@ -26,23 +32,40 @@ _CLASSES = {Training.SYNC: "mxnet_patch.sync_training:SyncTraining",
             Training.BACKUP_WORKERS: "mxnet_patch.backup_workers:BackupTraining"}
 
 
-def store_mode(mode: TrainingMode, store) -> "StoreMode":
-    """The mode object of ``store`` (a ``KVStoreBytePS``) for the job's ``mode``."""
+@dataclasses.dataclass(frozen=True)
+class StorePort:
+    """What a mode object needs of its store (the store builds it). ``ikey``: a key as the
+    store numbers it (an int)."""
+
+    rank: Callable[[], int]                   # this worker's rank
+    initialised_key: Callable[[Any], int]     # a key's ikey; KeyError before init/broadcast
+    held: Callable[[int], Any]                # the store's NDArray of ``ikey`` (sums or weights)
+    #: ``submit(ikey, values, outs, priority, fusable=True)``: queue one pushpull on MXNet's
+    #: engine; ``fusable``: it may travel in the key's gradient bucket
+    submit: Callable[..., None]
+    read: Callable[[int, Any, Any], Any]      # the servers' values of ``ikey`` (shape, dtype)
+    training_over: Callable[[], bool]         # the servers said the job's training is over
+    set_optimizer: Callable[[bytes], None]    # the pickled optimizer to the servers
+
+
+def store_mode(mode: TrainingMode, port: StorePort) -> "StoreMode":
+    """The mode object for the job's ``mode``, reaching its store through ``port``."""
     module, name = _CLASSES[mode.kind].split(":")
-    return getattr(importlib.import_module(module), name)(mode, store)
+    return getattr(importlib.import_module(module), name)(mode, port)
 
 
 class StoreMode:
-    """What a training mode decides in the store. ``store`` is the ``KVStoreBytePS`` it
-    serves: the mode queues through its ``_submit`` and reads its held arrays."""
+    """What a training mode decides in the store. ``port`` is what it needs of the
+    ``KVStoreBytePS`` it serves: the mode queues through its ``submit`` and reads its held
+    arrays."""
 
     #: the middle word of the store's ``type`` (``dist_sync_byteps``), which MXNet reads
     type_word = "sync"
     #: ``is_capable('optimizer')``: whether the store takes the optimizer
     takes_optimizer = False
 
-    def __init__(self, mode: TrainingMode, store):
-        self.mode, self.store = mode, store
+    def __init__(self, mode: TrainingMode, port: StorePort):
+        self.mode, self.port = mode, port
 
     def pushpull(self, key, values, outs, priority) -> None:
         """``kv.pushpull`` of one key: ``values`` (one per local device) into ``outs``."""
@@ -58,7 +81,7 @@ class StoreMode:
 
     def read_final(self, ikey, held) -> None:
         """``finish_training``: the servers' final weights of ``ikey`` into ``held``."""
-        held[:] = self.store._engine.read(ikey, held.shape, held.dtype)
+        held[:] = self.port.read(ikey, held.shape, held.dtype)
 
     def add_to_shared(self, key, change, out, priority) -> None:
         """``kv.add_to_shared`` (``change`` and ``out`` lists): asynchronous training's push
@@ -94,8 +117,8 @@ class UpdatingMode(StoreMode):
     #: KVStoreBytePSError's message for a push before set_optimizer
     no_optimizer = ""
 
-    def __init__(self, mode: TrainingMode, store):
-        super().__init__(mode, store)
+    def __init__(self, mode: TrainingMode, port: StorePort):
+        super().__init__(mode, port)
         self.updates = None
 
     def pushpull(self, key, values, outs, priority) -> None:
@@ -113,11 +136,11 @@ class UpdatingMode(StoreMode):
         if self.updates is None:
             raise KVStoreBytePSError(self.no_optimizer)
         self.before_step()
-        store = self.store
-        ikey = store._initialised_key(key)
-        weights = store._push_results[ikey]        # the weights as this worker last read them
+        port = self.port
+        ikey = port.initialised_key(key)
+        weights = port.held(ikey)                  # the weights as this worker last read them
         self.updates.step(key, grads, weights,
-                          lambda values, into, p: store._submit(ikey, values, into, p), priority)
+                          lambda values, into, p: port.submit(ikey, values, into, p), priority)
         for target in outs:
             weights.copyto(target)
 

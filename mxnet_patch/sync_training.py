@@ -10,13 +10,14 @@ class SyncTraining(StoreMode):
     """A pushpull is a round's sum; a push's sum is held for the next pull."""
 
     def pushpull(self, key, values, outs, priority) -> None:
-        self.store._submit(self.store._initialised_key(key), values, outs, priority)
+        port = self.port
+        port.submit(port.initialised_key(key), values, outs, priority)
 
     def push(self, key, values, priority) -> None:
-        store = self.store
-        ikey = store._initialised_key(key)
+        port = self.port
+        ikey = port.initialised_key(key)
         # alone, not in its gradient bucket: a push is often read before the next key's push
-        store._submit(ikey, values, [store._push_results[ikey]], priority, fusable=False)
+        port.submit(ikey, values, [port.held(ikey)], priority, fusable=False)
 
     def set_optimizer(self, optimizer) -> None:
         raise NotImplementedError(

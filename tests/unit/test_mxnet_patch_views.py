@@ -2,7 +2,7 @@
 import mxnet as mx
 import numpy as np
 
-from mxnet_patch.kvstore import _ViewCache
+from mxnet_patch.pushpull_ops import _ViewCache
 
 
 def test_same_arrays_reuse_views_and_see_current_values():
@@ -59,7 +59,7 @@ def test_a_slice_of_a_host_view_keeps_its_array_and_memory_alive():
 
 
 def test_a_keys_engine_operands_are_rebuilt_for_other_arrays_or_another_split():
-    from mxnet_patch.kvstore import _KeyCall
+    from mxnet_patch.pushpull_ops import _KeyCall
     grad, out, other = mx.nd.ones((4,)), mx.nd.zeros((4,)), mx.nd.zeros((4,))
     call = _KeyCall(5, [grad], [out])
     assert call.made_for([grad], [out]) and not call.on_gpu
