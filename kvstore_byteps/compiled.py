@@ -38,6 +38,7 @@ MODULES = (
     "kvstore_byteps.van.tcp.frame",
     "kvstore_byteps.van.tcp.compact",
     "kvstore_byteps.van.tcp.reader",
+    "kvstore_byteps.van.tcp.inbound",
     "kvstore_byteps.van.tcp.recv_buffers",
     "kvstore_byteps.van.tcp.outbound",
     "kvstore_byteps.van.tcp.van",
