@@ -20,11 +20,11 @@ from ...errors import (ConfigError, DeadlineError, JobAbortedError, KVStoreByteP
                        ProtocolError)
 from ...logs import PeerLog
 from .customer import HandlerThread, InlineHandler, MixedHandler
-from .membership import (Connect, Fail, NodeDead, NodeMembership, NodeRecovered, Ready, Refused,
-                         ReleaseBarrier,
-                         SchedulerMembership,
+from .membership import (Connect, Fail, NodeDead, NodeRecovered, Ready, Refused, ReleaseBarrier,
                          Send, Stop, abort_request, barrier_post, group_members,
                          terminate_message)
+from .node_membership import NodeMembership
+from .scheduler_membership import SchedulerMembership
 from ..registry import make_van
 from ..wire.message import (ALL_GROUP, K_EMPTY, SCHEDULER_ID, Message, Node, id_to_rank)
 from ..wire.keys import KeyRange, server_key_ranges
@@ -491,7 +491,7 @@ class Postoffice:
                 kind: str = "") -> None:
         """Block until every member of ``group`` called barrier. ``timeout=None`` waits as long
         as the cluster is alive, logging progress; otherwise DeadlineError after ``timeout`` s.
-        ``kind``: a worker's finish or shutdown barrier (membership.BARRIER_KINDS)."""
+        ``kind``: a worker's finish or shutdown barrier (barriers.BARRIER_KINDS)."""
         if len(self.group_ids(group)) <= 1:
             return
         with self._barrier_cond:
