@@ -45,6 +45,8 @@ MODULES = (
     "kvstore_byteps.van.auto.van",
     "kvstore_byteps.van.runtime.postoffice",
     "kvstore_byteps.van.runtime.customer",
+    "kvstore_byteps.van.runtime.routing",
+    "kvstore_byteps.van.runtime.link",
     "kvstore_byteps.van.kv.app",
     "kvstore_byteps.van.kv.slicing",
     "kvstore_byteps.engine.credit",

@@ -24,9 +24,9 @@ Rules (docs/pslite-wire.md §3), kept in the order the protocol runs:
 * TERMINATE is only ever sent by a node to itself; receiving it stops the receive loop.
 * Ending the job (ours; a HEARTBEAT with the meta extension ``abort``, which upstream nodes take
   for a heartbeat): a node that must end the job sends its reason to the scheduler, which
-  passes it on to every node and stops ``ABORT_GRACE_S`` later (scheduler_membership.py) (its notices must leave first);
-  a node stops on the scheduler's notice with :class:`JobAbortedError` naming who ended the job
-  and why.
+  passes it on to every node and stops ``ABORT_GRACE_S`` (scheduler_membership.py) later (its
+  notices must leave first); a node stops on the scheduler's notice with
+  :class:`JobAbortedError` naming who ended the job and why.
 * Recovery (ps-lite's ``is_recovery``): an anonymous ADD_NODE from one of our servers after the
   cluster formed is a restarted server. It takes the id of the server at the same host:port, or
   else of the server silent longest once that one missed two heartbeat intervals; it gets the
