@@ -111,6 +111,11 @@ class Postoffice:
     def error(self) -> Optional[BaseException]:
         return self._lifecycle.error
 
+    @property
+    def dropped_messages(self) -> int:
+        """Received data messages dropped on purpose (PS_DROP_MSG)."""
+        return self._link.dropped_messages
+
     def server_key_ranges(self) -> Tuple[KeyRange, ...]:
         return server_key_ranges(self.num_servers)
 
