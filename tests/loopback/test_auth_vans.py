@@ -11,7 +11,7 @@ from kvstore_byteps.config import Config, Role, VanType
 from kvstore_byteps.errors import AuthenticationError
 from kvstore_byteps.van import auth
 from kvstore_byteps.van.runtime.postoffice import Postoffice
-from kvstore_byteps.van.tcp.van import exchange_hellos
+from kvstore_byteps.van.tcp.hello import exchange_hellos
 from tests.support.procs import free_port
 from tests.support.kv_nodes import start_all, start_trio, stop_all
 

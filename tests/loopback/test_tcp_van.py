@@ -15,7 +15,8 @@ from kvstore_byteps.van.tcp import frame as tcp_frame
 from kvstore_byteps.van.wire.codec import encode_meta
 from kvstore_byteps.van.wire.message import K_EMPTY, DataType, Meta
 from kvstore_byteps.van.runtime.postoffice import Postoffice
-from kvstore_byteps.van.tcp.van import TcpVan, _Inbound
+from kvstore_byteps.van.tcp.inbound import Inbound
+from kvstore_byteps.van.tcp.van import TcpVan
 from tests.support.procs import free_port, wait_until
 from tests.support.kv_nodes import start_all, start_trio, stop_all
 
@@ -212,7 +213,7 @@ def test_the_receive_loop_waits_for_a_large_frame_whole_then_for_any_byte():
     van = TcpVan(Config(van_type=VanType.BYTEPS_TCP))
     client, server = _connected_pair()
     server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 200000)    # room for a 90 KB mark
-    inbound = _Inbound(server, 9, "127.0.0.1:1", van.pool)
+    inbound = Inbound(server, 9, "127.0.0.1:1", van.pool)
     big = np.arange(50000, dtype=np.uint32).tobytes()                # 200 KB
     meta = encode_meta(Meta(app_id=0, timestamp=1, request=True, push=True, body=b"big"))
     first = stream_of((meta, [struct.pack("<Q", 1), big]))
@@ -256,7 +257,7 @@ def test_the_low_water_mark_stays_below_a_quarter_of_the_receive_buffer():
     try:
         server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 200000)
         room = server.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4
-        inbound = _Inbound(server, 9, "127.0.0.1:1", van.pool)
+        inbound = Inbound(server, 9, "127.0.0.1:1", van.pool)
         inbound.wake_for(4 << 20)
         assert _low_water(server) == room < 4 << 20
         inbound.wake_for(1000)              # too little to be worth a mark

@@ -196,6 +196,6 @@ def test_without_loss_nothing_is_resent(van):
             worker.wait(worker.push([3], np.ones(4, np.float32), [16]))
             worker.wait(worker.pull([3]))
         time.sleep(1.5)           # past the resend timeout
-        assert [po._resender.resent for po in nodes] == [0, 0, 0]
+        assert [po._link.resender.resent for po in nodes] == [0, 0, 0]
     finally:
         stop_all(nodes)

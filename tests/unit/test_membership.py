@@ -3,12 +3,13 @@ import pytest
 
 from kvstore_byteps.config import Role
 from kvstore_byteps.errors import ClusterStartError, JobAbortedError
-from kvstore_byteps.van.runtime.membership import (ABORT_GRACE_S, Connect, Fail, NodeDead, NodeMembership,
-                                           NodeRecovered, abort_request,
-                                           Ready, Refused,
-                                           ReleaseBarrier, SchedulerMembership, Send, Stop,
-                                           assign_ids, barrier_request, control_message,
-                                           group_members, terminate_message, VanClock)
+from kvstore_byteps.van.runtime.membership import (Connect, Fail, NodeDead, NodeRecovered,
+                                                  abort_request, Ready, Refused, ReleaseBarrier,
+                                                  Send, Stop, barrier_request, control_message,
+                                                  group_members, terminate_message, VanClock)
+from kvstore_byteps.van.runtime.node_membership import NodeMembership
+from kvstore_byteps.van.runtime.scheduler_membership import (ABORT_GRACE_S, SchedulerMembership,
+                                                            assign_ids)
 from kvstore_byteps.van.wire.message import K_EMPTY, ControlCommand, Message, Meta, Node, Control
 
 

@@ -165,9 +165,9 @@ def _postoffice_receiving_with_resend(leaving):
     from kvstore_byteps.config import Config, Role
     from kvstore_byteps.van.runtime.postoffice import Postoffice
     office = Postoffice(Config(role=Role.WORKER), van=_GoneVan())
-    office._resender = Resender(my_id=9, timeout_ms=1000)
+    office._link.resender = Resender(my_id=9, timeout_ms=1000)
     if leaving:
-        office._resender.leave()
+        office._link.resender.leave()
     return office
 
 

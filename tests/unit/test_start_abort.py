@@ -8,8 +8,8 @@ import pytest
 from kvstore_byteps.config import Config, Role
 from kvstore_byteps.errors import JobAbortedError, ProtocolError
 from kvstore_byteps.van.loopback.van import LoopbackNetwork, LoopbackVan
-from kvstore_byteps.van.runtime.membership import (Connect, Send, SchedulerMembership,
-                                                  control_message)
+from kvstore_byteps.van.runtime.membership import Connect, Send, control_message
+from kvstore_byteps.van.runtime.scheduler_membership import SchedulerMembership
 from kvstore_byteps.van.runtime.postoffice import Postoffice
 from kvstore_byteps.van.wire.message import K_EMPTY, SCHEDULER_ID, ControlCommand, Node
 from tests.support.kv_nodes import start_all

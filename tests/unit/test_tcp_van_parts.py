@@ -295,7 +295,7 @@ def test_the_receive_buffer_size_is_read_once_per_many_large_frames():
     # (and an interpreter-lock hand-off) per frame. The kernel only grows it: read it again
     # now and then, and meanwhile use the last reading.
     import socket
-    from kvstore_byteps.van.tcp import van as tcp_van
+    from kvstore_byteps.van.tcp import inbound as tcp_inbound
 
     class Sock:
         def __init__(self):
@@ -314,14 +314,14 @@ def test_the_receive_buffer_size_is_read_once_per_many_large_frames():
             self.marks.append(value)
 
     sock = Sock()
-    inbound = tcp_van._Inbound(sock, 9, "127.0.0.1:1", RecvBufferPool())
-    frames = 3 * tcp_van._RCVBUF_READ_EVERY
+    inbound = tcp_inbound.Inbound(sock, 9, "127.0.0.1:1", RecvBufferPool())
+    frames = 3 * tcp_inbound._RCVBUF_READ_EVERY
     for turn in range(frames):
         inbound.wake_for(1 << 20)           # a large frame: mark up to a quarter of the buffer
         inbound.wake_for(0)                 # done: back to 1 byte
-        if turn == tcp_van._RCVBUF_READ_EVERY - 1:
+        if turn == tcp_inbound._RCVBUF_READ_EVERY - 1:
             sock.rcvbuf = 800000            # the kernel grew it
-    assert sock.reads == frames // tcp_van._RCVBUF_READ_EVERY
+    assert sock.reads == frames // tcp_inbound._RCVBUF_READ_EVERY
     assert sock.marks[0] == 100000 and sock.marks[-2] == 200000 and sock.marks[-1] == 1
     assert max(sock.marks) <= 200000
 

@@ -32,7 +32,9 @@ from .channel import Channel
 from .regions import RegistrationCache
 from .wire import ChannelInfo
 from ..tcp.outbound import Outbound
-from ..tcp.van import TcpVan, _Inbound, _recv_exactly
+from ..tcp.hello import recv_exactly
+from ..tcp.inbound import Inbound
+from ..tcp.van import TcpVan
 from .verbs.api import WCOpcode, WCStatus
 
 log = logging.getLogger(__name__)
@@ -97,7 +99,7 @@ class _RdmaOutbound(Outbound):
         super().close()
 
 
-class _RdmaInbound(_Inbound):
+class _RdmaInbound(Inbound):
     """An accepted connection: its channel delivers the messages."""
 
     def __init__(self, sock, peer_id, address, pool, connection: _Connection):
@@ -136,10 +138,10 @@ class RdmaVan(TcpVan):
         info = channel.info().encode()
         if not accepting:
             sock.sendall(_INFO_LENGTH.pack(len(info)) + info)
-        (length,) = _INFO_LENGTH.unpack(_recv_exactly(sock, _INFO_LENGTH.size, what))
+        (length,) = _INFO_LENGTH.unpack(recv_exactly(sock, _INFO_LENGTH.size, what))
         if length > _MAX_INFO_BYTES:
             raise ProtocolError("%s sent an RDMA channel info of %d bytes" % (what, length))
-        channel.connect(ChannelInfo.decode(_recv_exactly(sock, length, what)))
+        channel.connect(ChannelInfo.decode(recv_exactly(sock, length, what)))
         connection = _Connection(channel)
         with self._connections_lock:
             self._connections[channel.qp.qp_num] = connection

@@ -1,5 +1,9 @@
 """Cluster membership as pure state machines: ADD_NODE, BARRIER, HEARTBEAT, TERMINATE.
 
+This module holds what both sides share: the rules below, the actions the machines answer with
+and the control messages they build. The scheduler's side is scheduler_membership.py, a
+server's or worker's node_membership.py.
+
 Both machines are driven by ``handle(message, now)`` and ``tick(now)`` and answer with a list of
 actions (connect to a node, send a message, mark ready, release barriers, stop) that a thin I/O
 loop executes. Nothing here touches a socket or sleeps, so every rule is unit-testable.
@@ -20,9 +24,9 @@ Rules (docs/pslite-wire.md §3), kept in the order the protocol runs:
 * TERMINATE is only ever sent by a node to itself; receiving it stops the receive loop.
 * Ending the job (ours; a HEARTBEAT with the meta extension ``abort``, which upstream nodes take
   for a heartbeat): a node that must end the job sends its reason to the scheduler, which
-  passes it on to every node and stops ``ABORT_GRACE_S`` later (its notices must leave first);
-  a node stops on the scheduler's notice with :class:`JobAbortedError` naming who ended the job
-  and why.
+  passes it on to every node and stops ``ABORT_GRACE_S`` (scheduler_membership.py) later (its
+  notices must leave first); a node stops on the scheduler's notice with
+  :class:`JobAbortedError` naming who ended the job and why.
 * Recovery (ps-lite's ``is_recovery``): an anonymous ADD_NODE from one of our servers after the
   cluster formed is a restarted server. It takes the id of the server at the same host:port, or
   else of the server silent longest once that one missed two heartbeat intervals; it gets the
@@ -32,18 +36,12 @@ Rules (docs/pslite-wire.md §3), kept in the order the protocol runs:
 """
 import dataclasses
 import threading
-from typing import Dict, List, Optional, Tuple
+from typing import List
 
-from ...config import Role
-from ...errors import ClusterStartError, JobAbortedError
-from .barriers import BARRIER_KINDS, BarrierBook
-from ..wire.message import (ALL_GROUP, K_EMPTY, SCHEDULER_GROUP, SCHEDULER_ID, SERVER_GROUP,
-                      WORKER_GROUP, ControlCommand, Control, Message, Meta, Node,
-                      id_to_rank, role_of_id, server_rank_to_id, worker_rank_to_id)
+from ..wire.message import (K_EMPTY, SCHEDULER_GROUP, SCHEDULER_ID, SERVER_GROUP, WORKER_GROUP,
+                            ControlCommand, Control, Message, Meta, Node, server_rank_to_id,
+                            worker_rank_to_id)
 
-
-#: how long the scheduler stays up after passing on a node's reason to end the job
-ABORT_GRACE_S = 1.0
 
 # ----------------------------------------------------------------------------- actions
 @dataclasses.dataclass
@@ -115,7 +113,7 @@ class Refused:
 ACTIONS = (Connect, Send, Ready, NodeRecovered, ReleaseBarrier, Stop, NodeDead, Fail, Refused)
 
 
-def _terminate(msg: Message, me: Node) -> List:
+def on_terminate(msg: Message, me: Node) -> List:
     """TERMINATE is honoured only from this node itself (ps-lite sends it only to itself):
     without authentication, anyone who can reach the port could otherwise stop the node."""
     if msg.meta.sender != me.id:
@@ -163,439 +161,9 @@ def group_members(group: int, num_workers: int, num_servers: int) -> List[int]:
     return ids
 
 
-def _sort_key(node: Node):
-    # hostname descending (byte order), then port ascending
-    return tuple(-b for b in node.hostname.encode()) + (256,), node.port
-
-
-def _hinted_ranks(nodes: List[Node], role: Role) -> Optional[dict]:
-    """{address: rank} when every node of ``role`` asks for a distinct rank in range, else None."""
-    members = [n for n in nodes if n.role == role]
-    hints = [n.rank_hint for n in members]
-    if not members or sorted(h for h in hints if h is not None) != list(range(len(members))):
-        return None
-    return {n.address: n.rank_hint for n in members}
-
-
-def assign_ids(nodes: List[Node]) -> List[Node]:
-    """Node ids: servers 8+2r, workers 9+2r.
-
-    Ranks are upstream's order, (hostname desc, port asc), unless every node of a role asked
-    for a distinct rank 0..n-1 (our workers send DMLC_WORKER_ID, as BytePS reads it for the rank):
-    then those, so the launcher's ``[worker R]`` is the rank. Upstream nodes ask for nothing.
-    """
-    ordered = sorted(nodes, key=_sort_key)
-    hinted = {role: _hinted_ranks(nodes, role) for role in (Role.SERVER, Role.WORKER)}
-    next_rank = {Role.SERVER: 0, Role.WORKER: 0}
-    assigned, by_address = [], {}
-    for node in ordered:
-        if node.address in by_address:      # same host:port twice shares one id, as upstream
-            node_id = by_address[node.address]
-        else:
-            if hinted[node.role] is not None:
-                rank = hinted[node.role][node.address]
-            else:
-                rank = next_rank[node.role]
-                next_rank[node.role] += 1
-            node_id = (server_rank_to_id if node.role == Role.SERVER else worker_rank_to_id)(rank)
-            by_address[node.address] = node_id
-        assigned.append(dataclasses.replace(node, id=node_id))
-    return assigned
-
-
-# ----------------------------------------------------------------------------- scheduler
-class SchedulerMembership:
-    """The scheduler's side. ``my_node`` is the scheduler (id 1, ROOT_URI, ROOT_PORT)."""
-
-    def __init__(self, my_node: Node, num_workers: int, num_servers: int,
-                 start_deadline: float, clock: Optional[VanClock] = None,
-                 heartbeat_timeout: float = 0.0):
-        self.my_node = dataclasses.replace(my_node, id=SCHEDULER_ID)
-        self.heartbeat_timeout = heartbeat_timeout
-        self.dead: Dict[int, Node] = {}
-        self.num_workers, self.num_servers = num_workers, num_servers
-        self.start_deadline = start_deadline
-        self.clock = clock or VanClock()
-        self.pending: List[Node] = []
-        self.nodes: List[Node] = []
-        self.ready = False
-        self.barriers = BarrierBook()
-        self.last_heartbeat: Dict[int, float] = {}
-        self.replacements: List[Tuple[Node, float]] = []   # restarted servers, since when
-        self.epochs: Dict[int, int] = {}     # node id -> how many times it was restarted
-        self.aborting: Optional[Tuple[JobAbortedError, float]] = None   # (why, stop when)
-
-    def start(self, now: float) -> List:
-        """The scheduler's DEALER to itself (identity ps1)."""
-        return [Connect(self.my_node)]
-
-    def handle(self, msg: Message, now: float) -> List:
-        cmd = msg.meta.control.cmd
-        if cmd == ControlCommand.ADD_NODE:
-            return self._on_add_node(msg, now)
-        if cmd == ControlCommand.BARRIER and msg.meta.request:
-            return self._on_barrier(msg)
-        if cmd == ControlCommand.BARRIER:
-            return [ReleaseBarrier(msg.meta.app_id)]
-        if cmd == ControlCommand.HEARTBEAT and (msg.meta.extra or {}).get("abort"):
-            return self._on_abort(msg, now)
-        if cmd == ControlCommand.HEARTBEAT:
-            return self._on_heartbeat(msg, now)
-        if cmd == ControlCommand.TERMINATE:
-            return _terminate(msg, self.my_node)
-        return []
-
-    def tick(self, now: float) -> List:
-        if not self.ready and now > self.start_deadline:
-            return [Fail(ClusterStartError(self.describe_missing()))]
-        if self.aborting is not None and now >= self.aborting[1]:
-            return [Fail(self.aborting[0])]
-        actions: List = self._place_replacements(now) if self.replacements else []
-        for node_id in self.dead_nodes(now, self.heartbeat_timeout):
-            if node_id in self.dead:
-                continue
-            node = self._node(node_id)
-            self.dead[node_id] = node
-            reason = ("no heartbeat for %.0f s (PS_HEARTBEAT_TIMEOUT on the scheduler)"
-                      % (now - self.last_heartbeat[node_id]))
-            notice = control_message(ControlCommand.HEARTBEAT, K_EMPTY, nodes=[node])
-            notice.meta.extra = {"dead_node": True}
-            for other in group_members(WORKER_GROUP | SERVER_GROUP, self.num_workers,
-                                       self.num_servers):
-                if other not in self.dead:
-                    tell = dataclasses.replace(notice, meta=dataclasses.replace(
-                        notice.meta, recver=other, timestamp=self.clock.tick()))
-                    actions.append(Send(tell))
-            actions.append(NodeDead(node, reason))
-        return actions
-
-    def _node(self, node_id: int) -> Node:
-        for node in self.nodes:
-            if node.id == node_id:
-                return node
-        return Node(role_of_id(node_id), node_id)
-
-    def describe_missing(self) -> str:
-        have = {Role.WORKER: 0, Role.SERVER: 0}
-        for node in self.pending:
-            have[node.role] += 1
-        parts = []
-        for role, want in ((Role.WORKER, self.num_workers), (Role.SERVER, self.num_servers)):
-            if have[role] < want:
-                parts.append("%d of %d %ss" % (want - have[role], want, role.name.lower()))
-        return ("scheduler at %s: cluster incomplete, missing %s (registered: %s)"
-                % (self.my_node.address, " and ".join(parts) or "nothing",
-                   ", ".join(n.describe() for n in self.pending) or "none"))
-
-    def _on_add_node(self, msg: Message, now: float) -> List:
-        if msg.meta.sender != K_EMPTY:
-            return []       # upstream: only anonymous ADD_NODEs register
-        if self.ready:
-            return self._on_late_add_node(msg, now)
-        self.pending += [n for n in msg.meta.control.nodes if n.role != Role.SCHEDULER]
-        if len(self.pending) < self.num_workers + self.num_servers:
-            return []
-        self.nodes = assign_ids(self.pending)
-        announced = self.nodes + [self.my_node]
-        actions: List = [Connect(node) for node in self.nodes]
-        for node_id in group_members(WORKER_GROUP | SERVER_GROUP, self.num_workers,
-                                     self.num_servers):
-            actions.append(Send(control_message(ControlCommand.ADD_NODE, node_id, self.clock.tick(),
-                                                nodes=announced)))
-        self.ready = True
-        for node in self.nodes:     # our nodes say they heartbeat: watched from now on
-            if node.heartbeat_ms:
-                self.last_heartbeat.setdefault(node.id, now)
-        actions.append(Ready(self.my_node, announced))
-        return actions
-
-    # -- recovery of a restarted server -------------------------------------------------------
-    def _on_late_add_node(self, msg: Message, now: float) -> List:
-        nodes = msg.meta.control.nodes
-        node = nodes[0] if len(nodes) == 1 else None
-        if node is None or node.role != Role.SERVER:
-            return [Refused("ignored an ADD_NODE after the cluster formed (%s): only a restarted "
-                            "server may join late" % ", ".join(n.describe() for n in nodes))]
-        if not node.heartbeat_ms:
-            return [Refused("ignored the restarted server at %s: it does not heartbeat, so it "
-                            "is not a kvstore-byteps server (upstream MXNet servers cannot "
-                            "rejoin)" % node.address)]
-        upstream = [n.describe() for n in self.nodes if n.role == Role.WORKER
-                    and not n.heartbeat_ms]
-        if upstream:
-            return [Refused("ignored the restarted server at %s: upstream MXNet workers (%s) "
-                            "kept their weights on the server that died; they cannot restore "
-                            "it" % (node.address, ", ".join(upstream)))]
-        self.replacements = [(n, t) for n, t in self.replacements if n.address != node.address]
-        self.replacements.append((node, now))
-        return self._place_replacements(now)
-
-    def _place_replacements(self, now: float) -> List:
-        """Give each waiting restarted server the id of the server it replaces: the one at its
-        address (that process cannot be alive: the port is taken), else the server silent
-        longest once it missed two heartbeats. One waits at most the heartbeat timeout."""
-        actions: List = []
-        waiting, self.replacements = self.replacements, []
-        for node, since in waiting:
-            old = self._replaced_server(node, now)
-            if old is not None:
-                actions += self._recover(old, node, now)
-            elif now - since > max(self.heartbeat_timeout, 1.0):
-                actions.append(Refused("ignored the restarted server at %s: no server fell "
-                                       "silent within %.0f s, so it replaces none"
-                                       % (node.address, now - since)))
-            else:
-                self.replacements.append((node, since))
-        return actions
-
-    def _replaced_server(self, node: Node, now: float) -> Optional[Node]:
-        servers = [n for n in self.nodes if n.role == Role.SERVER and n.id not in self.dead]
-        for server in servers:
-            if server.address == node.address:
-                return server
-        silent = [(self.last_heartbeat[s.id], s) for s in servers
-                  if s.heartbeat_ms and s.id in self.last_heartbeat
-                  and now - self.last_heartbeat[s.id] > 2 * s.heartbeat_ms / 1000.0]
-        return min(silent, key=lambda pair: pair[0])[1] if silent else None
-
-    def _recover(self, old: Node, node: Node, now: float) -> List:
-        epoch = self.epochs[old.id] = self.epochs.get(old.id, 0) + 1
-        new = dataclasses.replace(node, id=old.id, is_recovery=True)
-        self.nodes = [new if n.id == old.id else n for n in self.nodes]
-        self.last_heartbeat[old.id] = now
-        actions: List = [Connect(new)]
-        for other in group_members(WORKER_GROUP | SERVER_GROUP, self.num_workers,
-                                   self.num_servers):
-            if other in self.dead:
-                continue
-            nodes = self.nodes + [self.my_node] if other == old.id else [new]
-            notice = control_message(ControlCommand.ADD_NODE, other, self.clock.tick(),
-                                     nodes=nodes)
-            notice.meta.extra = {"epoch": epoch}
-            actions.append(Send(notice))
-        actions.append(NodeRecovered(new, epoch))
-        return actions
-
-    def _on_barrier(self, msg: Message) -> List:
-        """A barrier request: counted by group and kind (:mod:`.barriers`)."""
-        group = msg.meta.control.barrier_group
-        members = group_members(group, self.num_workers, self.num_servers)
-        sender = msg.meta.sender
-        if sender not in members:
-            # a stranger (or a forged id) must not complete anyone's barrier
-            return [Refused("ignored a barrier request of group %d from node %s, which is not "
-                            "one of its members %s" % (group, sender, members))]
-        kind = str((msg.meta.extra or {}).get("barrier_kind", ""))
-        if kind not in BARRIER_KINDS:
-            return [Refused("ignored a barrier request of an unknown kind %r from node %s"
-                            % (kind, sender))]
-        releases = self.barriers.arrive(
-            group, kind, sender, (msg.meta.app_id, msg.meta.customer_id),
-            lambda g: group_members(g, self.num_workers, self.num_servers))
-        return [Send(control_message(ControlCommand.BARRIER, node, self.clock.tick(),
-                                     barrier_group=released, app_id=app_id,
-                                     customer_id=customer_id))
-                for node, released, (app_id, customer_id) in releases]
-
-    def _on_abort(self, msg: Message, now: float) -> List:
-        """A node ends the job: tell every node why, then stop (after ABORT_GRACE_S)."""
-        sender = msg.meta.sender
-        if sender not in {node.id for node in self.nodes}:
-            return [Refused("ignored a request to end the job from node %s, which is not a node "
-                            "of the cluster" % sender)]
-        if self.aborting is not None:
-            return []
-        reason = str(msg.meta.extra["abort"])
-        error = JobAbortedError("%s ended the job: %s" % (self._node(sender).describe_rank(),
-                                                          reason),
-                                int(msg.meta.extra.get("abort_status") or 1))
-        self.aborting = (error, now + ABORT_GRACE_S)
-        actions: List = []
-        for node_id in group_members(WORKER_GROUP | SERVER_GROUP, self.num_workers,
-                                     self.num_servers):
-            if node_id not in self.dead:
-                actions.append(Send(self._abort_notice(node_id, str(error), error.status)))
-        return actions + [Refused(str(error))]
-
-    def _abort_notice(self, node_id: int, why: str, status: int = 1) -> Message:
-        """The notice that ends node ``node_id``'s part in the job with ``why``; the nodes exit
-        with ``status``."""
-        notice = control_message(ControlCommand.HEARTBEAT, node_id, self.clock.tick(),
-                                 nodes=[self.my_node])
-        notice.meta.extra = {"abort": why}
-        if status != 1:
-            notice.meta.extra["abort_status"] = status
-        return notice
-
-    def start_failed(self, node: Node, reason: str) -> List[Tuple[Node, Message]]:
-        """The cluster was about to form but ``node`` could not be reached (``reason``): for
-        each node that registered, the notice that ends its start with the reason, so that
-        it stops now instead of waiting out BYTEPS_START_TIMEOUT for a node list that never
-        comes (asked only while the cluster forms)."""
-        # (the reason is the scheduler's own words: its "this node" is the scheduler, and it
-        # names the node and the address it failed at)
-        why = ("the job cannot start: the scheduler could not connect to %s rank %d: %s"
-               % (node.role.name.lower(), id_to_rank(node.id),
-                  reason.replace("this node", "the scheduler")))
-        return [(other, self._abort_notice(other.id, why)) for other in self.nodes]
-
-    def _on_heartbeat(self, msg: Message, now: float) -> List:
-        replies = []
-        members = {node.id for node in self.nodes}
-        for node in msg.meta.control.nodes:
-            if node.id != msg.meta.sender or node.id not in members:
-                return [Refused("ignored a heartbeat from node %s for node %s: only a node of "
-                                "the cluster heartbeats, for itself" % (msg.meta.sender, node.id))]
-            if node.id in self.epochs and node.address != self._node(node.id).address:
-                # the process a restarted server replaced: it only seemed dead. Unanswered, it
-                # declares the scheduler dead and stops.
-                return [Refused("ignored a heartbeat from %s: node %d is the restarted server "
-                                "at %s now" % (node.address, node.id,
-                                               self._node(node.id).address))]
-            if node.id in self.dead:          # declared dead already: too late
-                continue
-            self.last_heartbeat[node.id] = now
-            replies.append(Send(control_message(ControlCommand.HEARTBEAT, node.id, self.clock.tick(),
-                                                nodes=[self.my_node])))
-        return replies
-
-    def dead_nodes(self, now: float, timeout: float) -> List[int]:
-        """Ids whose last heartbeat is older than ``timeout`` seconds (0 disables)."""
-        if timeout <= 0:
-            return []
-        return [i for i, t in self.last_heartbeat.items() if now - t > timeout]
-
-
-# ----------------------------------------------------------------------------- node
-class NodeMembership:
-    """A server's or worker's side. ``my_node`` has no id yet; ``scheduler`` is id 1."""
-
-    def __init__(self, my_node: Node, scheduler: Node, start_deadline: float,
-                 heartbeat_interval: float = 0.0, clock: Optional[VanClock] = None,
-                 heartbeat_timeout: float = 0.0):
-        if heartbeat_interval > 0:    # announced in ADD_NODE: the scheduler may watch us
-            my_node = dataclasses.replace(my_node, heartbeat_ms=int(heartbeat_interval * 1000))
-        self.my_node = my_node
-        self.heartbeat_timeout = heartbeat_timeout
-        self.scheduler = dataclasses.replace(scheduler, id=SCHEDULER_ID, role=Role.SCHEDULER)
-        self.start_deadline = start_deadline
-        self.heartbeat_interval = heartbeat_interval
-        self.clock = clock or VanClock()
-        self.ready = False
-        self.nodes: List[Node] = []
-        self.next_heartbeat = float("inf")
-        self.last_heartbeat_reply: Optional[float] = None
-
-    def start(self, now: float) -> List:
-        request = control_message(ControlCommand.ADD_NODE, SCHEDULER_ID, self.clock.tick(),
-                                  nodes=[self.my_node])
-        return [Connect(self.scheduler, anonymous=True), Send(request)]
-
-    def start_failed(self, node: Node, reason: str) -> List[Tuple[Node, Message]]:
-        """A node that cannot reach a peer has nobody to tell (only the scheduler forms the
-        cluster): no notices."""
-        return []
-
-    def handle(self, msg: Message, now: float) -> List:
-        cmd = msg.meta.control.cmd
-        if cmd == ControlCommand.ADD_NODE:
-            if not self.ready:
-                return self._on_add_node_reply(msg, now)
-            return self._on_recovery_notice(msg)
-        if cmd == ControlCommand.BARRIER and not msg.meta.request:
-            return [ReleaseBarrier(msg.meta.app_id)]
-        if cmd == ControlCommand.BARRIER:
-            if msg.meta.sender != self.my_node.id or not self.ready:
-                return [Refused("ignored a barrier request from node %s: only the scheduler "
-                                "counts barriers" % msg.meta.sender)]
-            return [Send(barrier_request(msg.meta.control.barrier_group, msg.meta.customer_id,
-                                         self.clock,
-                                         str((msg.meta.extra or {}).get("barrier_kind", ""))))]
-        if cmd == ControlCommand.HEARTBEAT and (msg.meta.extra or {}).get("abort"):
-            if msg.meta.sender != SCHEDULER_ID:
-                return [Refused("ignored a notice to end the job from node %s: only the "
-                                "scheduler passes those on" % msg.meta.sender)]
-            return [Fail(JobAbortedError(str(msg.meta.extra["abort"]),
-                                         int(msg.meta.extra.get("abort_status") or 1)))]
-        if cmd == ControlCommand.HEARTBEAT:
-            if (msg.meta.extra or {}).get("dead_node"):
-                if msg.meta.sender != SCHEDULER_ID:
-                    return [Refused("ignored a dead-node notice from node %s: only the "
-                                    "scheduler declares nodes dead" % msg.meta.sender)]
-                return [NodeDead(node, "the scheduler heard no heartbeat from it")
-                        for node in msg.meta.control.nodes[:1]]
-            self.last_heartbeat_reply = now
-            return []
-        if cmd == ControlCommand.TERMINATE:
-            return _terminate(msg, self.my_node)
-        return []
-
-    def tick(self, now: float) -> List:
-        if not self.ready:
-            if now > self.start_deadline:
-                return [Fail(ClusterStartError(
-                    "%s: the scheduler at %s did not answer this node's registration (ADD_NODE) "
-                    "before the start-up deadline, BYTEPS_START_TIMEOUT (is the scheduler "
-                    "running and reachable, and did every node of the job start?)"
-                    % (self.my_node.describe(), self.scheduler.address)))]
-            return []
-        if (self.heartbeat_timeout > 0 and self.last_heartbeat_reply is not None
-                and now - self.last_heartbeat_reply > self.heartbeat_timeout
-                and self.heartbeat_interval > 0):
-            self.last_heartbeat_reply = None     # reported once
-            return [NodeDead(self.scheduler, "no answer to this node's heartbeats for %.0f s"
-                             % self.heartbeat_timeout)]
-        if now < self.next_heartbeat:
-            return []
-        self.next_heartbeat = now + self.heartbeat_interval
-        return [Send(control_message(ControlCommand.HEARTBEAT, SCHEDULER_ID, self.clock.tick(),
-                                     nodes=[self.my_node]))]
-
-    def _on_add_node_reply(self, msg: Message, now: float) -> List:
-        nodes = msg.meta.control.nodes
-        mine = [n for n in nodes if n.hostname == self.my_node.hostname
-                and n.port == self.my_node.port and n.role == self.my_node.role]
-        if not mine:
-            return [Fail(ClusterStartError("%s: the scheduler's node list does not contain "
-                                           "this node" % self.my_node.describe()))]
-        self.my_node = dataclasses.replace(self.my_node, id=mine[0].id)
-        epoch = int((msg.meta.extra or {}).get("epoch", 0)) if mine[0].is_recovery else 0
-        self.nodes = list(nodes)
-        actions: List = []
-        connected = set()
-        for node in nodes:
-            is_peer = node.role != self.my_node.role or node.id == self.my_node.id
-            if is_peer and node.address not in connected:
-                connected.add(node.address)
-                actions.append(Connect(node))
-        self.ready = True
-        if self.heartbeat_interval > 0:
-            self.next_heartbeat = now + self.heartbeat_interval
-            self.last_heartbeat_reply = now
-        actions.append(Ready(self.my_node, self.nodes, epoch))
-        return actions
-
-    def _on_recovery_notice(self, msg: Message) -> List:
-        """The scheduler says a restarted server took over a dead one's id: reconnect to it."""
-        if msg.meta.sender != SCHEDULER_ID:
-            return [Refused("ignored an ADD_NODE from node %s: only the scheduler announces "
-                            "nodes" % msg.meta.sender)]
-        epoch = int((msg.meta.extra or {}).get("epoch", 0))
-        known = {node.id for node in self.nodes}
-        actions: List = []
-        for node in msg.meta.control.nodes:
-            if not node.is_recovery or node.id not in known or node.id == self.my_node.id:
-                continue
-            self.nodes = [node if n.id == node.id else n for n in self.nodes]
-            if node.role != self.my_node.role:
-                actions.append(Connect(node))
-            actions.append(NodeRecovered(node, epoch))
-        return actions
-
-
 def barrier_request(group: int, customer_id: int, clock: VanClock, kind: str = "",
                     recver: int = SCHEDULER_ID) -> Message:
-    """A node's BARRIER request to the scheduler (app 0); ``kind``: :data:`BARRIER_KINDS`."""
+    """A node's BARRIER request to the scheduler (app 0); ``kind``: barriers.BARRIER_KINDS."""
     message = control_message(ControlCommand.BARRIER, recver, clock.tick(),
                               barrier_group=group, customer_id=customer_id, app_id=0,
                               request=True)
@@ -628,9 +196,7 @@ def terminate_message(my_id: int) -> Message:
     return control_message(ControlCommand.TERMINATE, my_id, customer_id=0)
 
 
-__all__ = ["BARRIER_KINDS", "Connect", "Send", "Ready", "NodeRecovered", "ReleaseBarrier", "Stop", "NodeDead", "Fail", "Refused",
-           "VanClock",
-           "SchedulerMembership",
-           "NodeMembership", "assign_ids", "group_members", "barrier_request", "barrier_post",
-           "abort_request", "ABORT_GRACE_S",
-           "terminate_message", "control_message", "ALL_GROUP"]
+__all__ = ["Connect", "Send", "Ready", "NodeRecovered", "ReleaseBarrier", "Stop", "NodeDead",
+           "Fail", "Refused", "ACTIONS", "on_terminate", "VanClock", "control_message",
+           "group_members", "barrier_request", "barrier_post", "abort_request",
+           "terminate_message"]

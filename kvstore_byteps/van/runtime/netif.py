@@ -1,10 +1,14 @@
-"""Choosing the address a node advertises (ps-lite's rules, spec §3.1)."""
+"""The address a server or worker advertises: its host chosen by ps-lite's rules (spec §3.1),
+its port bound by the van."""
 import fcntl
 import socket
 import struct
 from typing import Optional
 
+from ...config import Config, Role
 from ...errors import ConfigError
+from ...ports import free_port
+from ..wire.message import K_EMPTY, Node
 
 _SIOCGIFADDR = 0x8915
 
@@ -39,3 +43,22 @@ def choose_host(node_host: Optional[str], interface: Optional[str]) -> str:
             return address
     return "127.0.0.1"
 
+
+def bind_node(config: Config, van) -> Node:
+    """This server's or worker's node, bound by ``van`` and as it advertises it: the host of
+    :func:`choose_host`, the port of ``PORT`` or else a free one (retried if taken meanwhile);
+    a worker asks for the rank of ``DMLC_WORKER_ID``."""
+    if not config.root_port:
+        raise ConfigError("DMLC_PS_ROOT_PORT must be set (the scheduler's port)")
+    host = choose_host(config.node_host, config.interface)
+    hint = config.worker_id if config.role is Role.WORKER else None
+    me = Node(config.role, K_EMPTY, host, config.port or free_port(""), rank_hint=hint)
+    if config.port:     # asked for by the user: another port would surprise them
+        try:
+            me.port = van.bind(me, max_retry=0)
+        except ConfigError as exc:
+            raise ConfigError("PORT=%d: %s (unset PORT to let the node pick a free one)"
+                              % (config.port, exc)) from None
+    else:            # our pick may have been taken meanwhile: retry with others
+        me.port = van.bind(me, max_retry=40)
+    return van.advertise(me)

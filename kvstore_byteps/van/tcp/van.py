@@ -2,17 +2,17 @@
 
 Wire format: frame.py. Each node listens on one socket; to send to a peer it opens one
 connection (as ps-lite's DEALER per peer) and introduces itself with a hello carrying its node
-id, which is how the receiver learns the sender of every message on that connection.
+id (hello.py), which is how the receiver learns the sender of every message on that connection.
 
 Sending: header, meta and data frames go out in one non-blocking ``sendmsg`` (scatter/gather,
 the data straight from the caller's buffers, no copy in Python); what the socket does not take
 at once waits in the peer's queue for the writer thread (outbound.py), so ``send`` never
 blocks on a busy link.
 
-Receiving: one thread multiplexes every incoming connection and never waits on one of them
-(reader.py). The header comes first, so each frame's length is known before the frame
-arrives: small frames come out of a per-connection read-ahead buffer, large ones are read with
-``recv_into`` straight into a landing buffer from a
+Receiving: one thread multiplexes every incoming connection (inbound.py) and never waits on
+one of them (reader.py). The header comes first, so each frame's length is known before the
+frame arrives: small frames come out of a per-connection read-ahead buffer, large ones are read
+with ``recv_into`` straight into a landing buffer from a
 :class:`~kvstore_byteps.van.tcp.recv_buffers.RecvBufferPool`, registered at key initialisation and
 reused every round. A separate accept thread does the handshake, so a node connecting to a
 busy peer never waits on that peer's receive loop.
@@ -37,82 +37,19 @@ from ...errors import (AuthenticationError, ClusterStartError, ConfigError, Peer
                       ProtocolError)
 from ...logs import PeerLog
 from .. import auth
-from . import claims, compact, frame as tcp_frame
+from . import claims, compact, frame as tcp_frame, hello
 from ..base import Van
 from ..wire.codec import decode_meta, encode_meta
 from ..wire.message import K_EMPTY, Gather, Message, Node
+from .inbound import LAND_IN_PLACE_BYTES, Inbound
 from .recv_buffers import RecvBufferPool
 from .outbound import Outbound, Writer
-from .reader import MessageReader
 
 log = logging.getLogger(__name__)
 
 _HANDSHAKE_SECONDS = 10.0
 _CONNECT_RETRY_SECONDS = 0.1
 _ACCEPT_POLL_SECONDS = 0.2
-# Frames below this size are copied out of the read-ahead buffer; larger ones land in place.
-_LAND_IN_PLACE_BYTES = 65536
-
-
-def _tune(sock: socket.socket) -> None:
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-def _recv_exactly(sock: socket.socket, size: int, what: str) -> bytes:
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise PeerError("%s closed the connection after %d of %d bytes"
-                            % (what, len(data), size))
-        data += chunk
-    return bytes(data)
-
-
-def read_hello(sock: socket.socket, what: str) -> tcp_frame.Hello:
-    """Read and check a peer's hello. ConfigError for a ZeroMQ peer."""
-    first = _recv_exactly(sock, tcp_frame.ZMTP_SIGNATURE_BYTES, what)
-    if tcp_frame.is_zmtp_signature(first):
-        try:
-            tcp_frame.decode_hello(first)
-        except ProtocolError as exc:
-            raise ConfigError("%s %s" % (what, exc)) from None
-    rest = _recv_exactly(sock, tcp_frame.HELLO_BYTES - len(first), what)
-    try:
-        return tcp_frame.decode_hello(first + rest)
-    except ProtocolError as exc:
-        raise ProtocolError("%s %s" % (what, exc)) from None
-
-
-def exchange_hellos(sock: socket.socket, my_id: int, mac_key: Optional[bytes], side: bytes,
-                    what: str, rdma: bool = False) -> int:
-    """Send this node's hello, read the peer's and, with ``mac_key`` (BYTEPS_AUTH_KEY), run the
-    mutual proof of auth.py; the peer's node id. AuthenticationError when the peer does not
-    authenticate, or proves nothing, or the two sides disagree on whether to authenticate."""
-    nonce = auth.new_nonce() if mac_key else b""
-    sock.sendall(tcp_frame.encode_hello(my_id, auth=mac_key is not None, rdma=rdma) + nonce)
-    hello = read_hello(sock, what)
-    if hello.rdma != rdma:
-        names = ("DMLC_PS_VAN_TYPE=byteps_rdma", "DMLC_PS_VAN_TYPE=byteps_tcp")
-        raise ConfigError("%s uses %s but this node %s; every node of a cluster must use the "
-                          "same van" % ((what,) + (names if hello.rdma else names[::-1])))
-    if mac_key is None:
-        if hello.auth:
-            raise AuthenticationError("%s requires authentication (it has BYTEPS_AUTH_KEY) but "
-                                      "this node has no key; give every node the same "
-                                      "BYTEPS_AUTH_KEY or BYTEPS_AUTH_KEY_FILE" % what)
-        return hello.node_id
-    if not hello.auth:
-        raise AuthenticationError("%s does not authenticate (it has no BYTEPS_AUTH_KEY) but this "
-                                  "node requires it" % what)
-    peer_nonce = _recv_exactly(sock, auth.NONCE_BYTES, what)
-    sock.sendall(auth.tcp_proof(mac_key, side, nonce, peer_nonce))
-    proof = _recv_exactly(sock, auth.PROOF_BYTES, what)
-    peer_side = auth.ACCEPTOR if side == auth.CONNECTOR else auth.CONNECTOR
-    if not auth.tcp_proof_ok(mac_key, peer_side, peer_nonce, nonce, proof):
-        raise AuthenticationError("%s failed authentication: it holds a different "
-                                  "BYTEPS_AUTH_KEY" % what)
-    return hello.node_id
 
 
 def _take_all(items: "queue.SimpleQueue"):
@@ -122,60 +59,6 @@ def _take_all(items: "queue.SimpleQueue"):
             yield items.get_nowait()
         except queue.Empty:
             return
-
-
-#: SO_RCVLOWAT bounds while a large frame arrives (below the minimum, waking is cheap
-#: enough; the kernel caps it at half the largest receive buffer anyway)
-_MIN_LOW_WATER = 32768
-_MAX_LOW_WATER = 1 << 20
-#: SO_RCVBUF is read again after this many large frames (it only grows, by autotuning)
-_RCVBUF_READ_EVERY = 64
-
-
-class _Inbound:
-    """One accepted connection: its peer and the reader of its stream."""
-
-    def __init__(self, sock: socket.socket, peer_id: int, address: str, pool: RecvBufferPool):
-        sock.setblocking(False)
-        self.sock, self.peer_id, self.address = sock, peer_id, address
-        self.reader = MessageReader(pool, _LAND_IN_PLACE_BYTES)
-        self.low_water = 1          # the socket's SO_RCVLOWAT
-        self._room = 0              # a quarter of SO_RCVBUF, as last read
-        self._room_reads = 0        # wake_for calls until SO_RCVBUF is read again
-
-    def wake_for(self, missing: int) -> None:
-        """Let readiness wait until the frame being filled can complete (or
-        ``_MAX_LOW_WATER`` bytes wait): one wake-up per large frame instead of one per
-        arriving burst. Back to 1 byte between frames, so small messages wake it at once."""
-        want = 1
-        if missing >= _MIN_LOW_WATER:
-            # Below a quarter of the receive buffer: a larger mark would make the kernel
-            # grow the buffer and clamp the connection's window to the mark for good.
-            want = min(missing, _MAX_LOW_WATER, self._quarter_buffer())
-            if want < _MIN_LOW_WATER:
-                want = 1
-        if want != self.low_water:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
-            self.low_water = want
-
-    def _quarter_buffer(self) -> int:
-        """A quarter of the socket's receive buffer, read again every
-        ``_RCVBUF_READ_EVERY`` calls: a system call per large frame cost more than the
-        mark's accuracy is worth, and the kernel only grows the buffer (an old reading errs
-        on the small side)."""
-        if self._room_reads <= 0:
-            self._room = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4
-            self._room_reads = _RCVBUF_READ_EVERY
-        self._room_reads -= 1
-        return self._room
-
-    def peer_key(self) -> tuple:
-        """Who to count log lines against: the host and the node id it claimed."""
-        return self.address.rsplit(":", 1)[0], self.peer_id
-
-    def describe(self) -> str:
-        who = "node ?" if self.peer_id == K_EMPTY else "node %d" % self.peer_id
-        return "%s (%s)" % (who, self.address)
 
 
 class TcpVan(Van):
@@ -189,7 +72,7 @@ class TcpVan(Van):
 
     def __init__(self, config: Config, pool: Optional[RecvBufferPool] = None):
         self.config = config
-        self.pool = pool if pool is not None else RecvBufferPool(_LAND_IN_PLACE_BYTES)
+        self.pool = pool if pool is not None else RecvBufferPool(LAND_IN_PLACE_BYTES)
         self.my_id = K_EMPTY
         self.io_timeout = config.request_timeout
         self._listener: Optional[socket.socket] = None
@@ -253,8 +136,8 @@ class TcpVan(Van):
         what = "the peer at %s" % address
         try:
             sock.settimeout(_HANDSHAKE_SECONDS)
-            _tune(sock)
-            peer_id = exchange_hellos(sock, self.my_id, self._mac_key, auth.ACCEPTOR, what,
+            hello.tune(sock)
+            peer_id = hello.exchange_hellos(sock, self.my_id, self._mac_key, auth.ACCEPTOR, what,
                                       self.rdma)
             inbound = self._inbound(sock, peer_id, address, what)
         except ConfigError as exc:   # AuthenticationError, or a ZeroMQ peer
@@ -276,9 +159,9 @@ class TcpVan(Van):
         self._accepted.put(inbound)
         self._wake()
 
-    def _inbound(self, sock: socket.socket, peer_id: int, address: str, what: str) -> _Inbound:
+    def _inbound(self, sock: socket.socket, peer_id: int, address: str, what: str) -> Inbound:
         """(Accept side, after the hellos.) What reads the connection."""
-        return _Inbound(sock, peer_id, address, self.pool)
+        return Inbound(sock, peer_id, address, self.pool)
 
     def _outbound(self, sock: socket.socket, what: str) -> Outbound:
         """(Connect side, after the hellos.) What sends on the connection."""
@@ -315,8 +198,8 @@ class TcpVan(Van):
                                 % (what, self.config.start_timeout, exc)) from None
                 time.sleep(_CONNECT_RETRY_SECONDS)
         try:
-            _tune(sock)
-            exchange_hellos(sock, self.my_id if my_id is not None else K_EMPTY, self._mac_key,
+            hello.tune(sock)
+            hello.exchange_hellos(sock, self.my_id if my_id is not None else K_EMPTY, self._mac_key,
                             auth.CONNECTOR, what, self.rdma)
             out = self._outbound(sock, what)
         except BaseException:
@@ -408,11 +291,11 @@ class TcpVan(Van):
         for inbound in read:
             self._read_held(inbound)
 
-    def _read_held(self, inbound: _Inbound) -> None:
+    def _read_held(self, inbound: Inbound) -> None:
         self._held.discard(inbound)
         self._selector.register(inbound.sock, selectors.EVENT_READ, inbound)
 
-    def _forget(self, inbound: _Inbound) -> None:
+    def _forget(self, inbound: Inbound) -> None:
         """Close a connection, read or held (receive thread)."""
         if inbound in self._held:
             self._held.discard(inbound)
@@ -423,7 +306,7 @@ class TcpVan(Van):
                 pass
         inbound.sock.close()
 
-    def _drain(self, inbound: _Inbound, selector, on_message) -> bool:
+    def _drain(self, inbound: Inbound, selector, on_message) -> bool:
         """Deliver every message the connection has completed; False once ``on_message``
         says stop. Never waits: the rest of a message comes with the next readiness event."""
         reader = inbound.reader
@@ -485,7 +368,7 @@ class TcpVan(Van):
         for out in outs:
             out.close()
         for item in _take_all(self._accepted):
-            if isinstance(item, _Inbound):
+            if isinstance(item, Inbound):
                 item.sock.close()
         self._wake_r.close()
         self._wake_w.close()

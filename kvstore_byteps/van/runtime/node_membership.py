@@ -1,0 +1,144 @@
+"""A server's or worker's side of cluster membership (the rules: membership.py): it registers
+with the scheduler, adopts the id the scheduler's node list gives it, connects to its peers,
+forwards its barriers, heartbeats and watches the scheduler's answers, and follows the
+scheduler's notices (a dead node, a restarted server, the end of the job). Pure:
+``handle(message, now)`` and ``tick(now)`` answer with membership's actions, which the
+postoffice carries out.
+"""
+import dataclasses
+from typing import List, Optional, Tuple
+
+from ...config import Role
+from ...errors import ClusterStartError, JobAbortedError
+from .membership import (Connect, Fail, NodeDead, NodeRecovered, Ready, Refused, ReleaseBarrier,
+                         Send, VanClock, barrier_request, control_message, on_terminate)
+from ..wire.message import SCHEDULER_ID, ControlCommand, Message, Node
+
+
+class NodeMembership:
+    """A server's or worker's side. ``my_node`` has no id yet; ``scheduler`` is id 1."""
+
+    def __init__(self, my_node: Node, scheduler: Node, start_deadline: float,
+                 heartbeat_interval: float = 0.0, clock: Optional[VanClock] = None,
+                 heartbeat_timeout: float = 0.0):
+        if heartbeat_interval > 0:    # announced in ADD_NODE: the scheduler may watch us
+            my_node = dataclasses.replace(my_node, heartbeat_ms=int(heartbeat_interval * 1000))
+        self.my_node = my_node
+        self.heartbeat_timeout = heartbeat_timeout
+        self.scheduler = dataclasses.replace(scheduler, id=SCHEDULER_ID, role=Role.SCHEDULER)
+        self.start_deadline = start_deadline
+        self.heartbeat_interval = heartbeat_interval
+        self.clock = clock or VanClock()
+        self.ready = False
+        self.nodes: List[Node] = []
+        self.next_heartbeat = float("inf")
+        self.last_heartbeat_reply: Optional[float] = None
+
+    def start(self, now: float) -> List:
+        request = control_message(ControlCommand.ADD_NODE, SCHEDULER_ID, self.clock.tick(),
+                                  nodes=[self.my_node])
+        return [Connect(self.scheduler, anonymous=True), Send(request)]
+
+    def start_failed(self, node: Node, reason: str) -> List[Tuple[Node, Message]]:
+        """A node that cannot reach a peer has nobody to tell (only the scheduler forms the
+        cluster): no notices."""
+        return []
+
+    def handle(self, msg: Message, now: float) -> List:
+        cmd = msg.meta.control.cmd
+        if cmd == ControlCommand.ADD_NODE:
+            if not self.ready:
+                return self._on_add_node_reply(msg, now)
+            return self._on_recovery_notice(msg)
+        if cmd == ControlCommand.BARRIER and not msg.meta.request:
+            return [ReleaseBarrier(msg.meta.app_id)]
+        if cmd == ControlCommand.BARRIER:
+            if msg.meta.sender != self.my_node.id or not self.ready:
+                return [Refused("ignored a barrier request from node %s: only the scheduler "
+                                "counts barriers" % msg.meta.sender)]
+            return [Send(barrier_request(msg.meta.control.barrier_group, msg.meta.customer_id,
+                                         self.clock,
+                                         str((msg.meta.extra or {}).get("barrier_kind", ""))))]
+        if cmd == ControlCommand.HEARTBEAT and (msg.meta.extra or {}).get("abort"):
+            if msg.meta.sender != SCHEDULER_ID:
+                return [Refused("ignored a notice to end the job from node %s: only the "
+                                "scheduler passes those on" % msg.meta.sender)]
+            return [Fail(JobAbortedError(str(msg.meta.extra["abort"]),
+                                         int(msg.meta.extra.get("abort_status") or 1)))]
+        if cmd == ControlCommand.HEARTBEAT:
+            if (msg.meta.extra or {}).get("dead_node"):
+                if msg.meta.sender != SCHEDULER_ID:
+                    return [Refused("ignored a dead-node notice from node %s: only the "
+                                    "scheduler declares nodes dead" % msg.meta.sender)]
+                return [NodeDead(node, "the scheduler heard no heartbeat from it")
+                        for node in msg.meta.control.nodes[:1]]
+            self.last_heartbeat_reply = now
+            return []
+        if cmd == ControlCommand.TERMINATE:
+            return on_terminate(msg, self.my_node)
+        return []
+
+    def tick(self, now: float) -> List:
+        if not self.ready:
+            if now > self.start_deadline:
+                return [Fail(ClusterStartError(
+                    "%s: the scheduler at %s did not answer this node's registration (ADD_NODE) "
+                    "before the start-up deadline, BYTEPS_START_TIMEOUT (is the scheduler "
+                    "running and reachable, and did every node of the job start?)"
+                    % (self.my_node.describe(), self.scheduler.address)))]
+            return []
+        if (self.heartbeat_timeout > 0 and self.last_heartbeat_reply is not None
+                and now - self.last_heartbeat_reply > self.heartbeat_timeout
+                and self.heartbeat_interval > 0):
+            self.last_heartbeat_reply = None     # reported once
+            return [NodeDead(self.scheduler, "no answer to this node's heartbeats for %.0f s"
+                             % self.heartbeat_timeout)]
+        if now < self.next_heartbeat:
+            return []
+        self.next_heartbeat = now + self.heartbeat_interval
+        return [Send(control_message(ControlCommand.HEARTBEAT, SCHEDULER_ID, self.clock.tick(),
+                                     nodes=[self.my_node]))]
+
+    def _on_add_node_reply(self, msg: Message, now: float) -> List:
+        nodes = msg.meta.control.nodes
+        mine = [n for n in nodes if n.hostname == self.my_node.hostname
+                and n.port == self.my_node.port and n.role == self.my_node.role]
+        if not mine:
+            return [Fail(ClusterStartError("%s: the scheduler's node list does not contain "
+                                           "this node" % self.my_node.describe()))]
+        self.my_node = dataclasses.replace(self.my_node, id=mine[0].id)
+        epoch = int((msg.meta.extra or {}).get("epoch", 0)) if mine[0].is_recovery else 0
+        self.nodes = list(nodes)
+        actions: List = []
+        connected = set()
+        for node in nodes:
+            is_peer = node.role != self.my_node.role or node.id == self.my_node.id
+            if is_peer and node.address not in connected:
+                connected.add(node.address)
+                actions.append(Connect(node))
+        self.ready = True
+        if self.heartbeat_interval > 0:
+            self.next_heartbeat = now + self.heartbeat_interval
+            self.last_heartbeat_reply = now
+        actions.append(Ready(self.my_node, self.nodes, epoch))
+        return actions
+
+    def _on_recovery_notice(self, msg: Message) -> List:
+        """The scheduler says a restarted server took over a dead one's id: reconnect to it."""
+        if msg.meta.sender != SCHEDULER_ID:
+            return [Refused("ignored an ADD_NODE from node %s: only the scheduler announces "
+                            "nodes" % msg.meta.sender)]
+        epoch = int((msg.meta.extra or {}).get("epoch", 0))
+        known = {node.id for node in self.nodes}
+        actions: List = []
+        for node in msg.meta.control.nodes:
+            if not node.is_recovery or node.id not in known or node.id == self.my_node.id:
+                continue
+            self.nodes = [node if n.id == node.id else n for n in self.nodes]
+            if node.role != self.my_node.role:
+                actions.append(Connect(node))
+            actions.append(NodeRecovered(node, epoch))
+        return actions
+
+
+__all__ = ["NodeMembership"]
