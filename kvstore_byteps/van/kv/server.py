@@ -59,7 +59,7 @@ class KVServer:
     def expect_requests(self, key: int, nbytes: int) -> None:
         """Requests carrying ``nbytes`` for ``key`` will come every round: a van that receives
         in place sets up their buffer now."""
-        self.po.van.register_recv_buffer(key, nbytes)
+        self.po.landing.register_recv_buffer(key, nbytes)
 
     def respond(self, req: KVRequest, keys=None, vals=None, lens=None,
                 error: Optional[str] = None, body: bytes = b"") -> None:

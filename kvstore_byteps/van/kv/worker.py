@@ -100,25 +100,25 @@ class KVWorker:
         try:
             return self._request(keys, None, None, cmd, False, True, priority, callback, extra)
         except BaseException:
-            self.po.van.revoke_frame(landing)
+            self.po.landing.revoke_frame(landing)
             raise
 
     def expect_answers(self, key: int, nbytes: int) -> None:
         """Answers of ``nbytes`` for ``key`` will come every round: a van that receives in
         place sets up their buffer now."""
-        self.po.van.register_recv_buffer(key, nbytes)
+        self.po.landing.register_recv_buffer(key, nbytes)
 
     def _land(self, keys: np.ndarray, into, callback):
         """``(callback, landing)``: where a one-key pull's answer lands (``into``), and the
         callback that first takes the landing back (before the caller may free ``into``)."""
         landing = None
         if into is not None and len(keys) == 1:
-            landing = self.po.van.expect_frame(int(keys[0]), into)
+            landing = self.po.landing.expect_frame(int(keys[0]), into)
         if landing is None:
             return callback, None
 
         def landed(request):
-            self.po.van.revoke_frame(landing)
+            self.po.landing.revoke_frame(landing)
             request.landed = True
             if callback is not None:
                 callback(request)
@@ -151,7 +151,7 @@ class KVWorker:
             self._send_slices(push, slices, cmd, True, False, priority,
                               {"pull_timestamp": pull.timestamp})
         except BaseException:
-            self.po.van.revoke_frame(landing)
+            self.po.landing.revoke_frame(landing)
             raise
         return push, pull
 

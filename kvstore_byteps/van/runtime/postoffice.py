@@ -12,10 +12,11 @@ loop does their work: start runs the membership there, a barrier is posted to it
 node's connection to itself, finalize ends it with a TERMINATE to itself); ``send`` and
 ``register_handler`` are thread-safe.
 """
+import functools
 import logging
 import threading
 import time
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 
 from ...config import Config, Role
 from ...errors import (ConfigError, DeadlineError, JobAbortedError, KVStoreBytePSError, PeerError,
@@ -47,6 +48,13 @@ _TERMINATE_SECONDS = 1.0
 _VERDICT_WAIT_S = 10.0
 
 
+class Landing(NamedTuple):
+    """The van's receive-into-place calls (van/base.py says what each does)."""
+    register_recv_buffer: Callable[[int, int], None]
+    expect_frame: Callable[[int, Any], Any]
+    revoke_frame: Callable[[Any], None]
+
+
 class Postoffice:
     """Cluster membership, barriers and message routing for one node."""
 
@@ -72,6 +80,13 @@ class Postoffice:
         self.recovery_epoch = 0
 
     # ------------------------------------------------------------------ properties
+    @functools.cached_property
+    def landing(self) -> Landing:
+        """Where data frames land: the van's receive-into-place calls, all the KV layer needs
+        of the van (it reaches the van through nothing else)."""
+        return Landing(self.van.register_recv_buffer, self.van.expect_frame,
+                       self.van.revoke_frame)
+
     @property
     def role(self) -> Role:
         return self.config.role
