@@ -47,6 +47,7 @@ MODULES = (
     "kvstore_byteps.van.kv.app",
     "kvstore_byteps.van.kv.slicing",
     "kvstore_byteps.engine.credit",
+    "kvstore_byteps.engine.stage_specs",
     "kvstore_byteps.engine.stages",
     "kvstore_byteps.engine.routes",
     "kvstore_byteps.engine.buckets",

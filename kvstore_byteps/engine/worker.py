@@ -41,7 +41,8 @@ from .partition import KeyLayoutError, decode_ps_key
 from .recovery import RecoveryKeeper, Unrecoverable
 from .reduce import local_reduce
 from .routes import CompressedRoute, PlainRoute, RidingRoute, compression_refusal
-from .stages import Pipeline, Stage, StageSpec, Task
+from .stage_specs import Stage, StageSpec
+from .stages import Pipeline, Task
 from .stuck import BarrierPort, Waiting, WorkerBarriers, parse as parse_waiting
 from .trace import Phase, Tracer, now_ns
 

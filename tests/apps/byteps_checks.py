@@ -34,7 +34,7 @@ import time
 import mxnet as mx
 import numpy as np
 
-from kvstore_byteps.engine.stages import Stage
+from kvstore_byteps.engine.stage_specs import Stage
 
 
 def check_async(kv):
