@@ -54,6 +54,8 @@ MODULES = (
     "kvstore_byteps.engine.fusion",
     "kvstore_byteps.engine.reduce",
     "kvstore_byteps.engine.worker",
+    "kvstore_byteps.engine.rounds",
+    "kvstore_byteps.engine.values",
     "kvstore_byteps.serving.byteps",
     "kvstore_byteps.serving.rounds",
     "kvstore_byteps.serving.summing",

@@ -15,9 +15,9 @@ equals); the queue of the first stage of the *credit span* (PUSH by default) let
 
 Each stage runs its :class:`~.stage_specs.StageSpec`'s function, called as the spec says
 (:mod:`.stage_specs`: synchronous or asynchronous, inline, batched, on the thread that returns
-credit). An exception raised by ``fn`` (or passed to ``done``) fails the task: the task's queued items are
-dropped, its future gets the exception with a note naming the stage, key and partition, and
-other tasks go on.
+credit). An exception raised by ``fn`` (or passed to ``done``) fails the task: the task's
+queued items are dropped, its future gets the exception with a note naming the stage, key and
+partition, and other tasks go on.
 """
 import dataclasses
 import logging
