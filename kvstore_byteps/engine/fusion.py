@@ -19,10 +19,11 @@ training with our servers) and gradients are not compressed: keys the servers up
 workers, asynchronous training) and compressed keys stay alone.
 """
 import concurrent.futures
+import dataclasses
 import logging
 import threading
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -35,12 +36,31 @@ from .partition import MAX_PARTITIONS, KeyLayoutError, Partition, encode_ps_key
 from .reduce import local_reduce
 from .upstream import dtype_code
 
-__all__ = ["Fusion", "Ticket", "BUCKET_INDEX"]
+__all__ = ["Fusion", "FusionPort", "Ticket", "BUCKET_INDEX"]
 
 log = logging.getLogger(__name__)
 
 #: the partition index of a bucket's server key (reserved: no key has that many partitions)
 BUCKET_INDEX = MAX_PARTITIONS - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class FusionPort:
+    """What :class:`Fusion` needs of its worker engine (built by the engine, never the engine)."""
+
+    rank: int
+    num_servers: int
+    round_cmd: Callable[[int], Any]            # the servers' dialect: a round's command, by dtype
+    expect_answers: Callable[[int, int], None]     # the KV worker: where a ps key's answers land
+    keep: Callable[[KeyLayout], None]          # the recovery keeper keeps a key's rounds
+    name_key: Callable[[int, str], None]       # the trace's names of keys
+    name_of: Callable[[int], str]
+    initialise: Callable[[KeyLayout, np.ndarray], None]  # rank 0's value to the servers, waited
+    pull_all: Callable[[KeyLayout, Optional[dict]], np.ndarray]  # the servers' value, waited
+    submit_round: Callable[..., Any]           # one round of a layout through the pipeline
+    known: Callable[[int], KeyLayout]          # a declared key's layout
+    note_failure: Callable[[BaseException], None]    # the job cannot go on: leave at once
+    end_job: Callable[[str], None]             # end the job for every node, saying why
 
 
 class Ticket:
@@ -80,7 +100,7 @@ class _Watched:
 
 class _Scatter:
     """A bucket round's done-callback: the answer copied into every member's outputs, then
-    each member's completion. An object, not a closure (see worker.py's _Finished)."""
+    each member's completion. An object, not a closure (see rounds.py's _Finished)."""
 
     __slots__ = ("bucket", "round")
 
@@ -112,11 +132,11 @@ class Fusion:
     """Gradient buckets of one worker engine. ``declare`` and ``use`` on the API thread (in the
     program's order), ``arrive`` from any thread."""
 
-    def __init__(self, engine, capacity: int, timeout: float,
+    def __init__(self, port: FusionPort, capacity: int, timeout: float,
                  waiting: Optional[Callable[[int], bool]] = None):
         """``waiting(thread_id)``: whether that thread is blocked waiting for an array (the
         framework's port; without it no program is taken for one that reads between keys)."""
-        self.engine = engine
+        self.port = port
         self.plan = BucketPlan(capacity)
         self.timeout = timeout
         self.enabled = capacity > 0
@@ -195,13 +215,13 @@ class Fusion:
         try:
             self._set_ups[bucket.number].result()
         except Exception as exc:
-            self.engine._note_failure(exc)     # the job cannot go on: leave at once
+            self.port.note_failure(exc)     # the job cannot go on: leave at once
             raise
 
     def _watched(self, bucket: Bucket) -> Optional[Ticket]:
         """A learning call: on rank 0, watched for a read between keys (its decision is every
         worker's); elsewhere plainly alone."""
-        if self._waiting is None or self.engine.rank != 0:
+        if self._waiting is None or self.port.rank != 0:
             return None
         return Ticket(bucket, None, threading.get_ident())
 
@@ -212,33 +232,32 @@ class Fusion:
     def _set_up(self, bucket: Bucket) -> None:
         """Give a formed bucket its server key, initialised with rank 0's layout digest and
         decision and checked on every worker; the keys go alone if rank 0 decided so."""
-        engine = self.engine
-        num_servers = engine.po.num_servers
+        port = self.port
+        num_servers = port.num_servers
         server = bucket.number % num_servers
         code = dtype_code(bucket.dtype)
         part = Partition(bucket.number, BUCKET_INDEX, 0, bucket.nbytes, server,
                          encode_ps_key(bucket.number, BUCKET_INDEX, server, num_servers))
         layout = KeyLayout(-1 - bucket.number, (bucket.nbytes // bucket.dtype.itemsize,),
-                           bucket.dtype, (part,), engine.dialect.round_cmd(code),
+                           bucket.dtype, (part,), port.round_cmd(code),
                            encode_cmd(RequestType.DEFAULT, code))
         layout.name = bucket.describe()
-        engine.kv.expect_answers(part.ps_key, part.nbytes)
-        engine.keeper.keep(layout)
-        engine.tracer.name_key(layout.key, "bucket %d (%s)" % (bucket.number, ", ".join(
-            engine.tracer.name_of(m.key) for m in bucket.members)))
+        port.expect_answers(part.ps_key, part.nbytes)
+        port.keep(layout)
+        port.name_key(layout.key, "bucket %d (%s)" % (bucket.number, ", ".join(
+            port.name_of(m.key) for m in bucket.members)))
         digests = {fuse: bucket.digest(fuse)[:bucket.nbytes] for fuse in (True, False)}
-        if engine.rank == 0:
+        if port.rank == 0:
             value = np.zeros(bucket.nbytes, np.uint8)
             chosen = digests[not bucket.reads_between]
             value[:len(chosen)] = np.frombuffer(chosen, np.uint8)
-            engine._wait(engine.kv.push([part.ps_key], value, [part.nbytes],
-                                        cmd=layout.init_cmd), "initialising %s" % layout.name)
+            port.initialise(layout, value)
         differ = ("worker rank %d fused keys differently from rank 0: %s here (gradient "
                   "buckets fuse keys in the order they are declared: every worker must declare "
                   "the same keys, with the same shapes, dtypes and order, and set the same "
-                  "BYTEPS_FUSION_BYTES)" % (engine.rank, layout.name))
+                  "BYTEPS_FUSION_BYTES)" % (port.rank, layout.name))
         try:
-            stored = engine._pull_all(layout, {"await_init": True})
+            stored = port.pull_all(layout, {"await_init": True})
         except KeyLayoutError as exc:      # rank 0's bucket has another size
             self._end_job(KeyLayoutError("%s: %s" % (differ, exc)))
         stored = stored[:len(digests[True])].tobytes()
@@ -249,12 +268,12 @@ class Fusion:
             with bucket.lock:
                 bucket.dissolve(0)
             bucket.layout = layout      # last: the program's thread reads it as "set up"
-            log.info("worker rank %d: %s goes alone: %s", engine.rank, bucket.describe(),
+            log.info("worker rank %d: %s goes alone: %s", port.rank, bucket.describe(),
                      "rank 0 saw the program read a key's result before pushing the next"
                      if digests[True] != digests[False] else "too small to check")
             return
         bucket.layout = layout          # last: the program's thread reads it as "set up"
-        log.info("worker rank %d: %s travels as ps key %d", engine.rank, layout.name,
+        log.info("worker rank %d: %s travels as ps key %d", port.rank, layout.name,
                  part.ps_key)
         self._start_watch()
 
@@ -262,7 +281,7 @@ class Fusion:
         """Raise ``error`` here, and end the job for every node saying it: the other workers
         would otherwise wait for this one's pushes until BYTEPS_REQUEST_TIMEOUT."""
         try:
-            self.engine.po.end_job(str(error))
+            self.port.end_job(str(error))
         except Exception as exc:      # the scheduler is gone: this worker still stops
             log.debug("could not ask the scheduler to end the job: %s", exc)
         raise error
@@ -287,8 +306,8 @@ class Fusion:
                 local_reduce(inputs, into=bucket_round.slot.send[member.offset:member.end])
                 for sent in ready:
                     slot = sent.slot
-                    self.engine.submit_round(bucket.layout, slot.send, [slot.answer],
-                                             sent.priority, _Scatter(bucket, sent))
+                    self.port.submit_round(bucket.layout, slot.send, [slot.answer],
+                                           sent.priority, _Scatter(bucket, sent))
         if failure is not None and on_done is not None:
             on_done(failure)
         return True
@@ -303,18 +322,18 @@ class Fusion:
             self._send_alone(bucket, bucket.dissolve(from_round))
         log.info("worker rank %d: %s is not used from its round %d on, its keys go alone: %s "
                  "(a program that reads one key's result before pushing the next)",
-                 self.engine.rank, bucket.describe(), from_round, why)
+                 self.port.rank, bucket.describe(), from_round, why)
 
     def _send_alone(self, bucket: Bucket, rounds: List[BucketRound]) -> None:
-        engine = self.engine
+        port = self.port
         for bucket_round in rounds:
             for member, arrival in zip(bucket.members, bucket_round.arrivals):
                 if arrival is None:
                     continue
                 outs, on_done, priority = arrival
-                layout = engine.layouts.known(member.key)
-                engine.submit_round(layout, bucket_round.slot.send[member.offset:member.end],
-                                    outs, priority, on_done)
+                layout = port.known(member.key)
+                port.submit_round(layout, bucket_round.slot.send[member.offset:member.end],
+                                  outs, priority, on_done)
 
     # -- deadlines ----------------------------------------------------------------------------
     def _start_watch(self) -> None:
@@ -354,12 +373,12 @@ class Fusion:
                    "raise BYTEPS_FUSION_TIMEOUT")
         return KVStoreBytePSError(
             "worker rank %d: %s waited %g s for the gradient of key%s %s after key%s %s: %s" % (
-                self.engine.rank, bucket.describe(), self.timeout,
+                self.port.rank, bucket.describe(), self.timeout,
                 "s" if len(missing) > 1 else "", _keys(missing),
                 "s" if len(pushed) > 1 else "", _keys(pushed), why))
 
     def _fail(self, bucket: Bucket, bucket_round: BucketRound, error) -> None:
-        self.engine._note_failure(error)
+        self.port.note_failure(error)
         for arrival in bucket_round.arrivals:
             if arrival is not None and arrival[1] is not None:
                 arrival[1](error)

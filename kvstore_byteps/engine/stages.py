@@ -13,40 +13,13 @@ is still being worked on). Queues are ordered by the task's priority (higher fir
 equals); the queue of the first stage of the *credit span* (PUSH by default) lets at most
 ``credit`` items into the span (up to the end of PULL) at once, as BytePS's scheduling credit.
 
-Stage functions are plain callables, so tests plug in fakes and the integrator plugs in the
-KVWorker-backed PUSH/PULL:
-
-* synchronous (``StageSpec(stage, fn)``): ``fn(item)`` does the work and returns;
-* asynchronous (``asynchronous=True``): ``fn(item, done)`` starts the work and returns at once;
-  whoever finishes it calls ``done()`` or ``done(error)``, from any thread, exactly once;
-* ``inline`` (a predicate on an item): an item for which it is true runs the stage on the
-  thread that finished the item's previous stage, with the others that stage finished at once,
-  instead of through the stage's queue and thread: for a function that starts nothing in
-  priority order and never blocks (the worker's PULL for a pull that rode with its push: it
-  only waits for an answer already on its way), where the queue, the wake-up and the thread
-  switch per item cost more than the function;
-* ``runs_where_credit_returns=True`` (the credit span's first stage): the thread that returns
-  credit (the worker's receive loop, completing a push) runs the items that credit lets in,
-  after it lets go of the pipeline's lock, instead of waking the stage's thread: for a
-  function that never waits (the worker's PUSH on a van whose sends never block), where a
-  wake-up per returned credit cost a thread switch and an interpreter-lock hand-off. One
-  thread runs the stage at a time (its own, or one returning credit), in queue order; new
-  tasks still wake the stage's thread (a submitter may hold locks of its own that a push
-  finishing at once would need);
-* ``batch=True``: ``fn`` receives a list of all the items that may leave the queue now (still
-  bounded by credit), e.g. to send one request per server for many small partitions. An
-  asynchronous batch stage may finish its items piecemeal, ``done(error, items)`` for each part
-  as it completes (``done()`` alone finishes whatever is left): each item then moves on, and
-  returns its credit, as soon as its own request is answered, not when the whole batch is.
-  (Finishing a batch at once made the pushes go in waves: no new push until the slowest of
-  the wave was acknowledged, which left the link idle; measured on 1 Gbit/s links.)
-
-An exception raised by ``fn`` (or passed to ``done``) fails the task: the task's queued items are
-dropped, its future gets the exception with a note naming the stage, key and partition, and
-other tasks go on.
+Each stage runs its :class:`~.stage_specs.StageSpec`'s function, called as the spec says
+(:mod:`.stage_specs`: synchronous or asynchronous, inline, batched, on the thread that returns
+credit). An exception raised by ``fn`` (or passed to ``done``) fails the task: the task's
+queued items are dropped, its future gets the exception with a note naming the stage, key and
+partition, and other tasks go on.
 """
 import dataclasses
-import enum
 import logging
 import threading
 import time
@@ -55,9 +28,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ..errors import DeadlineError, KVStoreBytePSError
 from ..future import Future
 from .credit import CreditScheduler
+from .stage_specs import Done, Stage, StageSpec, check_order, check_span
 from .trace import Tracer, now_ns
 
-__all__ = ["Stage", "StageSpec", "Task", "WorkItem", "Pipeline", "PipelineClosedError"]
+__all__ = ["Task", "WorkItem", "Pipeline", "PipelineClosedError"]
 
 log = logging.getLogger(__name__)
 
@@ -67,29 +41,8 @@ _IDLE_POLL_S = 1.0
 _STOP_GRACE_S = 1.0
 
 
-class Stage(enum.IntEnum):
-    """The pipeline's stages, in data-path order (values as :class:`~.trace.Phase`'s)."""
-
-    PUSH = 2
-    PULL = 3
-
-
 class PipelineClosedError(KVStoreBytePSError):
     """The pipeline was closed before (or while) the task ran."""
-
-
-@dataclasses.dataclass(frozen=True)
-class StageSpec:
-    """One stage of a pipeline: its name, its function and how the function is called."""
-
-    stage: Stage
-    fn: Callable[..., None]
-    asynchronous: bool = False
-    batch: bool = False
-    #: which items skip the stage's queue and thread (module docstring); None: none
-    inline: Optional[Callable[["WorkItem"], bool]] = None
-    #: the thread that returns credit runs the items it lets in (module docstring)
-    runs_where_credit_returns: bool = False
 
 
 class Task:
@@ -153,9 +106,9 @@ class Pipeline:
                  cost: Optional[Callable[["WorkItem"], int]] = None):
         """``credit`` limits the summed ``cost`` (default 1 per item) of the items inside
         ``credit_span`` (both ends included, if present)."""
-        self._specs = _check_order(stages)
+        self._specs = check_order(stages)
         self._order = [spec.stage for spec in self._specs]
-        self._span = _check_span(credit_span, self._order) if credit is not None else None
+        self._span = check_span(credit_span, self._order) if credit is not None else None
         self._spec_of = {spec.stage: spec for spec in self._specs}
         for stage in (self._order[0], self._span and self._span[0]):
             if stage and self._spec_of[stage].inline is not None:
@@ -257,7 +210,7 @@ class Pipeline:
         start = now_ns()
         argument = live if spec.batch else live[0]
         if spec.asynchronous:
-            done = _Done(live, lambda items, error: self._finish(spec, items, start, error))
+            done = Done(live, lambda items, error: self._finish(spec, items, start, error))
             try:
                 spec.fn(argument, done)
             except Exception as exc:  # the stage function's failure belongs to the task
@@ -436,43 +389,6 @@ class Pipeline:
                 if thread.is_alive() and thread is not current]
 
 
-class _Done:
-    """The ``done(error=None, items=None)`` callback of an asynchronous stage call.
-
-    Finishes ``items`` (default: every item not finished yet); each item is finished once, so
-    later calls for the same items do nothing. Thread-safe.
-    """
-
-    def __init__(self, items: Sequence["WorkItem"],
-                 action: Callable[[List["WorkItem"], Optional[BaseException]], None]):
-        self._left = {id(item): item for item in items}
-        self._action = action
-        self._lock = threading.Lock()
-        self._errors: List[BaseException] = []    # what items were finished with
-
-    def reported(self, error: BaseException) -> bool:
-        """Whether items were finished with this very error (e.g. a failed send fails its
-        request, whose callback calls done(error), and then raises the same error)."""
-        with self._lock:
-            return any(error is known for known in self._errors)
-
-    def __call__(self, error: Optional[BaseException] = None,
-                 items: Optional[Sequence["WorkItem"]] = None) -> bool:
-        """Finish ``items`` (or all left); return whether any item was finished by this call."""
-        with self._lock:
-            if items is None:
-                chosen = list(self._left.values())
-                self._left.clear()
-            else:
-                chosen = [self._left.pop(id(item)) for item in items if id(item) in self._left]
-            if chosen and error is not None:
-                self._errors.append(error)
-        if not chosen:
-            return False
-        self._action(chosen, error)
-        return True
-
-
 def _annotate(error: BaseException, stage: Stage, items: List[WorkItem]) -> None:
     """Add a note naming where the error happened (the exception keeps its type)."""
     where = ", ".join("%s partition %d" % (item.task.name, item.index) for item in items[:4])
@@ -492,24 +408,3 @@ def _resolve(tasks: List[Task]) -> None:
             task.future.set_exception(task._error)
         else:
             task.future.set_result(None)
-
-
-def _check_order(stages: Sequence[StageSpec]) -> List[StageSpec]:
-    specs = list(stages)
-    if not specs:
-        raise ValueError("a pipeline needs at least one stage")
-    order = [spec.stage for spec in specs]
-    if order != sorted(set(order)):
-        raise ValueError("stages must be distinct and in data-path order, got %s"
-                         % [stage.name for stage in order])
-    return specs
-
-
-def _check_span(span: Optional[Tuple[Stage, Stage]], order: List[Stage]):
-    if span is None:
-        return None
-    first, last = span
-    if first not in order or last not in order or last < first:
-        raise ValueError("credit span %s..%s is not a range of this pipeline's stages %s"
-                         % (first.name, last.name, [stage.name for stage in order]))
-    return span

@@ -34,7 +34,7 @@ import time
 import mxnet as mx
 import numpy as np
 
-from kvstore_byteps.engine.stages import Stage
+from kvstore_byteps.engine.stage_specs import Stage
 
 
 def check_async(kv):
@@ -138,7 +138,7 @@ def check_push_threads(kv):
     import collections
     import threading
     engine = kv._engine
-    route, threads = engine._route, collections.Counter()
+    route, threads = engine.rounds.route, collections.Counter()
     original = route.push
 
     def push(group, done):
@@ -289,7 +289,7 @@ def check_compress(kv, params_json, contexts):
         expected = server.decode(server.encode(total, r), n, r)
         for g in grads:
             np.testing.assert_allclose(g.asnumpy(), expected, rtol=1e-5, atol=1e-5)
-    pushed = kv._engine.compressed.bytes_pushed
+    pushed = kv._engine.rounds.compressed.bytes_pushed
     print("COMPRESS OK %d bytes pushed for %d uncompressed (%.4f)"
           % (pushed, rounds * n * 4, pushed / (rounds * n * 4.0)), flush=True)
 

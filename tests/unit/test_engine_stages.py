@@ -7,8 +7,8 @@ import weakref
 
 import pytest
 
-from kvstore_byteps.engine.stages import (Pipeline, PipelineClosedError, Stage, StageSpec,
-                                          Task)
+from kvstore_byteps.engine.stage_specs import Stage, StageSpec
+from kvstore_byteps.engine.stages import Pipeline, PipelineClosedError, Task
 from kvstore_byteps.engine.trace import Tracer
 from kvstore_byteps.errors import DeadlineError
 

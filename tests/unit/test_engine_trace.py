@@ -2,7 +2,7 @@
 import json
 
 from kvstore_byteps.config import Config
-from kvstore_byteps.engine.stages import Stage
+from kvstore_byteps.engine.stage_specs import Stage
 from kvstore_byteps.engine.trace import Tracer
 
 

@@ -147,7 +147,7 @@ def test_the_layers_above_the_van_never_import_a_transport():
                 users[module] = sorted(bad)
     assert not users, users
     assert any(matches(n, VAN + ".kv") for n in imported(
-        "kvstore_byteps.engine.worker", os.path.join(PKG, "engine", "worker.py")))
+        "kvstore_byteps.engine.cluster", os.path.join(PKG, "engine", "cluster.py")))
 
 
 def uses_of(attribute, prefixes, cases):
@@ -315,10 +315,11 @@ def test_only_its_own_module_names_an_owner():
 
 
 #: the plug-ins that once held their owner and called its privates (issue 63)
-PLUG_INS = ["kvstore_byteps.engine.fusion", "kvstore_byteps.van.kv.recovery",
-            "mxnet_patch.store_modes"]
-#: still reaching into their owners, until they get their ports (issue 63, in progress)
-_NOT_YET = {"kvstore_byteps.engine.fusion"}
+PLUG_INS = ["kvstore_byteps.engine.fusion", "kvstore_byteps.engine.cluster",
+            "kvstore_byteps.engine.values", "kvstore_byteps.engine.rounds",
+            "kvstore_byteps.van.kv.recovery", "mxnet_patch.store_modes",
+            "mxnet_patch.sync_training", "mxnet_patch.async_training",
+            "mxnet_patch.backup_workers"]
 
 
 def private_reaches(path):
@@ -339,8 +340,7 @@ def test_private_reaches_are_found(tmp_path):
     assert private_reaches(str(source)) == ["_engine:1", "_q:4"]
 
 
-@pytest.mark.parametrize("module", [pytest.param(m, marks=pytest.mark.xfail(strict=True))
-                                    if m in _NOT_YET else m for m in PLUG_INS])
+@pytest.mark.parametrize("module", PLUG_INS)
 def test_a_plug_in_reaches_no_private_member(module):
     path = dict(PRODUCT)[module]
     assert not private_reaches(path), "%s reaches %s" % (module, private_reaches(path))

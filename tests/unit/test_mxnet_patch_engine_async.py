@@ -165,7 +165,8 @@ def test_pipeline_task_runs_as_an_engine_operation():
     """The shape of dist_byteps' pushpull: an engine op whose work is a pipeline task."""
     from kvstore_byteps.engine import reduce
     from kvstore_byteps.engine.partition import plan_partitions
-    from kvstore_byteps.engine.stages import Pipeline, Stage, StageSpec, Task
+    from kvstore_byteps.engine.stage_specs import Stage, StageSpec
+    from kvstore_byteps.engine.stages import Pipeline, Task
 
     def reduce_and_push(item):   # local reduce, then "the other worker" pushed the same
         part, ctx = item.partition, item.task.context

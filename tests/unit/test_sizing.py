@@ -107,19 +107,20 @@ class FakeCluster:
 
 
 def _engine(rank, cluster):
-    from kvstore_byteps.engine.worker import WorkerEngine
-    engine = WorkerEngine(Config(num_servers=cluster.servers, van_type=VanType.ZMQ,  # no socket
-                                 size_partitions_by_link=True))
-    engine.rank, engine._command, engine._link_test = rank, cluster.command, cluster.link_test
-    engine.po = type("Postoffice", (), {"num_servers": cluster.servers,
-                                        "barrier": cluster.barrier})()
+    """A worker's cluster life (engine/cluster.py) over the fake cluster."""
+    from kvstore_byteps.engine.cluster import Cluster
+    engine = Cluster(Config(num_servers=cluster.servers, van_type=VanType.ZMQ,  # no socket
+                            size_partitions_by_link=True),
+                     type("Postoffice", (), {"num_servers": cluster.servers,
+                                             "barrier": cluster.barrier})(), str)
+    engine.rank, engine.command, engine.link_test = rank, cluster.command, cluster.link_test
     return engine
 
 
 def test_rank_0_measures_and_leaves_the_size_the_others_read_it_after_the_barrier():
     cluster = FakeCluster()
     leader = _engine(0, cluster)
-    chosen = leader._agree_on_layout()["partition_bytes"]
+    chosen = leader.agree_on_layout()["partition_bytes"]
     assert chosen in sizing.SIZES and leader.link_rate > 0
     assert cluster.tests == [sizing.SMALL_BODY, sizing.LARGE_BODY] * sizing.TRIES
     assert cluster.sent == [("BYTEPS_LAYOUT", len(sizing.encode_layout(
@@ -127,7 +128,7 @@ def test_rank_0_measures_and_leaves_the_size_the_others_read_it_after_the_barrie
     assert cluster.barriers == 1
     cluster.held = sizing.encode_layout(765952, 60e6)    # whatever rank 0 chose, the others
     other = _engine(1, cluster)                          # take it: no test of their own
-    assert other._agree_on_layout()["partition_bytes"] == 765952 and other.link_rate == 60e6
+    assert other.agree_on_layout()["partition_bytes"] == 765952 and other.link_rate == 60e6
     assert cluster.sent[-1] == ("BYTEPS_LAYOUT", 0) and cluster.barriers == 2
     assert len(cluster.tests) == 2 * sizing.TRIES      # rank 0's only
 
@@ -136,9 +137,9 @@ def test_servers_holding_different_layouts_are_an_error():
     cluster = FakeCluster()
     other = _engine(1, cluster)
     bodies = {8: sizing.encode_layout(765952, 60e6), 10: sizing.encode_layout(4096000, 1e9)}
-    other._command = lambda head, body, what: type("Answer", (), {"bodies": bodies})
+    other.command = lambda head, body, what: type("Answer", (), {"bodies": bodies})
     with pytest.raises(KVStoreBytePSError, match="different partition layouts"):
-        other._agree_on_layout()
+        other.agree_on_layout()
 
 
 def test_a_worker_that_fuses_otherwise_than_rank_0_ends_the_job_at_start_saying_so():
@@ -150,7 +151,7 @@ def test_a_worker_that_fuses_otherwise_than_rank_0_ends_the_job_at_start_saying_
     other.po.end_job = ended.append
     with pytest.raises(ConfigError, match="worker rank 1 has BYTEPS_FUSION_BYTES=4096000, "
                                           "rank 0 2048"):
-        other._agree_on_layout()
+        other.agree_on_layout()
     assert ended and "set the same BYTEPS_FUSION_BYTES on every worker" in ended[0]
     cluster.held = sizing.encode_layout(765952, 60e6, fusion_bytes=4096000)    # the same
-    assert _engine(1, cluster)._agree_on_layout()["fusion_bytes"] == 4096000
+    assert _engine(1, cluster).agree_on_layout()["fusion_bytes"] == 4096000
