@@ -344,3 +344,34 @@ def test_private_reaches_are_found(tmp_path):
 def test_a_plug_in_reaches_no_private_member(module):
     path = dict(PRODUCT)[module]
     assert not private_reaches(path), "%s reaches %s" % (module, private_reaches(path))
+
+
+#: issue 63's sizes: a file grown past this holds more than one job; so does a longer function
+MAX_FILE_LINES = 450
+MAX_FUNCTION_LINES = 60
+MAX_ENGINE_LINES = 300
+
+
+def test_no_product_file_holds_more_than_one_jobs_lines():
+    long = {os.path.relpath(path, REPO): n for _, path in PRODUCT
+            for n in [sum(1 for _ in open(path))] if n > MAX_FILE_LINES}
+    assert not long, "split these where their concerns part: %s" % long
+
+
+def test_no_function_is_longer_than_a_screen():
+    long = []
+    for module, path in PRODUCT:
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append("%s.%s: %d lines" % (module, node.name, lines))
+    assert not long, long
+
+
+def test_the_worker_engine_is_composed_not_grown():
+    """WorkerEngine hands its parts (cluster life, key values, rounds, buckets) their ports."""
+    path = dict(PRODUCT)["kvstore_byteps.engine.worker"]
+    [engine] = [node for node in ast.walk(ast.parse(open(path).read()))
+                if isinstance(node, ast.ClassDef) and node.name == "WorkerEngine"]
+    assert engine.end_lineno - engine.lineno + 1 <= MAX_ENGINE_LINES
