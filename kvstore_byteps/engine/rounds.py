@@ -28,7 +28,7 @@ Finished = Callable[[Optional[BaseException], Optional[Callable]], None]
 
 class _Finished:
     """A task's done-callback: an object, not a closure (fewer objects for the cyclic garbage
-    collector per key in flight, see mxnet_patch/kvstore.py's _PushPull)."""
+    collector per key in flight, see mxnet_patch/pushpull_ops.py's _PushPull)."""
 
     __slots__ = ("finished", "on_done")
 

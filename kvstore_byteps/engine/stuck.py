@@ -186,7 +186,7 @@ class WorkerBarriers:
 
     def wait(self, what: str, timeout: float, cause: Optional[str] = None,
              kind: str = "") -> None:
-        """The workers' barrier of ``kind`` (membership.BARRIER_KINDS); ``what`` this worker
+        """The workers' barrier of ``kind`` (barriers.BARRIER_KINDS); ``what`` this worker
         waits in and ``cause`` (why it left, if it did) for the message that ends the job."""
         watch = self._watch
         if watch is not None:

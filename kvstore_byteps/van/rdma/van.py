@@ -1,7 +1,7 @@
 """The BytePS RDMA van (``DMLC_PS_VAN_TYPE=byteps_rdma``): reliable-connected queue pairs.
 
-Connections are made as byteps_tcp makes them (van/tcp/van.py: one per peer and direction, a
-hello with the node id, authentication, a ZeroMQ peer refused with a clear error), and then
+Connections are made as byteps_tcp makes them (van/tcp/van.py, van/tcp/hello.py: one per peer
+and direction, a hello with the node id, authentication, a ZeroMQ peer refused with a clear error), and then
 each side tells the other its channel (wire.ChannelInfo: device address, queue pair,
 receive slots, where to write credits) over that TCP connection, which afterwards carries
 nothing: it stays open so that a peer's exit is seen at once, and the claims of van/tcp/van.py
