@@ -375,3 +375,42 @@ def test_the_worker_engine_is_composed_not_grown():
     [engine] = [node for node in ast.walk(ast.parse(open(path).read()))
                 if isinstance(node, ast.ClassDef) and node.name == "WorkerEngine"]
     assert engine.end_lineno - engine.lineno + 1 <= MAX_ENGINE_LINES
+
+
+def module_level_imports(module, path, known):
+    """The modules of ``known`` that ``path`` imports when it is imported (not lazily inside a
+    function): ``from . import x`` counts the submodule ``x``, not its package."""
+    package = module if path.endswith("__init__.py") else module.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.parse(open(path).read()).body:
+        for inner in ([node] if not isinstance(node, (ast.If, ast.Try)) else ast.walk(node)):
+            if isinstance(inner, ast.Import):
+                found.update(alias.name for alias in inner.names)
+            elif isinstance(inner, ast.ImportFrom):
+                base = inner.module or ""
+                if inner.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[:len(parts) - inner.level + 1] + ([base] if base else []))
+                subs = {"%s.%s" % (base, alias.name) for alias in inner.names} & known
+                found.update(subs or {base})
+    return (found & known) - {module}
+
+
+def test_the_import_graph_has_no_cycle():
+    """Module-level imports only point down (issue 63): a part never needs its owner loaded."""
+    cases = {m[:-len(".__init__")] if m.endswith(".__init__") else m: p for m, p in PRODUCT}
+    graph = {m: module_level_imports(m, p, set(cases)) for m, p in cases.items()}
+    state, cycles = {}, []
+
+    def visit(node, path):
+        state[node] = "open"
+        for other in sorted(graph[node]):
+            if state.get(other) == "open":
+                cycles.append(path[path.index(other):] + [other])
+            elif other not in state:
+                visit(other, path + [other])
+        state[node] = "done"
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, [" -> ".join(cycle) for cycle in cycles]
