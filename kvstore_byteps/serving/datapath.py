@@ -55,6 +55,21 @@ class Answers:
         key, so a partition cannot take another parameter's multipliers), given the
         learning-rate and weight-decay multipliers of the MXNet key the partition belongs to
         (MXNet's server updates by MXNet key)."""
+        updater, index = self._optimizer_for(ps_key)
+        return updater(index, grad, weights)
+
+    def update_in_place(self, ps_key: int, grad: np.ndarray, weights: np.ndarray) -> None:
+        """As :meth:`update`, into ``weights`` (writable, owning its memory), without copies
+        where the optimizer can (MXNet's)."""
+        updater, index = self._optimizer_for(ps_key)
+        in_place = getattr(updater, "update_in_place", None)
+        if in_place is not None:
+            in_place(index, grad, weights)
+        else:
+            weights[:] = updater(index, grad, weights)
+
+    def _optimizer_for(self, ps_key: int) -> tuple:
+        """(the updater, ``ps_key``'s state index), the index given its multipliers."""
         updater = self._updater()
         if updater is None:
             raise ProtocolError("no optimizer: the workers' store sends it before the rounds "
@@ -64,7 +79,7 @@ class Answers:
         alias = getattr(updater, "alias", None)
         if alias is not None:
             alias(-1 - local, local >> PARTITION_BITS)
-        return updater(-1 - local, grad, weights)
+        return updater, -1 - local
 
     def ack(self, req, server) -> None:
         """Answer a push with no values."""

@@ -44,6 +44,8 @@ class SummedRounds(DataPath):
         super().__init__(answers)
         self.acks = (PacedAcks(answers.num_workers, *pacing) if pacing is not None
                      else ImmediateAcks())
+        #: ps key -> its weights as the servers' optimizer keeps them (once there is one)
+        self._weights = {}
         # the summing threads' work, as stages of the server profile (profiler.py)
         self._accumulate = answers.timed("sum", self._accumulate, describe_sum)
 
@@ -122,11 +124,15 @@ class SummedRounds(DataPath):
         if key.value is None:
             return ("ps key %d: its weights were lost when this server was restarted (the "
                     "servers' optimizer keeps them here)" % key.ps_key)
+        weights = self._weights.get(key.ps_key)
+        if weights is None:       # the optimizer's own copy, updated in place every round
+            weights = self._weights[key.ps_key] = np.array(key.value, copy=True)
         try:
-            weights = self._answers.update(key.ps_key, total, key.value)
+            self._answers.update_in_place(key.ps_key, total, weights)
         except Exception as exc:      # a failing optimizer must not stop the summing thread
             log.exception("update of ps key %d failed", key.ps_key)
             return "update of ps key %d failed: %s" % (key.ps_key, exc)
-        key.value = publish(weights.astype(key.dtype, copy=False))
-        np.copyto(total, key.value)
+        np.copyto(total, weights)
+        # what a plain pull reads: a copy, which no later update changes under a send
+        key.value = publish(weights.copy())
         return None

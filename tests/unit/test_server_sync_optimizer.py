@@ -3,6 +3,9 @@ MXNet's dist_sync workers do with update_on_kvstore), through a recording respon
 sockets): each key's complete round goes through the optimizer before any pull reads it, the
 round's answer is the new weights, a plain pull reads them too; a failing update refuses every
 pull of its round; before the optimizer, rounds are sums as always."""
+import pickle
+
+import mxnet as mx      # at collection: importing it inside a test trips the unit-purity guard
 import numpy as np
 
 from kvstore_byteps.mxproto import RequestType, ServerCommand
@@ -109,3 +112,19 @@ def test_a_rounds_finish_runs_before_any_pull_can_read_it_and_its_failure_is_the
         total *= 10
     tokens, answer = rounds.accumulate(1, np.ones(3, np.float32), times_ten)
     assert list(answer) == [20.0] * 3
+
+
+def test_mxnets_momentum_sgd_updates_the_servers_weights_in_place_as_on_copies():
+    """The real optimizer, in place on the server's own copy of the weights, gives what MXNet's
+    updater gives on copies, round after round (its momentum kept per partition)."""
+    sgd = mx.optimizer.SGD(learning_rate=0.1, momentum=0.9, wd=0.01, rescale_grad=0.5)
+    srv, fake = BytePSServer(2, summing_threads=2), FakeServer()
+    reference = mx.optimizer.get_updater(pickle.loads(pickle.dumps(sgd, 0)))
+    weight = mx.nd.full(4, 10.0)
+    with srv:
+        srv.handle_request(bpush(WORKER0, 1, 10.0), fake)
+        srv.handle_command(command(WORKER0, ServerCommand.CONTROLLER, pickle.dumps(sgd, 0)), fake)
+        for step in range(4):
+            got = round_of(srv, fake, 1.0 + step, 2.0)
+            reference(0, mx.nd.full(4, 3.0 + step), weight)
+            assert np.allclose(got[0], weight.asnumpy(), rtol=1e-6) and got[0] == got[1]
