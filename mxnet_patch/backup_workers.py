@@ -16,16 +16,16 @@ So in this mode the ``dist_byteps`` store is optimizer-capable, as ``dist_sync``
 ``gluon.Trainer`` and ``Module.fit`` hand it the optimizer (rank 0 sends it to the servers,
 pickled as MXNet does; the servers restricted-unpickle it) and then ``pushpull(key, grad,
 out=weight)``, or ``push`` then ``pull``, means: this gradient, then the weights after its
-round. :class:`BackupTraining` is the store's mode object, :class:`ServerUpdates` its steps.
+round. :class:`BackupTraining` is the store's mode object,
+:class:`~mxnet_patch.server_optimizer.ServerUpdates` its steps.
 """
 import logging
-import pickle
 
-from kvstore_byteps.errors import KVStoreBytePSError, TrainingOver
-from mxnet_patch.async_training import host_sum
+from kvstore_byteps.errors import TrainingOver
+from mxnet_patch.server_optimizer import ServerUpdates, states_on_servers
 from mxnet_patch.store_modes import UpdatingMode
 
-__all__ = ["BackupTraining", "ServerUpdates"]
+__all__ = ["BackupTraining"]
 
 log = logging.getLogger("mxnet_patch.kvstore")     # the store says it, as it always did
 
@@ -77,47 +77,7 @@ class BackupTraining(UpdatingMode):
 
     def set_optimizer(self, optimizer) -> None:
         """The servers' optimizer (rank 0 sends it, as MXNet's dist_sync does)."""
-        self.updates = ServerUpdates(optimizer, self.port)
+        self.updates = ServerUpdates(optimizer, self.port, "with backup workers")
 
     def optimizer_states(self, what: str):
-        raise NotImplementedError(
-            "with backup workers the servers run the optimizer and keep its states, as "
-            "MXNet's dist_sync servers do: they cannot be saved or loaded from a worker")
-
-
-class ServerUpdates:
-    """The optimizer runs on the servers; a step pushes the gradients and reads the weights."""
-
-    def __init__(self, optimizer, servers):
-        """``servers.set_optimizer(body)`` sends the pickled optimizer to the servers (the
-        store's :class:`~mxnet_patch.store_modes.StorePort`)."""
-        from mxnet import optimizer as opt
-        if not isinstance(optimizer, opt.Optimizer):
-            raise TypeError("set_optimizer needs an mx.optimizer.Optimizer, got %s"
-                            % type(optimizer).__name__)
-        if optimizer.multi_precision:
-            raise KVStoreBytePSError("backup workers (BYTEPS_BACKUP_WORKERS) keep the weights "
-                                     "on the servers in the gradients' dtype: multi_precision "
-                                     "optimizers are not supported there")
-        self.optimizer = optimizer
-        self._lr = optimizer.lr          # what the servers got
-        # as MXNet's KVStore.set_optimizer sends it (rank 0 only), then a barrier: every
-        # worker calls set_optimizer (gluon's Trainer and Module do)
-        servers.set_optimizer(pickle.dumps(optimizer, 0))
-
-    #: the workers keep no updater (gluon's load_states reads it)
-    updater = None
-
-    def step(self, key, grads, weights, submit, priority: int) -> None:
-        """One step of ``key``: the local devices' ``grads`` summed and pushed; the weights
-        after their round land in ``weights`` (a CPU NDArray). Queued on MXNet's engine;
-        nothing waits."""
-        if self.optimizer.lr != self._lr:
-            # gluon's trainer.set_learning_rate changes the optimizer here only: with MXNet's
-            # dist_sync servers that is silently ignored; say so instead
-            raise KVStoreBytePSError(
-                "the learning rate changed to %g on this worker, but with backup workers the "
-                "servers run the optimizer (set with %g): trainer.set_learning_rate cannot "
-                "reach them; give the optimizer an lr_scheduler instead (it runs on the "
-                "servers)" % (self.optimizer.lr, self._lr))
-        submit([host_sum(grads, weights)], [weights], priority)
+        raise NotImplementedError(states_on_servers(what, "with backup workers"))

@@ -137,9 +137,10 @@ class Cluster:
 
     def set_optimizer(self, body: bytes) -> None:
         """kController from rank 0 (MXNet's body: the optimizer pickled with protocol 0): the
-        servers run it on the rounds' sums (backup workers). Then a barrier: a round may close
-        without rank 0's push, so no worker may push before the servers have the optimizer
-        (every worker calls this, as gluon and Module do). Blocking."""
+        servers run it on the rounds' sums (synchronous training with update_on_kvstore, backup
+        workers). Then a barrier: no worker may push before the servers have the optimizer (a
+        round may close without rank 0's push; every worker calls this, as gluon and Module
+        do). Blocking."""
         if self.rank == 0:
             self.command(ServerCommand.CONTROLLER, body, "setting the optimizer")
         self.barrier()

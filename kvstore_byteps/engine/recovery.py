@@ -78,6 +78,10 @@ class Unrecoverable:
     def answered(self, group) -> None:
         """Nothing to count."""
 
+    def give_up(self, reason: str) -> None:
+        """No restarted server can be restored from now on, because of ``reason``."""
+        self.reason = reason
+
     def explain(self, error: Optional[BaseException]) -> Optional[BaseException]:
         """``error`` of a request, with what this worker could not do about a server that
         went away (a send to it failed): restore it once restarted, and why. Whether the send
@@ -103,8 +107,17 @@ class RecoveryKeeper(Unrecoverable):
         self._kept: Dict[int, KeptRounds] = {}
         self._lock = threading.Lock()      # the dict: a report may be built meanwhile
 
+    def give_up(self, reason: str) -> None:
+        """Keep nothing more and restore no restarted server (``reason`` says why): this
+        keeper is :class:`Unrecoverable` from now on (before the first round)."""
+        with self._lock:
+            super().give_up(reason)
+            self._kept.clear()
+
     def keep(self, layout) -> None:
         """Keep the rounds of ``layout``'s partitions from now on."""
+        if self.reason:
+            return
         for part in layout.partitions:
             self._rounds(part, layout.dtype)
 
@@ -118,6 +131,9 @@ class RecoveryKeeper(Unrecoverable):
 
     def on_send(self, group, buffers):
         """The KV layer's ``on_send`` hook for a push of ``group``'s ``buffers``."""
+        if self.reason:
+            return None
+
         def record():
             for item, data in zip(group, buffers):
                 self._rounds(item.partition, item.task.context.layout.dtype).record_push(data)
@@ -126,11 +142,15 @@ class RecoveryKeeper(Unrecoverable):
     def answered(self, group) -> None:
         """``group``'s pulls were answered (on the KV worker's customer thread)."""
         for item in group:
-            self._kept[item.partition.ps_key].record_answer()
+            kept = self._kept.get(item.partition.ps_key)
+            if kept is not None:
+                kept.record_answer()
 
     def recover(self, node: Node, epoch: int) -> None:
         """On the KV worker's customer thread: ``node`` is a restarted server. Send it this
         worker's report of every ps key it holds, then re-send what it never answered."""
+        if self.reason:
+            return super().recover(node, epoch)
         rank, sizes = id_to_rank(node.id), []
 
         def report():

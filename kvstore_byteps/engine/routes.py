@@ -214,9 +214,14 @@ class RidingPull:
 
 
 def compression_refusal(server_recovery: bool, extensions_missing: Optional[str],
-                        mode) -> Optional[str]:
+                        mode, servers_update: bool = False) -> Optional[str]:
     """Why this worker cannot compress gradients, or None: kept rounds for a restarted server,
-    MXNet's servers (``extensions_missing``), a training mode without summed rounds."""
+    MXNet's servers (``extensions_missing``), a training mode without summed rounds, the
+    servers' optimizer (``servers_update``)."""
+    if servers_update:
+        return ("set_gradient_compression after set_optimizer: the servers' optimizer does "
+                "not take compressed gradients yet; update on the workers to compress "
+                "(update_on_kvstore=False or MXNET_UPDATE_ON_KVSTORE=0)")
     if server_recovery:
         return ("gradient compression and BYTEPS_SERVER_RECOVERY cannot be used together yet: "
                 "a restarted server could not rebuild the compressors' error feedback")

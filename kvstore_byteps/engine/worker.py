@@ -34,7 +34,7 @@ from ..words import count
 from .cluster import Cluster
 from .fusion import Fusion, FusionPort, Ticket
 from .layout import KeyLayout, Layouts, ServerDialect, dialect_for
-from .modes import fuses, pulls_ride, unrecoverable
+from .modes import SERVERS_UPDATE, check_servers_update, fuses, pulls_ride, unrecoverable
 from .partition import KeyLayoutError
 from .recovery import RecoveryKeeper, Unrecoverable
 from .reduce import local_reduce
@@ -182,8 +182,13 @@ class WorkerEngine:
         return self.cluster.stale_keys()
 
     def set_optimizer(self, body: bytes) -> None:
-        """The servers' optimizer from rank 0, then a barrier (backup workers,
-        :meth:`.cluster.Cluster.set_optimizer`). Blocking."""
+        """The servers' optimizer from rank 0, then a barrier (``Cluster.set_optimizer``); in
+        synchronous training :func:`.modes.check_servers_update`, then no buckets. Blocking."""
+        if self.mode.summed:
+            check_servers_update(self.rounds.begun(), len(self.fusion.plan.fused()),
+                                 self.rounds.compressed is not None)
+            self.fusion.disable("the servers update each key with its own optimizer index")
+            self.keeper.give_up(SERVERS_UPDATE)
         self.cluster.set_optimizer(body)
 
     # ------------------------------------------------------------------ pushpull
@@ -241,8 +246,8 @@ class WorkerEngine:
         ``min_compress_bytes`` from now on. Only before the first pushpull (the rounds of
         worker and server are counted from it)."""
         spec = parse_compression_params(params)
-        refusal = compression_refusal(self.config.server_recovery,
-                                      self.dialect.extensions_missing, self.mode)
+        refusal = compression_refusal(self.config.server_recovery, self.dialect.extensions_missing,
+                                      self.mode, self.keeper.reason is SERVERS_UPDATE)
         if refusal:
             raise ConfigError(refusal)
         if self.rounds.begun():

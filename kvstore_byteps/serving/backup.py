@@ -20,7 +20,6 @@ import numpy as np
 
 from ..errors import TRAINING_OVER, ProtocolError
 from ..mxproto import Presence
-from ..van.wire.keys import PARTITION_BITS
 from ..words import count
 from .backup_rounds import ENDED, BackupRounds
 from .datapath import Answers, describe_sum
@@ -130,17 +129,6 @@ class BackupWorkers(KeptWeights):
                " and %d wait%s in a barrier" % (waiting, "" if waiting > 1 else "s")
                if waiting else "", self.backup_workers))
 
-    def _index(self, ps_key: int) -> int:
-        """The index the optimizer keeps ``ps_key``'s state under: ``-1 - local key`` (unique
-        on this server, and never an MXNet key, so a partition cannot take another
-        parameter's multipliers), given the learning-rate and weight-decay multipliers of
-        the MXNet key the partition belongs to (MXNet's server updates by MXNet key)."""
-        local = self._answers.mxnet_key(ps_key)
-        alias = getattr(self._answers.updater, "alias", None)
-        if alias is not None:
-            alias(-1 - local, local >> PARTITION_BITS)
-        return -1 - local
-
     @staticmethod
     def close(keys) -> None:
         """Say how many pushes joined a later round or were dropped (the server is done)."""
@@ -164,12 +152,8 @@ class BackupWorkers(KeptWeights):
         answers = self._answers
         grad = total if count == answers.num_workers else total * (answers.num_workers / count)
         try:
-            if answers.updater is None:
-                raise ProtocolError("no optimizer: with BYTEPS_BACKUP_WORKERS the servers run "
-                                    "the optimizer, set by the workers' store (gluon.Trainer "
-                                    "and Module.fit do; or kv.set_optimizer)")
-            key.value = publish(answers.updater(self._index(key.ps_key), grad,
-                                                key.value).astype(key.dtype, copy=False))
+            key.value = publish(answers.update(key.ps_key, grad, key.value)
+                                .astype(key.dtype, copy=False))
             error = None
         except ProtocolError as exc:  # answered to every pull of the round: the workers say it
             error = str(exc)

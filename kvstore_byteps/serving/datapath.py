@@ -3,7 +3,8 @@
 One data path per server, chosen once when the server is built from the job's training mode
 (``Config.training_mode``), one module per mode:
 
-* :mod:`.summed`: synchronous rounds of sums that the workers apply (the default);
+* :mod:`.summed`: synchronous rounds of sums that the workers apply (the default), or that
+  the servers' optimizer applies at each round's end once the workers sent one;
 * :mod:`.asynchronous`: the weights kept here, each worker's change added as it comes;
 * :mod:`.backup`: the weights kept here, rounds of ``W - b`` pushes through the optimizer.
 
@@ -16,6 +17,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..errors import ProtocolError
+from ..van.wire.keys import PARTITION_BITS
 from .batch import BatchSlot
 from .pacing import ImmediateAcks
 
@@ -44,6 +46,40 @@ class Answers:
     @property
     def updater(self):
         return self._updater()
+
+    def update(self, ps_key: int, grad: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """The optimizer the workers sent applied to ``ps_key``'s ``weights`` with ``grad``:
+        the new weights. ProtocolError if none was sent.
+
+        Its state is kept under ``-1 - local key`` (unique on this server, and never an MXNet
+        key, so a partition cannot take another parameter's multipliers), given the
+        learning-rate and weight-decay multipliers of the MXNet key the partition belongs to
+        (MXNet's server updates by MXNet key)."""
+        updater, index = self._optimizer_for(ps_key)
+        return updater(index, grad, weights)
+
+    def update_in_place(self, ps_key: int, grad: np.ndarray, weights: np.ndarray) -> None:
+        """As :meth:`update`, into ``weights`` (writable, owning its memory), without copies
+        where the optimizer can (MXNet's)."""
+        updater, index = self._optimizer_for(ps_key)
+        in_place = getattr(updater, "update_in_place", None)
+        if in_place is not None:
+            in_place(index, grad, weights)
+        else:
+            weights[:] = updater(index, grad, weights)
+
+    def _optimizer_for(self, ps_key: int) -> tuple:
+        """(the updater, ``ps_key``'s state index), the index given its multipliers."""
+        updater = self._updater()
+        if updater is None:
+            raise ProtocolError("no optimizer: the workers' store sends it before the rounds "
+                                "the servers update (gluon.Trainer and Module.fit do; or "
+                                "kv.set_optimizer)")
+        local = self.mxnet_key(ps_key)
+        alias = getattr(updater, "alias", None)
+        if alias is not None:
+            alias(-1 - local, local >> PARTITION_BITS)
+        return updater, -1 - local
 
     def ack(self, req, server) -> None:
         """Answer a push with no values."""

@@ -25,13 +25,19 @@ sum per slot beside the float16 answer, three times the round buffers of a float
 """
 import dataclasses
 import threading
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 
 from ..errors import ProtocolError
 
-__all__ = ["KeyRounds", "sum_into", "accumulation_dtype"]
+__all__ = ["FailedRound", "KeyRounds", "sum_into", "accumulation_dtype"]
+
+
+class FailedRound(NamedTuple):
+    """A round's answer when its ``finish`` (the servers' optimizer) failed: every pull of the
+    round is refused with ``message``."""
+    message: str
 
 
 def sum_into(buffer: Optional[np.ndarray], data: np.ndarray, first: bool, size: int,
@@ -62,6 +68,7 @@ class _Slot:
     summed: int = 0
     answered: int = 0
     pending: List[tuple] = dataclasses.field(default_factory=list)   # (sender, token)
+    failed: Optional[FailedRound] = None    # its finish failed: the answer to its pulls
 
 
 class KeyRounds:
@@ -149,9 +156,11 @@ class KeyRounds:
             raise ProtocolError("key %d: round %d cannot start, round %d has %d of %d answers"
                                 % (self.ps_key, r, slot.round, slot.answered, self.num_workers))
         slot.round, slot.summed, slot.answered, slot.pending = r, 0, 0, []
+        slot.failed = None
 
-    def request_pull(self, sender: int, token) -> Optional[np.ndarray]:
-        """Register ``sender``'s next pull; return the sum now if its round is complete.
+    def request_pull(self, sender: int, token) -> Union[None, np.ndarray, FailedRound]:
+        """Register ``sender``'s next pull; return the round's answer now if it is complete
+        (its sum, or what ``finish`` made of it, or its :class:`FailedRound`).
 
         Otherwise ``token`` is kept and comes back from the :meth:`accumulate` call that
         completes the round. Each pull is answered exactly once.
@@ -165,15 +174,20 @@ class KeyRounds:
             slot = self._slots[r % 2]
             if slot.summed == self.num_workers:
                 self._count_answers(slot, [(sender, token)])
-                return slot.buffer
+                return slot.failed or slot.buffer
             slot.pending.append((sender, token))
             return None
 
-    def accumulate(self, r: int, data: np.ndarray) -> Tuple[list, Optional[np.ndarray]]:
+    def accumulate(self, r: int, data: np.ndarray,
+                   finish: Optional[Callable[[np.ndarray], Optional[str]]] = None
+                   ) -> Tuple[list, Union[None, np.ndarray, FailedRound]]:
         """Add one push of round ``r`` (summing thread of this key only).
 
-        Returns ``(tokens, sum)``: the pulls to answer now with ``sum`` when this push completed
-        the round, else ``([], None)``.
+        Returns ``(tokens, answer)``: the pulls to answer now when this push completed the
+        round, with its sum, else ``([], None)``. ``finish(sum)``, if given, runs on the
+        complete sum before any pull can read it (the servers' optimizer turns it into the
+        weights, in place) and returns None, or why it failed: the round's answer is then a
+        :class:`FailedRound`.
         """
         slot = self._slots[r % 2]
         with self._lock:
@@ -182,13 +196,15 @@ class KeyRounds:
                                     % (self.ps_key, r, slot.round))
             first, last = slot.summed == 0, slot.summed + 1 == self.num_workers
         self._add(slot, data, first, last)
+        failure = finish(slot.buffer) if last and finish is not None else None
         with self._lock:
             slot.summed += 1
             if slot.summed < self.num_workers:
                 return [], None
+            slot.failed = None if failure is None else FailedRound(failure)
             ready, slot.pending = slot.pending, []
             self._count_answers(slot, ready)
-            return [token for _, token in ready], slot.buffer
+            return [token for _, token in ready], slot.failed or slot.buffer
 
     def _add(self, slot: _Slot, data: np.ndarray, first: bool, last: bool) -> None:
         """Add ``data`` to ``slot``'s sum (summing thread, outside the lock); ``last``: this

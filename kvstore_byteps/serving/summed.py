@@ -1,4 +1,6 @@
-"""Synchronous training on the server (the default): rounds of sums that the workers apply.
+"""Synchronous training on the server (the default): rounds of sums that the workers apply,
+or, once the workers sent an optimizer (kController, as MXNet's ``dist_sync`` workers do with
+``update_on_kvstore``), rounds the servers' optimizer applies.
 
 Each round every worker pushes a key once (acked at once, or held by pacing, see
 :mod:`.pacing`) and pulls it once; the pushes are summed by the key's summing thread, and a
@@ -7,18 +9,28 @@ Rounds are counted per (key, worker); see :mod:`.rounds` for the double bufferin
 is a push followed by a pull and gets one answer, with the sum; a pull riding along with a push
 is answered under its own timestamp when the round is summed. A push whose ``round`` extension
 field is set must match the server's count (the compressed path always sets it).
+
+With an optimizer, the summing thread that completes a key's round applies it to the key's
+weights (its value) before any pull can read the round: the round's answer is the new weights,
+and each partition is updated as soon as its own round is summed, while the others are still
+on the wire. A failed update is the answer to every pull of that round.
 """
+import logging
 from typing import Optional, Tuple
 
 import numpy as np
 
+from ..errors import ProtocolError
 from ..mxproto import WAITING_SHOWN, ServerCommand
 from .compressed import claimed_round
 from .datapath import Answers, DataPath, describe_sum
 from .pacing import ImmediateAcks, PacedAcks
-from .rounds import KeyRounds
+from .rounds import FailedRound, KeyRounds
+from .store import publish
 
 __all__ = ["SummedRounds"]
+
+log = logging.getLogger(__name__)
 
 
 class SummedRounds(DataPath):
@@ -32,6 +44,8 @@ class SummedRounds(DataPath):
         super().__init__(answers)
         self.acks = (PacedAcks(answers.num_workers, *pacing) if pacing is not None
                      else ImmediateAcks())
+        #: ps key -> its weights as the servers' optimizer keeps them (once there is one)
+        self._weights = {}
         # the summing threads' work, as stages of the server profile (profiler.py)
         self._accumulate = answers.timed("sum", self._accumulate, describe_sum)
 
@@ -64,6 +78,10 @@ class SummedRounds(DataPath):
 
     def begin_sum(self, req, server, key, values: np.ndarray, r: int) -> None:
         """A push of ``key``'s round ``r`` (as claimed): counted, acknowledged, summed."""
+        if self._answers.updater is not None:
+            raise ProtocolError("gradient compression cannot be used with the servers' "
+                                "optimizer: a compressed round is a sum the workers apply "
+                                "(update_on_kvstore=False keeps the updates on the workers)")
         r = key.rounds.begin_push(req.sender, r)
         self._ack_push(req, server, values.nbytes)
         self._answers.submit(key.thread, lambda: self._accumulate(key, r, values))
@@ -78,16 +96,43 @@ class SummedRounds(DataPath):
 
     def pull(self, sender: int, token, key) -> None:
         """Answered when the pulled round is summed: now, or by the push that completes it."""
-        ready = key.rounds.request_pull(sender, token)
-        if ready is not None:
-            self._answers.deliver(token, ready)
+        self._answer(token, key.rounds.request_pull(sender, token))
 
     def _ack_push(self, req, server, nbytes: int) -> None:
         """Acknowledge a round push now, or (pacing on) once the other workers caught up."""
         self.acks.ack(req.sender, nbytes, lambda: self._answers.ack(req, server))
 
+    def _answer(self, token, answer) -> None:
+        """Answer a pull with its round's answer (None: not complete yet)."""
+        if isinstance(answer, FailedRound):
+            self._answers.fail(token, answer.message)
+        elif answer is not None:
+            self._answers.deliver(token, answer)
+
     def _accumulate(self, key, r: int, values: np.ndarray) -> None:
-        """Summing thread: add a push to its round; a complete round answers its pulls."""
-        tokens, total = key.rounds.accumulate(r, values)
+        """Summing thread: add a push to its round; a complete round (updated by the servers'
+        optimizer, if the workers sent one) answers its pulls."""
+        finish = None if self._answers.updater is None else lambda total: self._update(key,
+                                                                                         total)
+        tokens, answer = key.rounds.accumulate(r, values, finish)
         for token in tokens:
-            self._answers.deliver(token, total)
+            self._answer(token, answer)
+
+    def _update(self, key, total: np.ndarray) -> Optional[str]:
+        """The optimizer applied to ``key``'s weights with its round's sum ``total``, which
+        becomes the new weights (the round's answer); None, or why it failed."""
+        if key.value is None:
+            return ("ps key %d: its weights were lost when this server was restarted (the "
+                    "servers' optimizer keeps them here)" % key.ps_key)
+        weights = self._weights.get(key.ps_key)
+        if weights is None:       # the optimizer's own copy, updated in place every round
+            weights = self._weights[key.ps_key] = np.array(key.value, copy=True)
+        try:
+            self._answers.update_in_place(key.ps_key, total, weights)
+        except Exception as exc:      # a failing optimizer must not stop the summing thread
+            log.exception("update of ps key %d failed", key.ps_key)
+            return "update of ps key %d failed: %s" % (key.ps_key, exc)
+        np.copyto(total, weights)
+        # what a plain pull reads: a copy, which no later update changes under a send
+        key.value = publish(weights.copy())
+        return None

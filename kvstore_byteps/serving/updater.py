@@ -72,6 +72,19 @@ class MXNetUpdater:
         self._updater(int(key), grad_nd, weight_nd)
         return weight_nd.asnumpy()
 
+    def update_in_place(self, key: int, grad: np.ndarray, weights: np.ndarray) -> None:
+        """As a call with a dense ``grad``, but ``weights`` (writable, C-contiguous, owning its
+        memory, kept by the caller between updates) is updated in place: MXNet reads the
+        gradient and writes the weights where numpy holds them, no copy either way."""
+        nd = self._mx.nd
+        grad_nd = nd.from_numpy(grad, zero_copy=True)     # both marked read-only meanwhile
+        weight_nd = nd.from_numpy(weights, zero_copy=True)
+        try:
+            self._updater(int(key), grad_nd, weight_nd)
+            weight_nd.wait_to_read()
+        finally:
+            grad.flags.writeable = weights.flags.writeable = True
+
 
 def load_mxnet_updater(body: bytes) -> MXNetUpdater:
     """Restricted-unpickle a kController body and build its updater."""

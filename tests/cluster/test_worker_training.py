@@ -54,7 +54,7 @@ def test_two_workers_two_servers_match_single_process(tmp_path, server, contexts
                                         "--steps", steps))
         results = cluster.wait_all(150)
         assert_all_ok(results, cluster)
-        assert "update_on_kvstore=False" in results["worker0"][1]
+        assert "update_on_kvstore=True" in results["worker0"][1]   # the servers update
         said = results["worker0"][1] + results["worker1"][1]     # rank 0 says it
         assert TRANSPORT.get((server, van), "van %s;" % van) in said
     expected = reference_params(steps, 2)
