@@ -3,7 +3,8 @@
     python launch.py -n 4 -s 4 python benchmarks/_train_worker.py --kvstore dist_byteps --steps 20
 
 Trains gluon's ``resnet18_v1`` (10 classes) on synthetic 32x32 images with ``gluon.Trainer``
-(SGD, the update on the worker) for ``--warmup`` + ``--steps`` steps and prints one line
+(``--optimizer``; the update on the workers, or with ``--update-on servers`` on the store's
+servers, ``update_on_kvstore=True``) for ``--warmup`` + ``--steps`` steps and prints one line
 ``TRAIN_RESULT {json}`` with the timed steps' wall time. ``--kvstore none`` trains in one
 process without a store (the single-process anchor). ``--no-priority`` sends every gradient
 with priority 0, turning BytePS's priority scheduling off (gluon passes ``-parameter index``).
@@ -18,6 +19,10 @@ import numpy as np
 from mxnet import autograd, gluon
 
 RESULT_TAG = "TRAIN_RESULT "
+#: --optimizer: gluon's optimizer name and parameters
+OPTIMIZERS = {"sgd": ("sgd", {"learning_rate": 0.01}),
+              "momentum": ("sgd", {"learning_rate": 0.01, "momentum": 0.9}),
+              "adam": ("adam", {"learning_rate": 0.001})}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -27,6 +32,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=4, help="images per worker per step")
     p.add_argument("--no-priority", action="store_true")
+    p.add_argument("--update-on", choices=["workers", "servers"], default="workers",
+                   help="where the optimizer runs (gluon's update_on_kvstore False / True)")
+    p.add_argument("--optimizer", choices=sorted(OPTIMIZERS), default="sgd")
     return p.parse_args(argv)
 
 
@@ -48,8 +56,9 @@ def main(argv=None) -> int:
     net = gluon.model_zoo.vision.resnet18_v1(classes=10)
     net.initialize(mx.init.Xavier())
     net.hybridize()
-    trainer = gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.01},
-                            kvstore=kv, update_on_kvstore=False if kv is not None else None)
+    name, params = OPTIMIZERS[args.optimizer]
+    trainer = gluon.Trainer(net.collect_params(), name, params, kvstore=kv,
+                            update_on_kvstore=None if kv is None else args.update_on == "servers")
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     rng = np.random.RandomState(0 if kv is None else kv.rank)
     data = mx.nd.array(rng.rand(args.batch_size, 3, 32, 32).astype(np.float32))
@@ -69,7 +78,8 @@ def main(argv=None) -> int:
                      if p.grad_req != "null")
     print(RESULT_TAG + json.dumps({
         "rank": 0 if kv is None else kv.rank, "kvstore": args.kvstore,
-        "priority": not args.no_priority, "steps": args.steps, "seconds": elapsed,
+        "priority": not args.no_priority, "update_on": args.update_on,
+        "optimizer": args.optimizer, "steps": args.steps, "seconds": elapsed,
         "grad_bytes": grad_bytes, "loss": float(loss.mean().asscalar())}), flush=True)
     return 0
 

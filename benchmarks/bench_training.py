@@ -14,6 +14,10 @@ worker, so communication and not the 2 cores' compute dominates) through ``launc
 * one process without a store and without a cluster (the compute-only anchor: the whole
   machine's 2 cores for one worker's batch).
 
+``--updates workers,servers`` runs each store's jobs with the optimizer (``--optimizer``) on
+the workers (``update_on_kvstore=False``, the default) and on the store's servers
+(``update_on_kvstore=True``: MXNet's C++ servers for ``dist_sync``, ours for ``dist_byteps``).
+
 Steps/s are the slowest worker's (``--steps`` timed steps after ``--warmup``). Each side runs
 ``--repeats`` times, alternating; the table keeps each side's best. A benchmark, not a test:
 it reports what it measured, with the date, the load and the link rate.
@@ -43,6 +47,19 @@ SIDES = [
     ("dist_byteps, priority off", "dist_byteps", [], ["--no-priority"]),
     ("dist_sync (MXNet)", "dist_sync", ["--scheduler", "mxnet", "--server", "mxnet"], []),
 ]
+
+
+def sides(args) -> List[tuple]:
+    """The runs of one repeat: each side of :data:`SIDES` for each ``--updates`` placement."""
+    runs = []
+    for where in args.updates:
+        for label, kvstore, launch_opts, worker_opts in SIDES:
+            if args.no_priority_run and "--no-priority" in worker_opts:
+                continue
+            suffix = "" if args.updates == ["workers"] else ", updates on the %s" % where
+            runs.append((label + suffix, kvstore, launch_opts, worker_opts + [
+                "--update-on", where, "--optimizer", args.optimizer]))
+    return runs
 
 
 def run_job(args, kvstore: str, launch_opts: List[str], worker_opts: List[str],
@@ -82,6 +99,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--job-timeout", type=float, default=400.0)
     p.add_argument("--out", default=os.path.join("bench_out", "training.json"))
+    p.add_argument("--updates", default="workers", type=lambda text: text.split(","),
+                   help="where the optimizer runs, a comma-separated list of: workers, servers")
+    p.add_argument("--optimizer", default="sgd", help="sgd, momentum or adam")
+    p.add_argument("--no-priority-run", action="store_true",
+                   help="leave out dist_byteps with priority scheduling off")
     add_byteps_job_arguments(p, "BYTEPS_PARTITION_BYTES=768000")
     args = p.parse_args(argv)
     check_byteps_env(p, args.byteps_env)
@@ -95,7 +117,7 @@ def main(argv=None) -> int:
     best: Dict[str, Optional[float]] = {}
     single = None
     for _ in range(args.repeats):
-        for label, kvstore, launch_opts, worker_opts in SIDES:
+        for label, kvstore, launch_opts, worker_opts in sides(args):
             rate = run_job(args, kvstore, launch_opts, worker_opts, args.workers, args.servers)
             print("%-28s %s steps/s" % (label, "failed" if rate is None else "%.2f" % rate),
                   flush=True)
@@ -113,8 +135,9 @@ def main(argv=None) -> int:
     bound = (link_rate / (grad_bytes * max(1.0, args.workers / args.servers))
              if link_rate and grad_bytes else None)
     print("\n| run | steps/s | vs dist_sync | of the link bound |\n|---|---|---|---|")
-    sync = best.get("dist_sync (MXNet)")
     for label, speed in list(best.items()) + [("one process, no store", single)]:
+        placement = label[label.find(", updates on"):] if ", updates on" in label else ""
+        sync = best.get("dist_sync (MXNet)" + placement)
         print("| %s | %s | %s | %s |" % (
             label, "failed" if speed is None else "%.2f" % speed,
             "%.2fx" % (speed / sync) if speed and sync else "-",
