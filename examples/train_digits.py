@@ -5,10 +5,14 @@
 The digits set (1797 8x8 images, 10 classes) ships inside scikit-learn, so nothing is downloaded.
 Every worker shuffles the same way, keeps the same held-out test split and trains on its own
 shard of the rest (by rank). ``gluon.Trainer`` sums the gradients over the workers (and over the
-``--contexts`` CPU contexts of a worker) through the ``dist_byteps`` store, and every worker then
-makes the same SGD step. Rank 0 prints one line per epoch: the mean training loss over all
-workers (summed through the store too) and the accuracy on the held-out test set. At the end the
-workers check, through the store, that they all hold identical parameters.
+``--contexts`` CPU contexts of a worker) through the ``dist_byteps`` store and picks where the
+SGD step runs by MXNet's own rules, as for ``dist_sync``: on the store's servers
+(``update_on_kvstore=True``, the default for a distributed store that takes the optimizer), or,
+with ``MXNET_UPDATE_ON_KVSTORE=0``, on every worker (the servers only sum). Rank 0 prints one
+line per epoch: the mean training loss (rank 0's own where the servers update, since every push
+is then a gradient for the optimizer; else over all workers, summed through the store) and the
+accuracy on the held-out test set. At the end the workers check, through the store, that they
+all hold identical parameters.
 
 With ``BYTEPS_ENABLE_ASYNC=1`` (on every node) it trains asynchronously: the store takes the
 optimizer (gluon's ``update_on_kvstore=True``), each worker's update is scaled by the global
@@ -24,6 +28,7 @@ Lines start with ``[digits]``; ``launch.py`` adds ``[worker 0]`` in front.
 """
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -140,9 +145,12 @@ def train_epoch(net, trainer, loss_fn, x, y, args, contexts, rng, num_workers) -
 
 
 def updates_on_store(kv) -> bool:
-    """Whether the store applies the updates (dist_byteps asynchronous or with backup workers,
-    MXNet's dist_async), so that every push is a gradient for the optimizer."""
-    return "async" in kv.type or (kv.type.endswith("_byteps") and kv.is_capable("optimizer"))
+    """Whether gluon's Trainer will update on the store, by MXNet's rules (gluon's default
+    ``update_on_kvstore``): a store that takes the optimizer, unless
+    ``MXNET_UPDATE_ON_KVSTORE=0``; asynchronous training always does (gluon requires it). Then
+    every push is a gradient for the optimizer."""
+    return "async" in kv.type or (kv.is_capable("optimizer") and
+                                  os.environ.get("MXNET_UPDATE_ON_KVSTORE", "1") != "0")
 
 
 def check_identical(kv, net, key: int, metrics_key) -> float:
@@ -182,13 +190,14 @@ def main(argv=None) -> int:
 
     net = build_net(contexts, args.seed)
     on_store = updates_on_store(kv)
-    # Synchronous training updates on the workers (for --kvstore dist_sync this keeps the
-    # servers plain summers, so the metrics keys below are sums there too); asynchronous
-    # training and backup workers need the store to update (gluon then sets
-    # update_on_kvstore=True itself).
+    say(kv, "updates on the %s (update_on_kvstore=%s, %s)" % (
+        ("servers", True, "MXNet's default for a distributed store; MXNET_UPDATE_ON_KVSTORE=0 "
+         "updates on the workers") if on_store else
+        ("workers", False, "MXNET_UPDATE_ON_KVSTORE=0: the servers only sum")))
+    # gluon picks update_on_kvstore by MXNet's rules, as the line above says
     trainer = gluon.Trainer(net.collect_params(), "sgd",
                             {"learning_rate": args.lr, "momentum": args.momentum}, kvstore=kv,
-                            update_on_kvstore=None if on_store else False,
+                            update_on_kvstore=on_store,
                             compression_params=json.loads(args.compression)
                             if args.compression else None)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()

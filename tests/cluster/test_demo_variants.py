@@ -1,6 +1,7 @@
 """The README's claims about the demo's parameters (examples/train_digits.py, 2 workers x 2
-servers): byte for byte the same with MXNet's own servers (``--server mxnet``) and as with
-MXNet's own ``dist_sync`` store; with
+servers): byte for byte the same with MXNet's own servers (``--server mxnet``), as with
+MXNet's own ``dist_sync`` store, and with the updates on the workers
+(``MXNET_UPDATE_ON_KVSTORE=0``) instead of the servers (the default); with
 ``--contexts 2`` (each batch split over two CPU contexts) the same as MXNet's own ``dist_sync``
 store with two contexts, and equal to one context's to rounding only: each half batch's gradient
 is summed in another order than the whole batch's. The netns and ssh variants are compared in
@@ -44,6 +45,9 @@ def test_the_demo_parameters_match_across_the_readme_variants(spawn, tmp_path):
     assert mxnet_servers.read_bytes() == ours.read_bytes()
     mxnet_store = params("dist_sync", demo_args=("--kvstore", "dist_sync"))
     assert mxnet_store.read_bytes() == ours.read_bytes()
+    # the servers update by default (MXNet's rule); the workers with MXNET_UPDATE_ON_KVSTORE=0
+    on_workers = params("on_workers", "--env", "MXNET_UPDATE_ON_KVSTORE=0")
+    assert on_workers.read_bytes() == ours.read_bytes()
     two = params("contexts2", demo_args=("--contexts", "2"))
     mxnet_two = params("dist_sync2", demo_args=("--contexts", "2", "--kvstore", "dist_sync"))
     assert two.read_bytes() == mxnet_two.read_bytes()   # the split itself, not our store
