@@ -94,12 +94,18 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "beat 768000, 1536000 and 4096000 at 4x4 on 500 Mbit/s links)")
     p.add_argument("--job-timeout", type=float, default=600)
     p.add_argument("--out", help="results JSON (e.g. benchmarks/results/replay_....json)")
+    p.add_argument("--optimizer", choices=["none", "momentum", "adam"], default="none",
+                   help="the servers' optimizer for dist_byteps and dist_sync (set_optimizer, "
+                   "as update_on_kvstore=True); none: the servers sum, the workers' device "
+                   "would update")
     add_byteps_job_arguments(p, "BYTEPS_PARTITION_BYTES=768000")
     args = p.parse_args(argv)
     check_byteps_env(p, args.byteps_env)
     unknown = set(args.systems.split(",")) - set(SYSTEMS)
     if unknown:
         p.error("unknown systems: %s (of %s)" % (", ".join(sorted(unknown)), ", ".join(SYSTEMS)))
+    if args.optimizer != "none" and set(args.systems.split(",")) - {"dist_byteps", "dist_sync"}:
+        p.error("--optimizer runs on MXNet stores' servers: --systems dist_byteps,dist_sync")
     if (args.compute is None) == (args.compute_ratio is None):
         p.error("give either --compute or --compute-ratio")
     if args.compute_ratio is not None and args.network != "netns":
@@ -120,7 +126,7 @@ def run_job(args, system: str, compute: float) -> Optional[Dict]:
             *network, *options, "--timeout", str(args.job_timeout), "--grace", "20",
             sys.executable, WORKER, "--kvstore", kvstore, "--model", args.model,
             "--dtype", args.dtype, "--compute", "%.4f" % compute, "--steps", str(args.steps),
-            "--warmup", str(args.warmup)]
+            "--warmup", str(args.warmup), "--optimizer", args.optimizer]
     mark = "%s-%d-%d" % (system, os.getpid(), time.monotonic_ns())
     with RoleUsage(mark) as usage:
         done = subprocess.run(argv, env={**child_env(), JOB_MARK: mark}, cwd=ROOT,
@@ -308,7 +314,7 @@ def write_json(args, best, size, compute, link_bound, bound, mesh, load) -> None
                     else "loopback"),
         "command": " ".join(["benchmarks/bench_replay.py"] + masked(sys.argv[1:])),
         "settings": settings, "plain_partition_bytes": args.plain_partition_bytes,
-        "model": args.model, "dtype": args.dtype,
+        "model": args.model, "dtype": args.dtype, "optimizer": args.optimizer,
         "workers": args.workers, "servers": args.servers,
         "bytes": size, "compute_s": compute, "link_bound_s": link_bound, "bound_s": bound,
         "mesh_s": mesh, "systems": best,
