@@ -41,8 +41,8 @@ class Entry:
     dtype: np.dtype
     value: np.ndarray
     master: Optional[np.ndarray] = None
-    merged: Optional[np.ndarray] = None
-    touched: Optional[np.ndarray] = None
+    merged: Optional[object] = None
+    round_dtype: Optional[np.dtype] = None
     waiting: List[tuple] = dataclasses.field(default_factory=list)
 
     @classmethod
@@ -94,24 +94,44 @@ class Entry:
             np.add(self.merged, values, out=self.merged)
 
     def merge_rows(self, rows: np.ndarray, values: Optional[np.ndarray], ps_key: int) -> None:
-        """Add one worker's row_sparse push (possibly no rows) to this round's sum."""
+        """Add one worker's row_sparse push (possibly no rows) to this round: kept (a copy, in
+        the accumulating dtype) until :meth:`take_round` sums the round's rows."""
         if self.merged is None:
-            self.merged = np.zeros(self.value.shape, dtype=self.accumulate_dtype)
-            self.touched = np.zeros(self.value.shape[0], dtype=bool)
+            self.merged, self.round_dtype = [], self.accumulate_dtype
         if values is None:
             return
         check_rows(rows, values.shape[1], self.value.shape, ps_key)
-        np.add.at(self.merged, rows, values.astype(self.accumulate_dtype, copy=False))
-        self.touched[rows] = True
+        self.merged.append((rows, values.astype(self.round_dtype, copy=True)))
 
     def take_round(self) -> Tuple[Grad, list]:
         """End the round: return (merged gradient, waiting requests) and reset both."""
-        merged, touched, waiting = self.merged, self.touched, self.waiting
-        self.merged, self.touched, self.waiting = None, None, []
+        merged, waiting = self.merged, self.waiting
+        self.merged, self.waiting = None, []
         if self.kind is StorageKind.ROW_SPARSE:
-            indices = np.flatnonzero(touched)
-            return RowSparseGrad(indices, merged[indices], merged.shape), waiting
+            return sum_rows(merged or [], self.value.shape, self.round_dtype), waiting
         return merged, waiting
+
+
+def sum_rows(pushes: List[Tuple[np.ndarray, np.ndarray]], shape: tuple,
+             dtype: np.dtype) -> RowSparseGrad:
+    """The row_sparse sum of a round's pushes ``[(rows, values), ...]``: every row pushed, in
+    increasing order, its values added in the order they came (push after push, row after row
+    within a push), starting from zero: the bits ``np.add.at`` into a zeroed table gives, without
+    a table. (``0 + v`` is ``v`` but for the sign of a zero, so the first value gets ``+ 0``.)"""
+    if not pushes:
+        return RowSparseGrad(np.empty(0, np.int64), np.empty((0, shape[1]), dtype), shape)
+    rows = np.concatenate([r for r, _ in pushes]).astype(np.int64, copy=False)
+    values = np.concatenate([v for _, v in pushes]) if len(pushes) > 1 else pushes[0][1]
+    order = np.argsort(rows, kind="stable")
+    rows = rows[order]
+    starts = np.flatnonzero(np.concatenate(([True], rows[1:] != rows[:-1])))
+    counts = np.diff(np.append(starts, len(rows)))
+    out = values[order[starts]]
+    out += np.zeros(1, dtype)                # 0 + v, as the zeroed table had it
+    for k in range(1, int(counts.max(initial=0))):
+        more = np.flatnonzero(counts > k)
+        out[more] += values[order[starts[more] + k]]
+    return RowSparseGrad(rows[starts], out, shape)
 
 
 def check_rows(rows: np.ndarray, unit_len: int, shape: tuple, ps_key: int) -> None:
