@@ -133,14 +133,15 @@ class Entry:
             np.add(self.merged, values, out=self.merged)
 
     def merge_rows(self, rows: np.ndarray, values: Optional[np.ndarray], ps_key: int) -> None:
-        """Add one worker's row_sparse push (possibly no rows) to this round: kept (a copy, in
-        the accumulating dtype) until :meth:`take_round` sums the round's rows."""
+        """Add one worker's row_sparse push (possibly no rows) to this round: kept (in the
+        accumulating dtype) until :meth:`take_round` sums the round's rows. Kept, not copied:
+        never written, and a van reuses a receive buffer only when nothing refers to it."""
         if self.merged is None:
             self.merged, self.round_dtype = [], self.accumulate_dtype
         if values is None:
             return
         check_rows(rows, values.shape[1], self.shape, ps_key)
-        self.merged.append((rows, values.astype(self.round_dtype, copy=True)))
+        self.merged.append((rows, values.astype(self.round_dtype, copy=False)))
 
     def take_round(self) -> Tuple[Grad, list]:
         """End the round: return (merged gradient, waiting requests) and reset both."""

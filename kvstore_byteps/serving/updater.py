@@ -16,6 +16,7 @@ rows, so nothing published is written).
 :class:`MXNetUpdater` wraps ``mx.optimizer.get_updater(optimizer)``; mxnet is imported there
 only, lazily, so a server that never receives kController never imports MXNet.
 """
+import ctypes
 import dataclasses
 from typing import Callable, Union
 
@@ -78,41 +79,42 @@ class MXNetUpdater:
     def update_rows(self, key: int, grad: RowSparseGrad, table: "RowSparseTable") -> None:
         """``__call__``'s row_sparse update, in place on ``table``: no copy of the whole array."""
         self._updater(int(key), self._grad(grad), table.array)
-        table.keep_every_row()
+        table.refresh()
 
     def _grad(self, grad: RowSparseGrad):
-        return self._mx.nd.sparse.row_sparse_array((grad.data, grad.indices), shape=grad.shape,
-                                                   dtype=grad.data.dtype)
+        nd = self._mx.nd
+        return nd.sparse.row_sparse_array((_wrap(nd, grad.data), _wrap(nd, grad.indices)),
+                                          shape=grad.shape, dtype=grad.data.dtype)
 
 
 class RowSparseTable:
     """A row_sparse key's working array as MXNet's C++ server stores it: a row_sparse NDArray
     holding every row, so optimizers take their sparse path (their states are row_sparse too)
     and rows without a gradient are not touched. (A dense weight let e.g. FTRL rewrite them from
-    zero state: their values became 0.) Updated in place; read by rows, as numpy copies."""
+    zero state: their values became 0.) Updated in place; read through a numpy view of its
+    values (no copy), taken anew after each update (:meth:`refresh`), which never leaves this
+    object: :meth:`rows` and :meth:`asnumpy` return copies."""
 
     def __init__(self, mx, working: np.ndarray):
         self._mx = mx
         self.shape, self.dtype = working.shape, working.dtype
         self.array = _every_row(mx, working)
+        self.refresh()
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
         """Rows ``ids`` (any order, repeats allowed), a numpy copy."""
-        inverse = None
-        if len(ids) > 1 and not (ids[1:] > ids[:-1]).all():
-            ids, inverse = np.unique(ids, return_inverse=True)
-        kept = self._mx.nd.sparse.retain(self.array, self._mx.nd.array(ids, dtype=np.int64))
-        data = kept.data.asnumpy()
-        return data if inverse is None else data[inverse]
+        return self._view[ids]
 
     def asnumpy(self) -> np.ndarray:
-        return self.array.asnumpy()
+        return self._view.copy()
 
-    def keep_every_row(self) -> None:
-        """An optimizer that left rows out of the weight (a Python one may assign a sparse
-        array): they are zero, as they were when each update had a fresh weight of every row."""
-        if self.array.indices.shape[0] != self.shape[0]:
+    def refresh(self) -> None:
+        """After an update: wait for it, and read the values' address again. An optimizer that
+        left rows out of the weight (a Python one may assign a sparse array) gets them back as
+        zeros, as when each update had a fresh weight of every row."""
+        if self.array.indices.shape[0] != self.shape[0]:      # waits for the update
             self.array = _every_row(self._mx, self.array.asnumpy())
+        self._view = _values_view(self._mx, self.array, self.shape, self.dtype)
 
 
 def _every_row(mx, weight: np.ndarray):
@@ -120,6 +122,28 @@ def _every_row(mx, weight: np.ndarray):
     return mx.nd.sparse.row_sparse_array(
         (weight, np.arange(weight.shape[0], dtype=np.int64)), shape=weight.shape,
         dtype=weight.dtype)
+
+
+def _values_view(mx, array, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """A read-only numpy view of the values of ``array`` (a row_sparse NDArray of every row),
+    valid while ``array`` lives and no operation reallocates them."""
+    array.wait_to_read()
+    address = ctypes.c_void_p()
+    mx.base.check_call(mx.base._LIB.MXNDArrayGetData(array.handle, ctypes.byref(address)))
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    view = np.frombuffer((ctypes.c_char * size).from_address(address.value), dtype)
+    view.flags.writeable = False
+    return view.reshape(shape)
+
+
+def _wrap(nd, array: np.ndarray):
+    """``array`` as an NDArray: without a copy where MXNet can wrap it (``array`` then becomes
+    read-only), else a copy."""
+    array = np.ascontiguousarray(array)
+    try:
+        return nd.from_numpy(array, zero_copy=True)
+    except ValueError:       # a dtype DLPack does not carry
+        return nd.array(array, dtype=array.dtype)
 
 
 def load_mxnet_updater(body: bytes) -> MXNetUpdater:
