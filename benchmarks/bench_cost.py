@@ -181,17 +181,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     lines = table(fits) + [""] + cell_table(found)
     print("\n".join(lines))
     if args.out:
-        commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT,
-                                stdout=subprocess.PIPE, text=True).stdout.strip()
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump({"benchmark": "cost", "command": " ".join(["benchmarks/bench_cost.py"]
-                                                                + list(argv or sys.argv[1:])),
-                       "settings": vars(args), "cells": found, "fits": fits,
-                       "table": lines, "commit": commit, "load": load,
-                       "date": datetime.datetime.now().isoformat(timespec="minutes")},
-                      f, indent=1)
+        write_results(args.out, "cost", argv, settings=vars(args), cells=found, fits=fits,
+                      table=lines, load=load)
     return 0
+
+
+def write_results(path: str, benchmark: str, argv: Optional[Sequence[str]], **fields) -> None:
+    """``fields`` as JSON at ``path``, with the benchmark's name, its command line, the commit
+    measured and the date."""
+    commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT,
+                            stdout=subprocess.PIPE, text=True).stdout.strip()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    command = " ".join(["benchmarks/bench_%s.py" % benchmark] + list(argv or sys.argv[1:]))
+    with open(path, "w") as f:
+        json.dump({"benchmark": benchmark, "command": command, **fields, "commit": commit,
+                   "date": datetime.datetime.now().isoformat(timespec="minutes")}, f, indent=1)
 
 
 if __name__ == "__main__":

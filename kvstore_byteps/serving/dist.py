@@ -76,8 +76,7 @@ class KVStoreDistServer:
         self.profiler = ServerProfiler()
         #: the updater's calls, as stages of the profile
         self._update = self.profiler.timed(
-            "update", lambda key, grad, weight: self.updater(key, grad, weight),
-            lambda key, grad, weight: ("update key %d" % key, None))
+            "update", self._run_update, lambda key, grad, entry: ("update key %d" % key, None))
         self._stopped = threading.Event()
         self._done = threading.Event()       # stopped, or the job must end (job_error)
         self._handlers = self.request_handlers()
@@ -284,8 +283,8 @@ class KVStoreDistServer:
             self._add_to_round(req, server, key, entry)
         else:
             if values is not None:
-                check_rows(rows, values.shape[1], entry.value.shape, key)
-                grad = RowSparseGrad(rows, values, entry.value.shape)
+                check_rows(rows, values.shape[1], entry.shape, key)
+                grad = RowSparseGrad(rows, values, entry.shape)
                 self._update_async(key, entry, grad)
             self._reply(req, server, entry)
 
@@ -303,7 +302,7 @@ class KVStoreDistServer:
             return
         try:
             if self.updater is not None:
-                entry.set_working(self._update(self.mxnet_key(ps_key), grad, entry.working))
+                self._update(self.mxnet_key(ps_key), grad, entry)
             else:
                 entry.set_working(dense_rows(grad) if isinstance(grad, RowSparseGrad) else grad)
         except Exception as exc:
@@ -319,7 +318,16 @@ class KVStoreDistServer:
         if self.updater is None:
             raise ProtocolError("async mode needs an optimizer on the server (kv.set_optimizer) "
                                 "before pushes to key %d" % ps_key)
-        entry.set_working(self._update(self.mxnet_key(ps_key), grad, entry.working))
+        self._update(self.mxnet_key(ps_key), grad, entry)
+
+    def _run_update(self, key: int, grad, entry: Entry) -> None:
+        """The updater on ``entry``: a row_sparse sum in place on the table the updater keeps,
+        if it keeps one; otherwise on the working array, replaced by what the updater returns."""
+        update_rows = getattr(self.updater, "update_rows", None)
+        if update_rows is not None and isinstance(grad, RowSparseGrad):
+            update_rows(key, grad, entry.adopt(self.updater.table))
+        else:
+            entry.set_working(self.updater(key, grad, entry.working))
 
     # -- answers ----------------------------------------------------------------------------
     def _entry(self, ps_key: int, kind: StorageKind) -> Entry:
@@ -354,11 +362,11 @@ class KVStoreDistServer:
             self.send_answer(server, req, keys=req.keys, vals=b"", lens=lens)
             return
         entry = self._entry(master_key, StorageKind.ROW_SPARSE)
-        unit_len = entry.value.shape[1]
-        check_rows(rows, unit_len, entry.value.shape, master_key)
+        unit_len = entry.shape[1]
+        check_rows(rows, unit_len, entry.shape, master_key)
         lens = np.full(len(rows) + 1, unit_len, dtype=np.int32)
         lens[0] = 0   # row_sparse answers count elements, not bytes (vector 26)
-        self.send_answer(server, req, keys=req.keys, vals=entry.value[rows], lens=lens)
+        self.send_answer(server, req, keys=req.keys, vals=entry.rows(rows), lens=lens)
 
     def refuse(self, req, server, message: str) -> None:
         self._peer_log.warning(req.sender, "request from node %s refused: %s", req.sender, message)

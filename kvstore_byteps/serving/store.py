@@ -5,6 +5,8 @@ written again; it is marked read-only, and every update replaces it by a new arr
 round's pushpull is answered with the array published at that moment, so no later round, update
 or push can change bytes that are still waiting in a send queue. (MXNet's C++ server answers
 pushpulls from a buffer the next round overwrites; that is the wrong-sum race the issue saw.)
+A row_sparse key is never answered with its array, only with copies of rows, so an updater may
+keep it as a table it updates in place (``Entry.table``): no update copies the whole array.
 """
 import dataclasses
 import enum
@@ -35,15 +37,21 @@ def publish(array: np.ndarray) -> np.ndarray:
 
 @dataclasses.dataclass
 class Entry:
-    """One key's state. ``value`` is in the wire dtype; ``master`` is float32 or None."""
+    """One key's state. ``value`` is in the wire dtype; ``master`` is float32 or None.
+
+    ``table``: a row_sparse key's working array as the updater keeps it between its updates
+    (:meth:`adopt`; MXNet's row_sparse NDArray, see updater.RowSparseTable), updated in place;
+    while it is set, ``value`` and ``master`` are None, answers read rows off it (:meth:`rows`,
+    copies) and :meth:`detach` brings it back to numpy."""
 
     kind: StorageKind
     dtype: np.dtype
-    value: np.ndarray
+    value: Optional[np.ndarray]
     master: Optional[np.ndarray] = None
-    merged: Optional[np.ndarray] = None
-    touched: Optional[np.ndarray] = None
+    merged: Optional[object] = None
+    round_dtype: Optional[np.dtype] = None
     waiting: List[tuple] = dataclasses.field(default_factory=list)
+    table: Optional[object] = None
 
     @classmethod
     def create(cls, kind: StorageKind, initial: np.ndarray, multi_precision: bool) -> "Entry":
@@ -55,24 +63,55 @@ class Entry:
 
     def enable_master(self) -> None:
         """Keep a float32 master copy for a non-float32 key (kSetMultiPrecision)."""
+        self.detach()
         if self.dtype != FLOAT32 and self.master is None:
             self.master = self.value.astype(FLOAT32)
 
     @property
+    def shape(self) -> tuple:
+        return self.table.shape if self.table is not None else self.value.shape
+
+    @property
     def working(self) -> np.ndarray:
-        """The array an updater updates: the master copy if any, else the value."""
+        """The array an updater updates: the master copy if any, else the value (a table is
+        brought back to numpy first)."""
+        self.detach()
         return self.master if self.master is not None else self.value
 
     @property
     def accumulate_dtype(self) -> np.dtype:
+        if self.table is not None:
+            return np.dtype(self.table.dtype)
         return FLOAT32 if self.master is not None else self.dtype
 
     def set_working(self, new: np.ndarray) -> None:
         """Replace the working array with ``new`` (not aliased elsewhere) and publish the value."""
+        self.detach()
         new = np.asarray(new).reshape(self.value.shape)
         if self.master is not None:
             self.master = new.astype(FLOAT32, copy=False)
         self.value = publish(new.astype(self.dtype, copy=False))
+
+    def adopt(self, make_table) -> object:
+        """The table ``make_table(working)`` holds the working array from now on; returned."""
+        if self.table is None:
+            self.table = make_table(self.working)
+            self.value = self.master = None
+        return self.table
+
+    def detach(self) -> None:
+        """The table's array becomes the working array again (no table: nothing to do)."""
+        if self.table is None:
+            return
+        working, self.table = self.table.asnumpy(), None
+        self.master = working if working.dtype != self.dtype else None   # float32 master
+        self.value = publish(working.astype(self.dtype, copy=False))
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """Rows ``ids`` of the value, a copy (how row_sparse pulls are answered)."""
+        if self.table is not None:
+            return self.table.rows(ids).astype(self.dtype, copy=False)
+        return self.value[ids]
 
     def check_push(self, kind: StorageKind, dtype: np.dtype, ps_key: int) -> None:
         """Refuse pushes whose storage type or dtype differs from the key's initialisation."""
@@ -94,24 +133,45 @@ class Entry:
             np.add(self.merged, values, out=self.merged)
 
     def merge_rows(self, rows: np.ndarray, values: Optional[np.ndarray], ps_key: int) -> None:
-        """Add one worker's row_sparse push (possibly no rows) to this round's sum."""
+        """Add one worker's row_sparse push (possibly no rows) to this round: kept (in the
+        accumulating dtype) until :meth:`take_round` sums the round's rows. Kept, not copied:
+        never written, and a van reuses a receive buffer only when nothing refers to it."""
         if self.merged is None:
-            self.merged = np.zeros(self.value.shape, dtype=self.accumulate_dtype)
-            self.touched = np.zeros(self.value.shape[0], dtype=bool)
+            self.merged, self.round_dtype = [], self.accumulate_dtype
         if values is None:
             return
-        check_rows(rows, values.shape[1], self.value.shape, ps_key)
-        np.add.at(self.merged, rows, values.astype(self.accumulate_dtype, copy=False))
-        self.touched[rows] = True
+        check_rows(rows, values.shape[1], self.shape, ps_key)
+        self.merged.append((rows, values.astype(self.round_dtype, copy=False)))
 
     def take_round(self) -> Tuple[Grad, list]:
         """End the round: return (merged gradient, waiting requests) and reset both."""
-        merged, touched, waiting = self.merged, self.touched, self.waiting
-        self.merged, self.touched, self.waiting = None, None, []
+        merged, waiting = self.merged, self.waiting
+        self.merged, self.waiting = None, []
         if self.kind is StorageKind.ROW_SPARSE:
-            indices = np.flatnonzero(touched)
-            return RowSparseGrad(indices, merged[indices], merged.shape), waiting
+            return sum_rows(merged or [], self.shape, self.round_dtype), waiting
         return merged, waiting
+
+
+def sum_rows(pushes: List[Tuple[np.ndarray, np.ndarray]], shape: tuple,
+             dtype: np.dtype) -> RowSparseGrad:
+    """The row_sparse sum of a round's pushes ``[(rows, values), ...]``: every row pushed, in
+    increasing order, its values added in the order they came (push after push, row after row
+    within a push), starting from zero: the bits ``np.add.at`` into a zeroed table gives, without
+    a table. (``0 + v`` is ``v`` but for the sign of a zero, so the first value gets ``+ 0``.)"""
+    if not pushes:
+        return RowSparseGrad(np.empty(0, np.int64), np.empty((0, shape[1]), dtype), shape)
+    rows = np.concatenate([r for r, _ in pushes]).astype(np.int64, copy=False)
+    values = np.concatenate([v for _, v in pushes]) if len(pushes) > 1 else pushes[0][1]
+    order = np.argsort(rows, kind="stable")
+    rows = rows[order]
+    starts = np.flatnonzero(np.concatenate(([True], rows[1:] != rows[:-1])))
+    counts = np.diff(np.append(starts, len(rows)))
+    out = values[order[starts]]
+    out += np.zeros(1, dtype)                # 0 + v, as the zeroed table had it
+    for k in range(1, int(counts.max(initial=0))):
+        more = np.flatnonzero(counts > k)
+        out[more] += values[order[starts[more] + k]]
+    return RowSparseGrad(rows[starts], out, shape)
 
 
 def check_rows(rows: np.ndarray, unit_len: int, shape: tuple, ps_key: int) -> None:

@@ -8,9 +8,15 @@ updater here is a pure function ``update(key, grad, weight) -> new weight``:
 * ``grad`` is a 1-D numpy array, or a :class:`RowSparseGrad` for row_sparse keys;
 * ``weight`` is the stored value (the float32 master copy under multi-precision).
 
+An updater may also update a row_sparse key in place, on a table it keeps (``table(working)``
+and ``update_rows(key, grad, table)``, as :class:`MXNetUpdater` does): a step then copies only
+the rows it touches, never the whole array (the server answers row_sparse pulls with copies of
+rows, so nothing published is written).
+
 :class:`MXNetUpdater` wraps ``mx.optimizer.get_updater(optimizer)``; mxnet is imported there
 only, lazily, so a server that never receives kController never imports MXNet.
 """
+import ctypes
 import dataclasses
 from typing import Callable, Union
 
@@ -18,7 +24,8 @@ import numpy as np
 
 from .unpickle import import_mxnet, load_optimizer
 
-__all__ = ["RowSparseGrad", "Grad", "Updater", "MXNetUpdater", "load_mxnet_updater"]
+__all__ = ["RowSparseGrad", "Grad", "Updater", "MXNetUpdater", "RowSparseTable",
+           "load_mxnet_updater"]
 
 
 @dataclasses.dataclass
@@ -57,15 +64,8 @@ class MXNetUpdater:
     def __call__(self, key: int, grad: Grad, weight: np.ndarray) -> np.ndarray:
         nd = self._mx.nd
         if isinstance(grad, RowSparseGrad):
-            # As MXNet's C++ server stores a row_sparse key: a row_sparse weight holding every
-            # row. Optimizers then take their sparse path (their states are row_sparse too):
-            # rows without a gradient are not touched. (A dense weight let e.g. FTRL rewrite
-            # them from zero state: their values became 0.)
-            weight_nd = nd.sparse.row_sparse_array(
-                (weight, np.arange(weight.shape[0], dtype=np.int64)), shape=weight.shape,
-                dtype=weight.dtype)
-            grad_nd = nd.sparse.row_sparse_array((grad.data, grad.indices), shape=grad.shape,
-                                                 dtype=grad.data.dtype)
+            weight_nd = _every_row(self._mx, weight)
+            grad_nd = self._grad(grad)
         else:
             weight_nd = nd.array(weight, dtype=weight.dtype)
             grad_nd = nd.array(grad, dtype=grad.dtype)
@@ -84,6 +84,79 @@ class MXNetUpdater:
             weight_nd.wait_to_read()
         finally:
             grad.flags.writeable = weights.flags.writeable = True
+
+    def table(self, working: np.ndarray) -> "RowSparseTable":
+        """A row_sparse key's working array, kept for :meth:`update_rows`."""
+        return RowSparseTable(self._mx, working)
+
+    def update_rows(self, key: int, grad: RowSparseGrad, table: "RowSparseTable") -> None:
+        """``__call__``'s row_sparse update, in place on ``table``: no copy of the whole array."""
+        self._updater(int(key), self._grad(grad), table.array)
+        table.refresh()
+
+    def _grad(self, grad: RowSparseGrad):
+        nd = self._mx.nd
+        return nd.sparse.row_sparse_array((_wrap(nd, grad.data), _wrap(nd, grad.indices)),
+                                          shape=grad.shape, dtype=grad.data.dtype)
+
+
+class RowSparseTable:
+    """A row_sparse key's working array as MXNet's C++ server stores it: a row_sparse NDArray
+    holding every row, so optimizers take their sparse path (their states are row_sparse too)
+    and rows without a gradient are not touched. (A dense weight let e.g. FTRL rewrite them from
+    zero state: their values became 0.) Updated in place; read through a numpy view of its
+    values (no copy), taken anew after each update (:meth:`refresh`), which never leaves this
+    object: :meth:`rows` and :meth:`asnumpy` return copies."""
+
+    def __init__(self, mx, working: np.ndarray):
+        self._mx = mx
+        self.shape, self.dtype = working.shape, working.dtype
+        self.array = _every_row(mx, working)
+        self.refresh()
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """Rows ``ids`` (any order, repeats allowed), a numpy copy."""
+        return self._view[ids]
+
+    def asnumpy(self) -> np.ndarray:
+        return self._view.copy()
+
+    def refresh(self) -> None:
+        """After an update: wait for it, and read the values' address again. An optimizer that
+        left rows out of the weight (a Python one may assign a sparse array) gets them back as
+        zeros, as when each update had a fresh weight of every row."""
+        if self.array.indices.shape[0] != self.shape[0]:      # waits for the update
+            self.array = _every_row(self._mx, self.array.asnumpy())
+        self._view = _values_view(self._mx, self.array, self.shape, self.dtype)
+
+
+def _every_row(mx, weight: np.ndarray):
+    """``weight`` as a row_sparse NDArray that holds every row (a copy)."""
+    return mx.nd.sparse.row_sparse_array(
+        (weight, np.arange(weight.shape[0], dtype=np.int64)), shape=weight.shape,
+        dtype=weight.dtype)
+
+
+def _values_view(mx, array, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """A read-only numpy view of the values of ``array`` (a row_sparse NDArray of every row),
+    valid while ``array`` lives and no operation reallocates them."""
+    array.wait_to_read()
+    address = ctypes.c_void_p()
+    mx.base.check_call(mx.base._LIB.MXNDArrayGetData(array.handle, ctypes.byref(address)))
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    view = np.frombuffer((ctypes.c_char * size).from_address(address.value), dtype)
+    view.flags.writeable = False
+    return view.reshape(shape)
+
+
+def _wrap(nd, array: np.ndarray):
+    """``array`` as an NDArray: without a copy where MXNet can wrap it (``array`` then becomes
+    read-only), else a copy."""
+    array = np.ascontiguousarray(array)
+    try:
+        return nd.from_numpy(array, zero_copy=True)
+    except ValueError:       # a dtype DLPack does not carry
+        return nd.array(array, dtype=array.dtype)
 
 
 def load_mxnet_updater(body: bytes) -> MXNetUpdater:
