@@ -85,6 +85,12 @@ class FakeServer:
         return self._wait_until(lambda answer: answer.req is req, timeout,
                                 "the request with timestamp %d" % req.meta.timestamp)
 
+    def values_of(self, req, timeout=5.0):
+        """The values ``req`` was answered with (as a list), asserting it was no error."""
+        answer = self.wait_for(req, timeout)
+        assert answer.error is None, answer.error
+        return list(answer.values())
+
     def wait_for_timestamp(self, timestamp, timeout=5.0):
         """Wait for the one answer under ``timestamp`` (e.g. to a pull riding on a push,
         which the server answers as a request of its own); return it."""

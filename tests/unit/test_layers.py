@@ -17,6 +17,15 @@ def modules(folder):
                 yield os.path.relpath(path, REPO)[:-3].replace(os.sep, "."), path
 
 
+def import_base(package, node):
+    """The absolute module an ``ast.ImportFrom`` in ``package`` imports from."""
+    base = node.module or ""
+    if node.level:
+        parts = package.split(".")
+        base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+    return base
+
+
 def imported(module, path):
     """Absolute names of everything ``path`` imports."""
     package = module.rsplit(".", 1)[0]
@@ -25,10 +34,7 @@ def imported(module, path):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            base = import_base(package, node)
             names.add(base)
             names.update("%s.%s" % (base, alias.name) for alias in node.names)
     return names
@@ -387,10 +393,7 @@ def module_level_imports(module, path, known):
             if isinstance(inner, ast.Import):
                 found.update(alias.name for alias in inner.names)
             elif isinstance(inner, ast.ImportFrom):
-                base = inner.module or ""
-                if inner.level:
-                    parts = package.split(".")
-                    base = ".".join(parts[:len(parts) - inner.level + 1] + ([base] if base else []))
+                base = import_base(package, inner)
                 subs = {"%s.%s" % (base, alias.name) for alias in inner.names} & known
                 found.update(subs or {base})
     return (found & known) - {module}

@@ -35,9 +35,7 @@ def backup_server():
 
 
 def values(fake, req):
-    answer = fake.wait_for(req)
-    assert answer.error is None, answer.error
-    return list(answer.values())
+    return fake.values_of(req)
 
 
 def test_a_round_of_two_of_three_pushes_updates_once_and_the_late_push_joins_the_next():

@@ -39,9 +39,7 @@ def server(updater):
 
 
 def values(fake, req):
-    answer = fake.wait_for(req)
-    assert answer.error is None, answer.error
-    return list(answer.values())
+    return fake.values_of(req)
 
 
 def round_of(srv, fake, a, b):
