@@ -24,8 +24,9 @@ def states_on_servers(what: str, where: str) -> str:
             "MXNet's dist_sync servers do, so a worker cannot %s them (MXNet's dist_sync "
             "refuses too: \"Cannot %s states for distributed training\"); to checkpoint them, "
             "train with the updates on the workers (gluon.Trainer(..., update_on_kvstore=False) "
-            "or MXNET_UPDATE_ON_KVSTORE=0, then trainer.%s_states)"
-            % (what, where, what, what, what))
+            "or MXNET_UPDATE_ON_KVSTORE=0, then trainer.%s_states; Module: "
+            "MXNET_UPDATE_ON_KVSTORE=0, then %s_optimizer_states=True), or leave the states "
+            "out (Module: %s_optimizer_states=False)" % (what, where, what, what, what, what, what))
 
 
 class ServerUpdates:

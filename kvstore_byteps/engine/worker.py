@@ -183,13 +183,17 @@ class WorkerEngine:
 
     def set_optimizer(self, body: bytes) -> None:
         """The servers' optimizer from rank 0, then a barrier (``Cluster.set_optimizer``); in
-        synchronous training :func:`.modes.check_servers_update`, then no buckets. Blocking."""
-        if self.mode.summed:
+        synchronous training, the first time, :func:`.modes.check_servers_update`, then no
+        buckets. Blocking."""
+        if self.mode.summed and self.keeper.reason is not SERVERS_UPDATE:   # not yet theirs
             check_servers_update(self.rounds.begun(), len(self.fusion.plan.fused()),
                                  self.rounds.compressed is not None)
+            if self.fusion.enabled and self.rank == 0:      # the start-up line said they were on
+                announce(self.config, "gradient buckets off: the servers run the optimizer, "
+                                      "each key with its own optimizer index")
             self.fusion.disable("the servers update each key with its own optimizer index")
             self.keeper.give_up(SERVERS_UPDATE)
-        self.cluster.set_optimizer(body)
+        self.cluster.set_optimizer(body)   # again: the servers' optimizer replaced, as MXNet's
 
     # ------------------------------------------------------------------ pushpull
     def use(self, key: int, fusable: bool = True) -> Optional[Ticket]:

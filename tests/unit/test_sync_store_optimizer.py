@@ -117,6 +117,9 @@ def test_set_optimizer_turns_buckets_and_server_recovery_off():
     WorkerEngine.set_optimizer(engine, b"body")
     assert engine.sent == [b"body"] and not engine.fusion.enabled
     assert engine.keeper.reason is SERVERS_UPDATE
+    engine.rounds.begun = lambda: True       # a second set_optimizer replaces the servers'
+    WorkerEngine.set_optimizer(engine, b"again")
+    assert engine.sent == [b"body", b"again"]
     refusal = compression_refusal(False, None, TrainingMode(), True)
     assert refusal.startswith("set_gradient_compression after set_optimizer")
     assert compression_refusal(False, None, TrainingMode(), False) is None
@@ -145,7 +148,7 @@ def _engine(begun, buckets, compressed):
     fusion = SimpleNamespace(enabled=True, plan=SimpleNamespace(fused=lambda: [0] * buckets))
     fusion.disable = lambda why: setattr(fusion, "enabled", False)
     return SimpleNamespace(
-        mode=TrainingMode(), sent=sent, fusion=fusion,
+        mode=TrainingMode(), sent=sent, fusion=fusion, rank=1,
         rounds=SimpleNamespace(begun=lambda: begun, compressed=object() if compressed else None),
         keeper=RecoveryKeeper(None, 0, lambda error: None),
         cluster=SimpleNamespace(set_optimizer=sent.append))
