@@ -32,15 +32,17 @@ def states_on_servers(what: str, where: str) -> str:
 class ServerUpdates:
     """The optimizer runs on the servers; a step pushes the gradients and reads the weights."""
 
-    def __init__(self, optimizer, servers, where: str):
-        """``servers.set_optimizer(body)`` sends the pickled optimizer to the servers (the
-        store's :class:`~mxnet_patch.store_modes.StorePort`); ``where``: the mode, for
-        messages (``with backup workers``, ``in synchronous training``)."""
+    def __init__(self, optimizer, servers, where: str, multi_precision: bool = False):
+        """``servers.set_optimizer(body, multi_precision)`` sends the pickled optimizer to the
+        servers (the store's :class:`~mxnet_patch.store_modes.StorePort`); ``where``: the
+        mode, for messages (``with backup workers``, ``in synchronous training``);
+        ``multi_precision``: whether the mode takes a multi-precision optimizer (the servers
+        then keep float32 master weights of float16 keys, as MXNet's do)."""
         from mxnet import optimizer as opt
         if not isinstance(optimizer, opt.Optimizer):
             raise TypeError("set_optimizer needs an mx.optimizer.Optimizer, got %s"
                             % type(optimizer).__name__)
-        if optimizer.multi_precision:
+        if optimizer.multi_precision and not multi_precision:
             raise KVStoreBytePSError(
                 "set_optimizer with multi_precision=True: %s the servers keep the weights in "
                 "the gradients' dtype, and multi-precision optimizers are not supported there "
@@ -51,7 +53,7 @@ class ServerUpdates:
         self.where = where
         self._lr = optimizer.lr          # what the servers got
         # as MXNet's KVStore.set_optimizer sends it (rank 0 only), then a barrier
-        servers.set_optimizer(pickle.dumps(optimizer, 0))
+        servers.set_optimizer(pickle.dumps(optimizer, 0), bool(optimizer.multi_precision))
 
     #: the workers keep no updater (gluon's load_states reads it)
     updater = None

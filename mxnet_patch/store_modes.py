@@ -45,7 +45,8 @@ class StorePort:
     submit: Callable[..., None]
     read: Callable[[int, Any, Any], Any]      # the servers' values of ``ikey`` (shape, dtype)
     training_over: Callable[[], bool]         # the servers said the job's training is over
-    set_optimizer: Callable[[bytes], None]    # the pickled optimizer to the servers
+    #: ``set_optimizer(body, multi_precision)``: the pickled optimizer to the servers
+    set_optimizer: Callable[[bytes, bool], None]
 
 
 def store_mode(mode: TrainingMode, port: StorePort) -> "StoreMode":

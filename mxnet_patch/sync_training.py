@@ -62,7 +62,7 @@ class SyncTraining(StoreMode):
         """The servers' optimizer (rank 0 sends it, then a barrier, as MXNet's dist_sync
         does). The engine refuses it after the first round, with gradient buckets formed or
         with gradient compression (``engine.set_optimizer``)."""
-        self.updates = ServerUpdates(optimizer, self.port, WHERE)
+        self.updates = ServerUpdates(optimizer, self.port, WHERE, multi_precision=True)
 
     def optimizer_states(self, what: str):
         if self.updates is not None:

@@ -135,14 +135,18 @@ class Cluster:
             return "gradient bucket %d" % key
         return "%s partition %d" % (self._name_of(key), index)
 
-    def set_optimizer(self, body: bytes) -> None:
+    def set_optimizer(self, body: bytes, multi_precision: bool = False) -> None:
         """kController from rank 0 (MXNet's body: the optimizer pickled with protocol 0): the
         servers run it on the rounds' sums (synchronous training with update_on_kvstore, backup
-        workers). Then a barrier: no worker may push before the servers have the optimizer (a
-        round may close without rank 0's push; every worker calls this, as gluon and Module
-        do). Blocking."""
+        workers); then kSetMultiPrecision if ``multi_precision``, as MXNet's store sends it.
+        Then a barrier: no worker may push before the servers have the optimizer (a round may
+        close without rank 0's push; every worker calls this, as gluon and Module do).
+        Blocking."""
         if self.rank == 0:
             self.command(ServerCommand.CONTROLLER, body, "setting the optimizer")
+            if multi_precision:
+                self.command(ServerCommand.SET_MULTI_PRECISION, b"",
+                             "setting the optimizer's multi-precision")
         self.barrier()
 
     def finish_training(self) -> bool:

@@ -181,7 +181,7 @@ class WorkerEngine:
         (:meth:`.cluster.Cluster.stale_keys`). Blocking."""
         return self.cluster.stale_keys()
 
-    def set_optimizer(self, body: bytes) -> None:
+    def set_optimizer(self, body: bytes, multi_precision: bool = False) -> None:
         """The servers' optimizer from rank 0, then a barrier (``Cluster.set_optimizer``); in
         synchronous training, the first time, :func:`.modes.check_servers_update`, then no
         buckets. Blocking."""
@@ -193,7 +193,8 @@ class WorkerEngine:
                                       "each key with its own optimizer index")
             self.fusion.disable("the servers update each key with its own optimizer index")
             self.keeper.give_up(SERVERS_UPDATE)
-        self.cluster.set_optimizer(body)   # again: the servers' optimizer replaced, as MXNet's
+        # again: the servers' optimizer replaced, as MXNet's
+        self.cluster.set_optimizer(body, multi_precision)
 
     # ------------------------------------------------------------------ pushpull
     def use(self, key: int, fusable: bool = True) -> Optional[Ticket]:

@@ -5,7 +5,10 @@ be compared.
     sync_optimizer.py CASE OUT_DIR [--kvstore dist_byteps]
 
 CASE: ``gluon-sgd`` (gluon.Trainer, SGD with momentum, two CPU contexts), ``gluon-adam``
-(Adam, one context), ``module`` (Module.fit, SGD with momentum). ``update_on_kvstore`` is left
+(Adam, one context), ``module`` (Module.fit, SGD with momentum), ``store-mp16`` (the
+store's own push and pull of a float16 and a float32 key, SGD with momentum and
+``multi_precision=True``: float32 master weights on the servers, as MXNet's nightly test
+does). ``update_on_kvstore`` is left
 to MXNet (``MXNET_UPDATE_ON_KVSTORE`` in the environment decides). Prints ``rank R
 update_on_kvstore=U capable=C type=T``.
 """
@@ -47,6 +50,33 @@ def gluon_case(kv, optimizer, params, contexts):
     return values, trainer._update_on_kvstore
 
 
+def store_mp16_case(kv):
+    """Also ``want_k<key>``: the weights MXNet's optimizer gives here, in this process, from
+    every worker's gradients (each worker's are drawn from its rank's seed): MXNet's own
+    dist_sync varies from run to run with pushes of fresh arrays, so it is no reference."""
+    shapes = {3: ((5, 4), "float16"), 4: ((6,), "float32")}
+
+    def optimizer():
+        return mx.optimizer.SGD(learning_rate=0.01, momentum=0.9, multi_precision=True)
+    for key, (shape, dtype) in shapes.items():
+        kv.init(key, mx.nd.ones(shape, dtype=dtype))
+    kv.set_optimizer(optimizer())
+    rngs = [np.random.RandomState(11 + rank) for rank in range(kv.num_workers)]
+    outs = {key: mx.nd.zeros(shape, dtype=dtype) for key, (shape, dtype) in shapes.items()}
+    want = {key: mx.nd.ones(shape, dtype=dtype) for key, (shape, dtype) in shapes.items()}
+    local = mx.optimizer.get_updater(optimizer())
+    for _ in range(STEPS):            # each step a push and a pull of every key, as Module's
+        for key, (shape, dtype) in shapes.items():
+            grads = [rng.randn(*shape).astype(dtype) for rng in rngs]
+            kv.push(key, mx.nd.array(grads[kv.rank], dtype=dtype))
+            kv.pull(key, out=outs[key])
+            total = np.sum([g.astype(np.float32) for g in grads], axis=0)   # rounded once
+            local(key, mx.nd.array(total, dtype=dtype), want[key])
+    values = {"k%d" % key: out.asnumpy().astype(np.float32) for key, out in outs.items()}
+    values.update({"want_k%d" % key: w.asnumpy().astype(np.float32) for key, w in want.items()})
+    return values, True
+
+
 def module_case(kv):
     sym = mx.sym.SoftmaxOutput(mx.sym.FullyConnected(mx.sym.Variable("data"), num_hidden=2,
                                                      name="fc"), name="softmax")
@@ -66,13 +96,15 @@ def module_case(kv):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=("gluon-sgd", "gluon-adam", "module"))
+    parser.add_argument("case", choices=("gluon-sgd", "gluon-adam", "module", "store-mp16"))
     parser.add_argument("out_dir")
     parser.add_argument("--kvstore", default="dist_byteps")
     args = parser.parse_args()
     kv = mx.kv.create(args.kvstore)
     if args.case == "module":
         values, on_store = module_case(kv)
+    elif args.case == "store-mp16":
+        values, on_store = store_mp16_case(kv)
     elif args.case == "gluon-sgd":
         values, on_store = gluon_case(kv, "sgd", {"learning_rate": 0.05, "momentum": 0.9},
                                       [mx.cpu(0), mx.cpu(1)])

@@ -18,7 +18,7 @@ class Engine:
     def __init__(self):
         self.sent = []
 
-    def set_optimizer(self, body):
+    def set_optimizer(self, body, multi_precision):
         self.sent.append(pickle.loads(body))
 
 

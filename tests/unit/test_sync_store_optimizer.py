@@ -34,7 +34,8 @@ class Store:
             submit=lambda ikey, values, outs, priority, fusable=True: self.submitted.append(
                 (ikey, values, outs, fusable)),
             read=self.read, training_over=lambda: False,
-            set_optimizer=lambda body: self.sent.append(pickle.loads(body)))
+            set_optimizer=lambda body, multi_precision: self.sent.append(
+                (pickle.loads(body), multi_precision)))
 
     def read(self, ikey, shape, dtype):
         self.reads.append(ikey)
@@ -63,7 +64,7 @@ def test_the_store_is_optimizer_capable_and_sums_until_set_optimizer(store):
 def test_with_the_servers_optimizer_a_round_answers_into_the_weights(store):
     recorded, mode = store
     mode.set_optimizer(mx.optimizer.SGD(learning_rate=0.5, momentum=0.9))
-    assert [type(o).__name__ for o in recorded.sent] == ["SGD"]
+    assert [type(o).__name__ for o, _ in recorded.sent] == ["SGD"]
     grads, weights = [mx.nd.ones((2,))], [mx.nd.zeros((2,))]
     mode.pushpull(0, grads, weights, -1)
     assert recorded.submitted[-1] == (0, grads, weights, True)
@@ -84,12 +85,10 @@ def test_the_servers_optimizer_states_are_refused_with_what_to_do(store):
             mode.optimizer_states(what)
 
 
-def test_multi_precision_and_a_changed_learning_rate_are_refused(store):
+def test_multi_precision_goes_to_the_servers_and_a_changed_learning_rate_is_refused(store):
     recorded, mode = store
-    with pytest.raises(KVStoreBytePSError, match="set_optimizer with multi_precision=True.*"
-                                                 "update_on_kvstore=False"):
-        mode.set_optimizer(mx.optimizer.SGD(multi_precision=True))
-    assert recorded.sent == []
+    mode.set_optimizer(mx.optimizer.SGD(multi_precision=True))
+    assert [flag for _, flag in recorded.sent] == [True]      # kSetMultiPrecision follows
     optimizer = mx.optimizer.SGD(learning_rate=0.5)
     mode.set_optimizer(optimizer)
     optimizer.set_learning_rate(0.1)                # what trainer.set_learning_rate does
@@ -151,4 +150,4 @@ def _engine(begun, buckets, compressed):
         mode=TrainingMode(), sent=sent, fusion=fusion, rank=1,
         rounds=SimpleNamespace(begun=lambda: begun, compressed=object() if compressed else None),
         keeper=RecoveryKeeper(None, 0, lambda error: None),
-        cluster=SimpleNamespace(set_optimizer=sent.append))
+        cluster=SimpleNamespace(set_optimizer=lambda body, multi_precision: sent.append(body)))
