@@ -77,8 +77,8 @@ class MXNetUpdater:
         memory, kept by the caller between updates) is updated in place: MXNet reads the
         gradient and writes the weights where numpy holds them, no copy either way."""
         nd = self._mx.nd
-        grad_nd = nd.from_numpy(grad, zero_copy=True)     # both marked read-only meanwhile
-        weight_nd = nd.from_numpy(weights, zero_copy=True)
+        grad_nd = _wrap(nd, grad)           # as the row_sparse path's gradients
+        weight_nd = nd.from_numpy(weights, zero_copy=True)   # must be in place: no fallback
         try:
             self._updater(int(key), grad_nd, weight_nd)
             weight_nd.wait_to_read()
