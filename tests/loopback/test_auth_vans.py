@@ -129,3 +129,40 @@ def test_a_node_without_a_key_stops_at_once_saying_the_scheduler_requires_one(va
     finally:
         scheduler.stop()
         keyless.stop()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("key", [None, b"o" * 32], ids=["keyless", "another-key"])
+def test_a_forming_send_after_the_peer_ended_the_handshake_raises_the_cause_not_blocks(key):
+    """The race CI met: the handshake with a CURVE peer fails before the first send, and
+    ZeroMQ may end that connection for good; a DEALER with no connection blocks in send
+    forever, so the send itself must see the failure and raise it (or go out at once)."""
+    import zmq
+    from kvstore_byteps.van.wire.message import Message, Meta, Node
+    from kvstore_byteps.van.zmq.van import ZMQVan
+    context = zmq.Context()
+    public, secret = zmq.curve_keypair()
+    peer = context.socket(zmq.ROUTER)
+    peer.curve_server, peer.curve_secretkey, peer.curve_publickey = True, secret, public
+    peer.setsockopt(zmq.LINGER, 0)
+    port = peer.bind_to_random_port("tcp://127.0.0.1")
+    van = ZMQVan(config(Role.WORKER, port, VanType.ZMQ, key, timeout=20.0))
+    try:
+        van.connect(Node(Role.SCHEDULER, 1, "127.0.0.1", port), None)
+        time.sleep(1.0)                         # the handshake fails meanwhile
+        started = time.monotonic()
+        try:
+            van.send(Message(Meta(recver=1, body=b"hello")))
+            outcome = None
+        except AuthenticationError as exc:
+            outcome = exc
+        assert time.monotonic() - started < 10   # not at the start deadline (20 s)
+        if key is None:    # the send raised the cause, or it went out and the watch has it
+            while outcome is None and time.monotonic() - started < 10:
+                outcome = van._handshake_failure()
+                time.sleep(0.05)
+            assert outcome is not None and "scheduler 1 at" in str(outcome), outcome
+    finally:
+        van.close()
+        peer.close(0)
+        context.term()

@@ -141,8 +141,8 @@ class KeylessWatch:
     """A node without a key, while the cluster forms: a peer it connects to that holds
     ``BYTEPS_AUTH_KEY`` speaks CURVE, and ZeroMQ reports the mechanism mismatch only to a socket
     monitor (the node would otherwise wait out ``BYTEPS_START_TIMEOUT`` not knowing why). The
-    van raises :meth:`failure`. :meth:`watch` may be called from any thread, the rest only from
-    the van's receive thread.
+    van raises :meth:`failure` (its receive thread, or a send while forming that cannot go
+    out). :meth:`watch` and :meth:`failure` may be called from any thread.
 
     A monitor must be read or switched off: libzmq's I/O thread blocks on a monitor whose
     reading end is gone. So :meth:`close` switches each one off, under the lock the van
@@ -153,6 +153,9 @@ class KeylessWatch:
         self._new: "queue.SimpleQueue[tuple]" = queue.SimpleQueue()
         self._monitors: List[tuple] = []     # (monitor, what, socket, the socket's lock)
         self._failed: Dict[str, int] = {}    # per peer, handshakes failed in a row
+        # failure() runs on the receive thread and in a forming send (ZMQVan._send_forming);
+        # never held while taking a socket's lock (send holds that one while calling failure)
+        self._lock = threading.Lock()
 
     def watch(self, socket, what: str, lock: threading.Lock) -> None:
         """Before connect: watch the handshakes of ``socket`` (to the peer ``what``), which the
@@ -164,6 +167,10 @@ class KeylessWatch:
         mismatch, or it closed KEYLESS_FAILED_HANDSHAKES handshakes in a row (a CURVE server
         that closes first leaves the client only "broken pipe", no detail; a keyless peer
         never fails a handshake with a keyless node)."""
+        with self._lock:
+            return self._failure()
+
+    def _failure(self) -> Optional[AuthenticationError]:
         from zmq.utils.monitor import recv_monitor_message
         zmq = self._zmq
         self._take_new()
@@ -193,8 +200,10 @@ class KeylessWatch:
 
     def close(self) -> None:
         """Stop watching (the cluster formed, or the van closes): close the monitors' ends."""
-        self._take_new()
-        for monitor, _, socket, lock in self._monitors:
+        with self._lock:
+            self._take_new()
+            monitors, self._monitors = self._monitors, []
+        for monitor, _, socket, lock in monitors:
             with lock:
                 try:
                     if not socket.closed:
@@ -202,7 +211,6 @@ class KeylessWatch:
                 except self._zmq.ZMQError:      # closed meanwhile: its monitor ended with it
                     pass
             monitor.close(0)
-        self._monitors = []
 
     def _take_new(self) -> None:
         while not self._new.empty():

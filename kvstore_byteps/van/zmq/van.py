@@ -11,10 +11,11 @@ be using them.
 import logging
 import random
 import threading
+import time
 from typing import Callable, Dict, Optional
 
 from ...config import Config
-from ...errors import ConfigError, ProtocolError
+from ...errors import ConfigError, DeadlineError, ProtocolError
 from ...logs import PeerLog
 from ..base import Van
 from ..wire.codec import decode_meta, encode_meta
@@ -24,6 +25,8 @@ log = logging.getLogger(__name__)
 
 # Below this size pyzmq copies anyway; above it we hand libzmq the buffer itself.
 _ZERO_COPY_MIN_BYTES = 16384
+# While the cluster forms, how long a send that cannot go out yet waits before trying again.
+_FORMING_RETRY_S = 0.02
 
 
 def _zmq():
@@ -130,8 +133,42 @@ class ZMQVan(Van):
             socket = self._senders.get(recver)
             if socket is None or self._closed:
                 raise ProtocolError("connection to node %s is closed" % recver)
-            socket.send_multipart(frames, copy=copy)
+            if self._forming:
+                self._send_forming(socket, frames, copy, recver)
+            else:
+                socket.send_multipart(frames, copy=copy)
         return len(frames[0]) + message.data_bytes()
+
+    def _send_forming(self, socket, frames, copy: bool, recver: int) -> None:
+        """Send while the cluster forms, never blocking for good: a handshake that fails (the
+        peer requires a key this node lacks, or holds another) ends that connection for good,
+        and a DEALER without a connection blocks in send forever; when the receive thread sends
+        its hello after that, it would never tick to tell why (seen in CI: a keyless worker
+        ended by the start deadline with no reason). So: try without blocking, raise the
+        handshake failure as soon as it is known, give up at BYTEPS_START_TIMEOUT."""
+        zmq = self._zmq
+        deadline = time.monotonic() + self.config.start_timeout
+        while True:
+            try:
+                socket.send_multipart(frames, copy=copy, flags=zmq.NOBLOCK)
+                return
+            except zmq.Again:
+                pass
+            failure = self._handshake_failure()
+            if failure is not None:
+                raise failure
+            if time.monotonic() >= deadline:
+                raise DeadlineError(
+                    "could not send to node %s within %.0f s (BYTEPS_START_TIMEOUT): its "
+                    "connection never completed" % (recver, self.config.start_timeout))
+            time.sleep(_FORMING_RETRY_S)
+
+    def _handshake_failure(self):
+        if self._curve is not None:
+            return self._curve.take_failure()
+        if self._keyless is not None:
+            return self._keyless.failure()
+        return None
 
     # ------------------------------------------------------------------ receiving
     def run(self, on_message: Callable[[Message], bool], on_tick: Callable[[], None],
