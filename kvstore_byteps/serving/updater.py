@@ -18,11 +18,14 @@ only, lazily, so a server that never receives kController never imports MXNet.
 """
 import ctypes
 import dataclasses
+import logging
 from typing import Callable, Union
 
 import numpy as np
 
 from .unpickle import import_mxnet, load_optimizer
+
+log = logging.getLogger(__name__)
 
 __all__ = ["RowSparseGrad", "Grad", "Updater", "MXNetUpdater", "RowSparseTable",
            "load_mxnet_updater"]
@@ -49,6 +52,7 @@ class MXNetUpdater:
         self._mx = import_mxnet()   # lazily: only servers that receive an optimizer need it
         self._updater = self._mx.optimizer.get_updater(optimizer)
         self.optimizer = optimizer
+        self._raised = set()       # row_sparse keys whose update raised (update_rows)
 
     def alias(self, index: int, like: int) -> None:
         """Optimizer index ``index`` (a partition) takes the learning-rate and weight-decay
@@ -90,8 +94,21 @@ class MXNetUpdater:
         return RowSparseTable(self._mx, working)
 
     def update_rows(self, key: int, grad: RowSparseGrad, table: "RowSparseTable") -> None:
-        """``__call__``'s row_sparse update, in place on ``table``: no copy of the whole array."""
-        self._updater(int(key), self._grad(grad), table.array)
+        """``__call__``'s row_sparse update, in place on ``table``: no copy of the whole array.
+
+        An optimizer that raises here has updated the table as far as it got, in place; as
+        MXNet's C++ server does (it prints its Python updater's exception and answers the round
+        with the weights as they are), the round stands, and the error is logged (with its
+        traceback the first time for each key). MXNet's own nightly dist_sync test relies on
+        it: its optimizer raises on row_sparse weights after updating them."""
+        try:
+            self._updater(int(key), self._grad(grad), table.array)
+        except Exception as exc:
+            first = key not in self._raised
+            self._raised.add(key)
+            log.error("the optimizer raised updating row_sparse key %d (%s: %s); as MXNet's "
+                      "server, the round keeps the weights as the optimizer left them", key,
+                      type(exc).__name__, exc, exc_info=first)
         table.refresh()
 
     def _grad(self, grad: RowSparseGrad):
