@@ -16,8 +16,11 @@ start-up hook. This module is imported while MXNet itself is still importing (fr
 """
 import logging
 
+from mxnet import autograd
 from mxnet import ndarray as nd
+from mxnet.base import MXNetError
 from mxnet.kvstore.base import KVStoreBase
+from mxnet.kvstore.kvstore import KVStore
 
 __all__ = ["KVStoreBytePS"]
 
@@ -39,13 +42,40 @@ def _as_list(value):
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-class KVStoreBytePS(KVStoreBase):
+def _skipped(key, out, ignore_sparse) -> bool:
+    """A pull's row_sparse output: skipped with ``ignore_sparse``, else refused (MXNet's)."""
+    if not is_sparse(out):
+        return False
+    if ignore_sparse:
+        return True
+    raise MXNetError("pull of key %s into a row_sparse array: use row_sparse_pull (dist "
+                     "stores pull row_sparse arrays only by row ids)" % (key,))
+
+
+def is_sparse(array):
+    from mxnet_patch.sparse_keys import is_sparse as sparse
+    return sparse(array)
+
+
+def densify(values):
+    from mxnet_patch.sparse_keys import densify as dense
+    return dense(values)
+
+
+class KVStoreBytePS(KVStore):
     """BytePS-style distributed KVStore for unmodified MXNet (``mx.kv.create('dist_byteps')``).
 
     Values may be one NDArray or a list of NDArrays on several CPU contexts, or on several
-    GPUs (summed locally first: a CPU sum, or NCCL through cupy, see :mod:`mxnet_patch.gpu`). Keys are ints or strs (not mixed), as in MXNet. Thread-safe like MXNet's stores:
-    call it from one Python thread.
+    GPUs (summed locally first: a CPU sum, or NCCL through cupy, see :mod:`mxnet_patch.gpu`),
+    or ``row_sparse`` arrays (:mod:`mxnet_patch.sparse_keys`). Keys are ints or strs (not
+    mixed), as in MXNet. Thread-safe like MXNet's stores: call it from one Python thread.
+
+    A :class:`mxnet.kvstore.KVStore` by class, though it holds no C store (``handle`` is
+    None and every method is its own): gluon's Trainer takes only that class's stores for
+    sparse models (gluon/trainer.py, model._create_sparse_kvstore).
     """
+
+    handle = None     # no C store behind it (KVStore's methods that would use one are ours)
 
     def __init__(self):
         from kvstore_byteps.config import Config
@@ -54,6 +84,7 @@ class KVStoreBytePS(KVStoreBase):
         from mxnet_patch.gc_tuning import tune_collector
         from mxnet_patch.profiler import make_current
         from mxnet_patch.pushpull_ops import PushPullOps
+        from mxnet_patch.sparse_keys import SparseKeys, SparsePort
         from mxnet_patch.store_modes import store_mode
         from mxnet_patch.worker_exit import leave_at_exit
         config_errors_in_one_line()    # a bad setting ends the script with one line
@@ -70,6 +101,9 @@ class KVStoreBytePS(KVStoreBase):
         self._push_results = {}       # key -> NDArray holding the last push's sum (push/pull API)
         self._ops = PushPullOps(self._engine)   # each pushpull as an engine operation
         self._mode = store_mode(config.training_mode, self._mode_port())  # push, pull... mean
+        self._sparse = SparseKeys(SparsePort(                 # row_sparse keys
+            rows=self._engine.sparse, init_rows=self._engine.init_rows,
+            refusal=lambda: self._mode.sparse_refusal, request_timeout=config.request_timeout))
         tune_collector(config)         # BYTEPS_GC_FREEZE, BYTEPS_GC_YOUNG_THRESHOLD
         leave_at_exit(self.close, self._engine.rank, self._engine.po)
 
@@ -124,14 +158,22 @@ class KVStoreBytePS(KVStoreBase):
 
     # ------------------------------------------------------------------ init / broadcast
     def init(self, key, value):
-        """Initialise keys on the servers from rank 0's values (blocking, then a barrier)."""
+        """Initialise keys on the servers from rank 0's values (blocking, then a barrier); a
+        ``row_sparse`` value makes a row_sparse key (:mod:`mxnet_patch.sparse_keys`)."""
         for k, v in _per_key(key, value, "init"):
-            self._initialise(k, _as_list(v)[0], [])
+            v = _as_list(v)[0]
+            if is_sparse(v):
+                self._sparse.init(self._new_key(k), str(k), v)
+            else:
+                self._initialise(k, v, [])
 
     def broadcast(self, key, value, out, priority=0):
         """Rank 0's ``value`` goes to every worker's ``out`` (and initialises the key)."""
         for (k, v), (_, o) in zip(_per_key(key, value, "broadcast"),
                                   _per_key(key, out, "broadcast")):
+            if any(map(is_sparse, _as_list(v) + _as_list(o))):
+                raise NotImplementedError("broadcast of key %s: row_sparse arrays are not "
+                                          "broadcast; init the key, then row_sparse_pull" % (k,))
             self._initialise(k, _as_list(v)[0], _as_list(o))
 
     def declare(self, key, value):
@@ -141,7 +183,14 @@ class KVStoreBytePS(KVStoreBase):
 
     def declared(self, key):
         """Whether ``key`` was initialised (by init, broadcast or declare) on this worker."""
-        return self._int_key(key) in self._push_results
+        ikey = self._int_key(key)
+        return ikey in self._push_results or self._sparse.holds(ikey)
+
+    def _new_key(self, key):
+        ikey = self._int_key(key)
+        if ikey in self._push_results or self._sparse.holds(ikey):
+            raise KeyError("key %r was initialised already" % (key,))
+        return ikey
 
     def reduce_host(self, key, inputs, out, priority, on_done):
         """Sum host (numpy) ``inputs`` here and over all workers into ``out``; ``on_done(error
@@ -153,8 +202,9 @@ class KVStoreBytePS(KVStoreBase):
     def _initialise(self, key, value, outs, any_order=False):
         ikey = self._int_key(key)
         stored = self._engine.init(ikey, value.asnumpy(), any_order=any_order)
-        for out in outs:
-            out[:] = nd.array(stored, ctx=out.context, dtype=out.dtype)
+        with autograd.pause():   # gluon may init its keys in a forward pass (a sparse model's)
+            for out in outs:
+                out[:] = nd.array(stored, ctx=out.context, dtype=out.dtype)
         self._push_results[ikey] = nd.array(stored, dtype=stored.dtype)
 
     # ------------------------------------------------------------------ pushpull
@@ -165,6 +215,10 @@ class KVStoreBytePS(KVStoreBase):
         for (k, v), (_, o) in zip(_per_key(key, value, "pushpull"),
                                   _per_key(key, out, "pushpull")):
             vals = _as_list(v)
+            if any(map(is_sparse, vals + ([] if o is None else _as_list(o)))):
+                raise NotImplementedError(
+                    "pushpull of key %s takes dense arrays (as MXNet's dist stores); for "
+                    "row_sparse gradients push, then pull or row_sparse_pull (gluon does)" % (k,))
             self._mode.pushpull(k, vals, vals if o is None else _as_list(o), priority)
 
     def _initialised_key(self, key):
@@ -177,16 +231,50 @@ class KVStoreBytePS(KVStoreBase):
         """Push the sum of ``value`` (over devices); a later ``pull`` reads the round's sum
         (where the store takes the optimizer: a gradient, then the weights)."""
         for k, v in _per_key(key, value, "push"):
-            self._mode.push(k, _as_list(v), priority)
+            vals = _as_list(v)
+            ikey = self._int_key(k)
+            if self._sparse.holds(ikey):
+                self._sparse.push(ikey, str(k), vals)
+            elif any(map(is_sparse, vals)):     # a dense weight's sparse gradient
+                self._mode.push(k, densify(vals), priority)
+            else:
+                self._mode.push(k, vals, priority)
 
     def pull(self, key, out=None, priority=0, ignore_sparse=True):
         """Copy the sum of the last push of ``key`` (or its initial value) into ``out``; where
-        the servers keep the weights, the weights as the mode's ``before_pull`` reads them."""
+        the servers keep the weights, the weights as the mode's ``before_pull`` reads them.
+        As MXNet's stores: ``row_sparse`` outputs are skipped (``ignore_sparse``, the default)
+        or refused (use ``row_sparse_pull``); a row_sparse key pulls every row into dense
+        outputs."""
         for k, o in _per_key(key, out, "pull"):
+            outs = [t for t in _as_list(o) if not _skipped(k, t, ignore_sparse)]
+            ikey = self._int_key(k)
+            if self._sparse.holds(ikey):
+                if outs:
+                    self._sparse.pull_dense(ikey, str(k), outs)
+                continue
             ikey = self._initialised_key(k)
             self._mode.before_pull(ikey, self._push_results[ikey], priority)
-            for target in _as_list(o):
+            for target in outs:
                 self._push_results[ikey].copyto(target)
+
+    def row_sparse_pull(self, key, out=None, priority=0, row_ids=None):
+        """Rows ``row_ids`` of row_sparse ``key`` into the row_sparse ``out`` (a list of
+        outputs takes a list of row ids, or one for all), after this worker's pushes of it
+        were answered; only those rows travel. Blocking until the rows came."""
+        if row_ids is None:
+            raise ValueError("row_sparse_pull needs row_ids")
+        for k, o in _per_key(key, out, "row_sparse_pull"):
+            ikey = self._int_key(k)
+            if not self._sparse.holds(ikey):
+                raise KeyError("row_sparse_pull of key %r: it is not a row_sparse key (init it "
+                               "with a row_sparse value; a dense key is read with pull)" % (k,))
+            outs = _as_list(o)
+            ids = row_ids if isinstance(row_ids, (list, tuple)) else [row_ids] * len(outs)
+            if len(ids) != len(outs):
+                raise ValueError("row_sparse_pull of key %r: %d outputs need %d row_ids"
+                                 % (k, len(outs), len(outs)))
+            self._sparse.row_sparse_pull(ikey, str(k), outs, ids)
 
     def add_to_shared(self, key, change, out, priority=0):
         """Asynchronous training's primitive (BytePS's push_pull in async mode): the servers
@@ -238,6 +326,17 @@ class KVStoreBytePS(KVStoreBase):
         with open(fname, "rb") as f:
             updates.set_states(f.read())
 
+    def _set_updater(self, updater):
+        raise NotImplementedError("dist_byteps runs no updater given by the program: set an "
+                                  "optimizer (set_optimizer), or update on the workers")
+
+    def _send_command_to_servers(self, head, body):
+        raise NotImplementedError("dist_byteps sends its own commands to the servers; "
+                                  "mx.profiler's server profiling works through it")
+
+    def __del__(self):
+        pass     # no C store to free (KVStore's would free its handle)
+
     def _barrier(self):
         """Block until every worker reached this barrier (after this worker's pending ops)."""
         nd.waitall()
@@ -254,6 +353,7 @@ class KVStoreBytePS(KVStoreBase):
             nd.waitall()
         except Exception as exc:     # a failed op was already reported to its reader
             log.warning("pending operations failed before close: %s", exc)
+        self._sparse.close()
         engine.close(leave_within, ending)
 
 

@@ -64,6 +64,8 @@ class StoreMode:
     type_word = "sync"
     #: ``is_capable('optimizer')``: whether the store takes the optimizer
     takes_optimizer = False
+    #: why this mode takes no row_sparse arrays (None: it does, :mod:`mxnet_patch.sparse_keys`)
+    sparse_refusal = None
 
     def __init__(self, mode: TrainingMode, port: StorePort):
         self.mode, self.port = mode, port
@@ -117,6 +119,9 @@ class UpdatingMode(StoreMode):
     takes_optimizer = True
     #: KVStoreBytePSError's message for a push before set_optimizer
     no_optimizer = ""
+    sparse_refusal = ("row_sparse arrays: dist_byteps takes them in synchronous training (the "
+                      "default), not with asynchronous training or backup workers; train "
+                      "synchronously, or with dense arrays")
 
     def __init__(self, mode: TrainingMode, port: StorePort):
         super().__init__(mode, port)

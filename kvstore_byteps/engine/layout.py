@@ -16,8 +16,8 @@ import numpy as np
 from ..config import Config, ServerKind
 from ..errors import KVStoreBytePSError
 from ..mxproto import PROBE_ANSWER, RequestType, encode_cmd
-from ..van.wire.keys import server_of_key
-from .partition import KeyLayoutError, Partition, Partitioner
+from ..van.wire.keys import server_key_range, server_of_key
+from .partition import ROW_SPARSE_INDEX, KeyLayoutError, Partition, Partitioner, encode_ps_key
 from .upstream import dtype_code, encode_default_key
 
 __all__ = ["KeyLayout", "Layouts", "ServerDialect", "BytePSDialect", "MXNetDialect",
@@ -99,6 +99,10 @@ class ServerDialect:
         """Why the servers may not hold ``layout``'s partitions where this worker put them."""
         return None
 
+    def row_masters(self, key: int) -> List[int]:
+        """The master ps key of row_sparse ``key`` on each server (:mod:`.sparse`)."""
+        raise NotImplementedError
+
 
 class BytePSDialect(ServerDialect):
     """Our servers: ``BYTEPS_PARTITION_BYTES`` partitions placed by ``BYTEPS_KEY_HASH_FN``;
@@ -128,6 +132,11 @@ class BytePSDialect(ServerDialect):
     def requests(self, items) -> List[list]:
         return group_small(items, _server_and_cmd, SMALL_PARTITION_BYTES,
                            self.config.partition_bytes)
+
+    def row_masters(self, key: int) -> List[int]:
+        """Apart from every dense key's partitions: ``(key << 16) | ROW_SPARSE_INDEX``."""
+        return [encode_ps_key(key, ROW_SPARSE_INDEX, i, self.num_servers)
+                for i in range(self.num_servers)]
 
     def misplaced(self, layout: KeyLayout) -> Optional[str]:
         if self.config.key_hash_fn != "balanced":
@@ -160,6 +169,11 @@ class MXNetDialect(ServerDialect):
 
     def round_cmd(self, code) -> int:
         return encode_cmd(RequestType.DEFAULT, code)
+
+    def row_masters(self, key: int) -> List[int]:
+        """MXNet's own: ``begin + key``."""
+        return [server_key_range(i, self.num_servers).begin + key
+                for i in range(self.num_servers)]
 
 
 def server_kind(answers) -> ServerKind:

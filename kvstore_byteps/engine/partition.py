@@ -12,8 +12,9 @@ same on every worker because every worker initialises its keys in the same order
 Trainer and Module do); a worker that does not is told at initialisation, when it reads back a
 partition from a server that does not hold it.
 
-Key encoding (collision-free for ``0 <= user_key < 2**31`` and up to 65535 partitions a key; the
-last index, 65535, is a gradient bucket's server key, :mod:`.fusion`)::
+Key encoding (collision-free for ``0 <= user_key < 2**31`` and up to 65534 partitions a key; the
+last index, 65535, is a gradient bucket's server key, :mod:`.fusion`, and 65534 a row_sparse
+key's master key, :mod:`.sparse`)::
 
     local_key = (user_key << 16) | partition_index            # < 2**47
     ps_key    = range_begin(server) + local_key
@@ -33,11 +34,14 @@ from ..errors import KVStoreBytePSError
 from ..van.wire.keys import K_MAX_KEY, PARTITION_BITS, server_key_range, server_of_key
 from .keyhash import KeyHash, server_for_key
 
-__all__ = ["K_MAX_KEY", "PARTITION_BITS", "MAX_PARTITIONS", "MAX_USER_KEY", "KeyLayoutError",
+__all__ = ["K_MAX_KEY", "PARTITION_BITS", "MAX_PARTITIONS", "MAX_USER_KEY", "ROW_SPARSE_INDEX",
+           "KeyLayoutError",
            "Partition", "PartitionPlan", "Partitioner", "encode_ps_key",
            "decode_ps_key", "partition_bound", "plan_partitions"]
 
 MAX_PARTITIONS = 1 << PARTITION_BITS
+#: the index of a row_sparse key's master key on our servers (:mod:`.sparse`)
+ROW_SPARSE_INDEX = MAX_PARTITIONS - 2
 #: Largest user key the encoding admits (MXNet keys are C ``int``).
 MAX_USER_KEY = 2 ** 31 - 1
 _LOCAL_KEY_LIMIT = (MAX_USER_KEY + 1) << PARTITION_BITS
@@ -147,10 +151,10 @@ def plan_partitions(user_key: int, nbytes: int, itemsize: int, num_servers: int,
                              % (user_key, nbytes, itemsize))
     bound = partition_bound(partition_bytes, itemsize)
     count = max(-(-nbytes // bound), 1)
-    if count >= MAX_PARTITIONS:     # the last index is a gradient bucket's (engine/fusion.py)
+    if count > ROW_SPARSE_INDEX:    # the last two: a bucket's (fusion.py), row_sparse (sparse.py)
         raise KeyLayoutError("key %d: %d bytes need %d partitions of %d bytes; at most %d are "
                              "supported (raise BYTEPS_PARTITION_BYTES)"
-                             % (user_key, nbytes, count, bound, MAX_PARTITIONS - 1))
+                             % (user_key, nbytes, count, bound, ROW_SPARSE_INDEX))
     if key_hash is KeyHash.BALANCED:
         if server_bytes is None:
             server_bytes = [0] * num_servers

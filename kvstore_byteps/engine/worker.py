@@ -40,11 +40,16 @@ from .recovery import RecoveryKeeper, Unrecoverable
 from .reduce import local_reduce
 from .rounds import Rounds
 from .routes import compression_refusal
+from .sparse import RowSparseKeys, SparsePort
 from .stages import Task
 from .trace import Tracer, now_ns
 from .values import KeyValues, ValuesPort
 
 log = logging.getLogger(__name__)
+
+#: why a restarted server cannot be restored once row_sparse keys are in use
+ROWS_UNRECOVERABLE = ("row_sparse keys are summed and kept by the servers as MXNet's are, with "
+                      "nothing a worker could restore a restarted server from")
 
 
 class WorkerEngine:
@@ -77,6 +82,7 @@ class WorkerEngine:
         #: finished); this worker's late step was not applied
         self.training_over = False
         self.fusion: Optional[Fusion] = None     # gradient buckets (set at start)
+        self.sparse: Optional[RowSparseKeys] = None   # row_sparse keys (set at start)
 
     def start(self) -> "WorkerEngine":
         """Join the cluster and get ready to push: postoffice start and MXNet's start-up
@@ -104,6 +110,9 @@ class WorkerEngine:
                                            declare=lambda layout: self.fusion.declare(layout),
                                            keep=self.keeper.keep, name_of=self.tracer.name_of,
                                            note_failure=self._note_failure))
+        self.sparse = RowSparseKeys(SparsePort(
+            kv=self.kv, masters=self.dialect.row_masters, barrier=self.barrier, rank=self.rank,
+            bigarray_bound=config.bigarray_bound, request_timeout=config.request_timeout))
         # a bucket is one partition: at most the partition size
         self.fusion = Fusion(self._fusion_port(), min(config.fusion_bytes, config.partition_bytes)
                              if fuses(self.mode, self.dialect) else 0, config.fusion_timeout,
@@ -161,6 +170,12 @@ class WorkerEngine:
         """Declare ``key`` from rank 0's ``value``, read back by every worker (into ``out``
         if given; :meth:`.values.KeyValues.init`). Blocking."""
         return self.values.init(key, value, out, any_order)
+
+    def init_rows(self, key: int, value: np.ndarray, name: str) -> None:
+        """Declare row_sparse ``key`` from rank 0's dense ``value`` (:mod:`.sparse`), then a
+        barrier; a restarted server cannot be restored from then on. Blocking."""
+        self.keeper.give_up(ROWS_UNRECOVERABLE)
+        self.sparse.init(key, value, name)
 
     def read(self, key: int, shape, dtype) -> np.ndarray:
         """The servers' current value of ``key`` (their weights, with backup workers).

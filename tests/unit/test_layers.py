@@ -325,7 +325,8 @@ PLUG_INS = ["kvstore_byteps.engine.fusion", "kvstore_byteps.engine.cluster",
             "kvstore_byteps.engine.values", "kvstore_byteps.engine.rounds",
             "kvstore_byteps.van.kv.recovery", "mxnet_patch.store_modes",
             "mxnet_patch.sync_training", "mxnet_patch.async_training",
-            "mxnet_patch.backup_workers"]
+            "mxnet_patch.backup_workers", "kvstore_byteps.engine.sparse",
+            "mxnet_patch.sparse_keys"]
 
 
 def private_reaches(path):

@@ -27,10 +27,11 @@ class Slice(NamedTuple):
 
 
 def as_keys(keys) -> np.ndarray:
-    """Keys as a sorted uint64 array; raise ValueError if they are not ascending."""
+    """Keys as a sorted uint64 array; raise ValueError if they are not ascending (a key may
+    repeat, as in ps-lite: a row_sparse request's first row shares its master's key)."""
     array = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
-    if array.size > 1 and not np.all(array[1:] > array[:-1]):
-        raise ValueError("keys must be unique and sorted ascending")
+    if array.size > 1 and not np.all(array[1:] >= array[:-1]):
+        raise ValueError("keys must be sorted ascending")
     return array
 
 
