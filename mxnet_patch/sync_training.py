@@ -60,8 +60,9 @@ class SyncTraining(StoreMode):
 
     def set_optimizer(self, optimizer) -> None:
         """The servers' optimizer (rank 0 sends it, then a barrier, as MXNet's dist_sync
-        does). The engine refuses it after the first round, with gradient buckets formed or
-        with gradient compression (``engine.set_optimizer``)."""
+        does). The engine refuses it after the first round or with gradient buckets formed
+        (``engine.set_optimizer``); with gradient compression only the gradients are
+        compressed, and the weights pulled plain."""
         self.updates = ServerUpdates(optimizer, self.port, WHERE, multi_precision=True)
 
     def optimizer_states(self, what: str):

@@ -56,25 +56,19 @@ def unrecoverable(config: Config, dialect: ServerDialect) -> Optional[str]:
     return reason
 
 
-def check_servers_update(rounds_begun: bool, buckets: int, compressed: bool) -> None:
+def check_servers_update(rounds_begun: bool, buckets: int) -> None:
     """Raise KVStoreBytePSError where synchronous training cannot hand the servers the
     optimizer now (:func:`servers_update_refusal` says why)."""
-    refusal = servers_update_refusal(rounds_begun, buckets, compressed)
+    refusal = servers_update_refusal(rounds_begun, buckets)
     if refusal:
         raise KVStoreBytePSError(refusal)
 
 
-def servers_update_refusal(rounds_begun: bool, buckets: int, compressed: bool) -> Optional[str]:
+def servers_update_refusal(rounds_begun: bool, buckets: int) -> Optional[str]:
     """Why synchronous training cannot hand the servers the optimizer now (None: it can):
     after the first round (the servers' rounds were sums; the workers' weights may already
     differ from the servers'), with ``buckets`` gradient buckets formed (each key needs its
-    own optimizer index), with gradient compression set (not with the servers' optimizer
-    yet)."""
-    if compressed:
-        return ("set_optimizer with gradient compression set: the servers' optimizer does not "
-                "take compressed gradients yet; drop compression_params / "
-                "set_gradient_compression, or update on the workers (update_on_kvstore=False "
-                "or MXNET_UPDATE_ON_KVSTORE=0)")
+    own optimizer index)."""
     if buckets:
         return ("set_optimizer after gradient buckets were formed (%d): the servers update "
                 "each key with its own optimizer index; %s" % (buckets, _INSTEAD))

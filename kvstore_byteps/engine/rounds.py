@@ -72,6 +72,7 @@ class Rounds:
         self._order_lock = threading.Lock()
         self.route = (RidingRoute if rides else PlainRoute)(kv, tracer, keeper)
         self.compressed: Optional[CompressedRoute] = None     # with gradient compression
+        self._weights = False        # the servers answer rounds with weights (answer_weights)
         self.pipeline = Pipeline(self._stages(), credit=dialect.credit(),
                                  credit_span=(Stage.PUSH, Stage.PUSH), tracer=tracer,
                                  cost=lambda item: max(1, item.partition.nbytes))
@@ -95,6 +96,15 @@ class Rounds:
         """Every partition ``spec`` compresses goes on the compressed route from now on
         (before the first round)."""
         self.compressed = CompressedRoute(self.kv, self.tracer, spec)
+        if self._weights:
+            self.compressed.pull_weights()
+
+    def answer_weights(self) -> None:
+        """The servers run the optimizer from now on: a round's answer is the weights, which
+        a compressed partition pulls uncompressed."""
+        self._weights = True
+        if self.compressed is not None:
+            self.compressed.pull_weights()
 
     def close(self, timeout: float) -> None:
         """Let the rounds in flight finish until ``timeout``, stop the stage threads."""

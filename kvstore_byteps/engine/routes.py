@@ -214,14 +214,9 @@ class RidingPull:
 
 
 def compression_refusal(server_recovery: bool, extensions_missing: Optional[str],
-                        mode, servers_update: bool = False) -> Optional[str]:
+                        mode) -> Optional[str]:
     """Why this worker cannot compress gradients, or None: kept rounds for a restarted server,
-    MXNet's servers (``extensions_missing``), a training mode without summed rounds, the
-    servers' optimizer (``servers_update``)."""
-    if servers_update:
-        return ("set_gradient_compression after set_optimizer: the servers' optimizer does "
-                "not take compressed gradients yet; update on the workers to compress "
-                "(update_on_kvstore=False or MXNET_UPDATE_ON_KVSTORE=0)")
+    MXNet's servers (``extensions_missing``), a training mode without summed rounds."""
     if server_recovery:
         return ("gradient compression and BYTEPS_SERVER_RECOVERY cannot be used together yet: "
                 "a restarted server could not rebuild the compressors' error feedback")
@@ -232,10 +227,14 @@ def compression_refusal(server_recovery: bool, extensions_missing: Optional[str]
 
 class CompressedRoute:
     """One float32 partition per request, compressed by its own compressor; rounds numbered per
-    ps key on each side (the server decodes and re-encodes with the same numbers)."""
+    ps key on each side (the server decodes and re-encodes with the same numbers). Once the
+    servers run the optimizer (:meth:`pull_weights`), a round's answer is the weights after
+    its update, pulled uncompressed (as MXNet's 2-bit compression pulls them): only the
+    gradients are compressed, with this worker's error feedback."""
 
     def __init__(self, kv, tracer, spec: CompressionSpec):
         self.kv, self.tracer, self.spec = kv, tracer, spec
+        self.weights = False          # the servers answer with weights: pulled uncompressed
         self._compressors: Dict[int, PartitionCompressor] = {}    # per compressed ps key
         self._push_rounds: Dict[int, int] = {}      # PUSH thread only
         self._pull_rounds: Dict[int, int] = {}      # PULL thread only
@@ -267,10 +266,17 @@ class CompressedRoute:
         self.kv.push([ps_key], data, [data.size], cmd=_COMPRESSED_CMD, priority=item.priority,
                      extra={"round": r}, callback=lambda request: done(request.error, group))
 
+    def pull_weights(self) -> None:
+        """The servers run the optimizer from now on: pull each round's weights plain."""
+        self.weights = True
+
     def pull(self, group, done) -> None:
         [item] = group
         ps_key = item.partition.ps_key
         r = self._next_round(self._pull_rounds, ps_key)
+        if self.weights:
+            self._pull_plain(group, done)
+            return
 
         def on_answer(request):
             error = request.error
@@ -289,3 +295,17 @@ class CompressedRoute:
             done(error, group)
         self.kv.pull([ps_key], cmd=_COMPRESSED_CMD, priority=item.priority,
                      extra={"round": r}, callback=on_answer)
+
+    def _pull_plain(self, group, done) -> None:
+        [item] = group
+
+        def on_answer(request):
+            error = request.error
+            if error is None:
+                try:
+                    broadcast(item, split_answer(request.result, 1)[0], self.tracer)
+                except Exception as exc:
+                    error = _handling_failed(exc)
+            done(error, group)
+        self.kv.pull([item.partition.ps_key], cmd=item.task.context.layout.round_cmd,
+                     priority=item.priority, callback=on_answer)

@@ -201,13 +201,13 @@ class WorkerEngine:
         synchronous training, the first time, :func:`.modes.check_servers_update`, then no
         buckets. Blocking."""
         if self.mode.summed and self.keeper.reason is not SERVERS_UPDATE:   # not yet theirs
-            check_servers_update(self.rounds.begun(), len(self.fusion.plan.fused()),
-                                 self.rounds.compressed is not None)
+            check_servers_update(self.rounds.begun(), len(self.fusion.plan.fused()))
             if self.fusion.enabled and self.rank == 0:      # the start-up line said they were on
                 announce(self.config, "gradient buckets off: the servers run the optimizer, "
                                       "each key with its own optimizer index")
             self.fusion.disable("the servers update each key with its own optimizer index")
             self.keeper.give_up(SERVERS_UPDATE)
+            self.rounds.answer_weights()   # compressed partitions pull the weights plain
         # again: the servers' optimizer replaced, as MXNet's
         self.cluster.set_optimizer(body, multi_precision)
 
@@ -267,7 +267,7 @@ class WorkerEngine:
         worker and server are counted from it)."""
         spec = parse_compression_params(params)
         refusal = compression_refusal(self.config.server_recovery, self.dialect.extensions_missing,
-                                      self.mode, self.keeper.reason is SERVERS_UPDATE)
+                                      self.mode)
         if refusal:
             raise ConfigError(refusal)
         if self.rounds.begun():

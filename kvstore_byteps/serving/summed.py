@@ -20,7 +20,6 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from ..errors import ProtocolError
 from ..mxproto import WAITING_SHOWN, ServerCommand
 from .compressed import claimed_round
 from .datapath import Answers, DataPath, describe_sum
@@ -77,11 +76,8 @@ class SummedRounds(DataPath):
         self._answers.submit(key.thread, lambda: self._accumulate(key, r, values))
 
     def begin_sum(self, req, server, key, values: np.ndarray, r: int) -> None:
-        """A push of ``key``'s round ``r`` (as claimed): counted, acknowledged, summed."""
-        if self._answers.updater is not None:
-            raise ProtocolError("gradient compression cannot be used with the servers' "
-                                "optimizer: a compressed round is a sum the workers apply "
-                                "(update_on_kvstore=False keeps the updates on the workers)")
+        """A push of ``key``'s round ``r`` (as claimed): counted, acknowledged, summed (with
+        the servers' optimizer, the workers then pull the round's weights uncompressed)."""
         r = key.rounds.begin_push(req.sender, r)
         self._ack_push(req, server, values.nbytes)
         self._answers.submit(key.thread, lambda: self._accumulate(key, r, values))

@@ -5,7 +5,8 @@ be compared.
     sync_optimizer.py CASE OUT_DIR [--kvstore dist_byteps]
 
 CASE: ``gluon-sgd`` (gluon.Trainer, SGD with momentum, two CPU contexts), ``gluon-adam``
-(Adam, one context), ``module`` (Module.fit, SGD with momentum), ``store-mp16`` (the
+(Adam, one context), ``store-2bit`` (the store's push and pull with 2-bit compression, SGD with momentum),
+``module`` (Module.fit, SGD with momentum), ``store-mp16`` (the
 store's own push and pull of a float16 and a float32 key, SGD with momentum and
 ``multi_precision=True``: float32 master weights on the servers, as MXNet's nightly test
 does). ``update_on_kvstore`` is left
@@ -77,6 +78,42 @@ def store_mp16_case(kv):
     return values, True
 
 
+def store_2bit_case(kv):
+    """MXNet's 2-bit compression with the servers' optimizer: the gradients quantized with
+    each worker's residual, the weights pulled plain; ``want_k<key>``: MXNet's optimizer here
+    on the sum of every worker's quantized gradients (computed with their residuals)."""
+    threshold, shapes = 0.5, {5: (4, 3), 6: (300, 50)}
+
+    def optimizer():
+        return mx.optimizer.SGD(learning_rate=0.1, momentum=0.9)
+    kv.set_gradient_compression({"type": "2bit", "threshold": threshold})
+    for key, shape in shapes.items():
+        kv.init(key, mx.nd.ones(shape))
+    kv.set_optimizer(optimizer())
+    rngs = [np.random.RandomState(21 + rank) for rank in range(kv.num_workers)]
+    residuals = {key: [np.zeros(shape, np.float32)] * kv.num_workers
+                 for key, shape in shapes.items()}
+    outs = {key: mx.nd.zeros(shape) for key, shape in shapes.items()}
+    want = {key: mx.nd.ones(shape) for key, shape in shapes.items()}
+    local = mx.optimizer.get_updater(optimizer())
+    for _ in range(STEPS):
+        for key, shape in shapes.items():
+            grads = [rng.uniform(-0.8, 0.8, shape).astype(np.float32) for rng in rngs]
+            kv.push(key, mx.nd.array(grads[kv.rank]))
+            kv.pull(key, out=outs[key])
+            total = np.zeros(shape, np.float32)
+            for rank, grad in enumerate(grads):
+                kept = residuals[key][rank] + grad
+                sent = np.where(kept >= threshold, threshold,
+                                np.where(kept <= -threshold, -threshold, 0)).astype(np.float32)
+                residuals[key][rank] = kept - sent
+                total += sent
+            local(key, mx.nd.array(total), want[key])
+    values = {"k%d" % key: out.asnumpy() for key, out in outs.items()}
+    values.update({"want_k%d" % key: w.asnumpy() for key, w in want.items()})
+    return values, True
+
+
 def module_case(kv):
     sym = mx.sym.SoftmaxOutput(mx.sym.FullyConnected(mx.sym.Variable("data"), num_hidden=2,
                                                      name="fc"), name="softmax")
@@ -96,7 +133,8 @@ def module_case(kv):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("case", choices=("gluon-sgd", "gluon-adam", "module", "store-mp16"))
+    parser.add_argument("case", choices=("gluon-sgd", "gluon-adam", "module", "store-mp16",
+                                         "store-2bit"))
     parser.add_argument("out_dir")
     parser.add_argument("--kvstore", default="dist_byteps")
     args = parser.parse_args()
@@ -105,6 +143,9 @@ def main():
         values, on_store = module_case(kv)
     elif args.case == "store-mp16":
         values, on_store = store_mp16_case(kv)
+    elif args.case == "store-2bit":
+        values, on_store = store_2bit_case(kv)
+
     elif args.case == "gluon-sgd":
         values, on_store = gluon_case(kv, "sgd", {"learning_rate": 0.05, "momentum": 0.9},
                                       [mx.cpu(0), mx.cpu(1)])

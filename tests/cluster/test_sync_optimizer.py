@@ -47,7 +47,8 @@ def reference(case, tmp_path):
 @pytest.mark.parametrize("case,server,on_workers", [
     ("gluon-sgd", "mxnet", False), ("gluon-sgd", "ours", False), ("gluon-adam", "ours", False),
     ("module", "ours", False), ("module", "mxnet", True),
-    ("store-mp16", "ours", False), ("store-mp16", "mxnet", False)])
+    ("store-mp16", "ours", False), ("store-mp16", "mxnet", False),
+    ("store-2bit", "ours", False)])
 def test_dist_byteps_trains_to_dist_syncs_parameters(case, server, on_workers, tmp_path):
     expected = None if case.startswith("store") else reference(case, tmp_path)
     env = {"MXNET_KVSTORE_SERVER": "byteps" if server == "ours" else "mxnet"}

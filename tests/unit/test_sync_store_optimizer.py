@@ -2,8 +2,8 @@
 the engine's side of it (engine/modes.py, engine/recovery.py, WorkerEngine.set_optimizer): the
 store is optimizer-capable; before set_optimizer rounds are sums, after it a round's answer is
 the weights and a pull with no push reads the servers; set_optimizer is refused after the first
-round, with buckets formed, with compression or multi-precision, and then turns buckets and
-server recovery off. No network: the store's port and the engine's parts are recorded."""
+round or with buckets formed, and then turns buckets and server recovery off and has
+compressed partitions pull the weights plain. No network: the store's port and the engine's parts are recorded."""
 import pickle
 from types import SimpleNamespace
 
@@ -98,11 +98,10 @@ def test_multi_precision_goes_to_the_servers_and_a_changed_learning_rate_is_refu
 
 @pytest.mark.parametrize("begun,buckets,compressed,words", [
     (True, 0, False, "after the first push"),
-    (True, 3, False, "after gradient buckets were formed \\(3\\)"),
-    (False, 0, True, "with gradient compression set")])
+    (True, 3, False, "after gradient buckets were formed \\(3\\)")])
 def test_set_optimizer_is_refused_where_the_servers_cannot_take_it(begun, buckets, compressed,
                                                                    words):
-    refusal = servers_update_refusal(begun, buckets, compressed)
+    refusal = servers_update_refusal(begun, buckets)
     assert refusal.startswith("set_optimizer") and "update_on_kvstore=False" in refusal
     engine = _engine(begun, buckets, compressed)
     with pytest.raises(KVStoreBytePSError, match=words):
@@ -110,18 +109,23 @@ def test_set_optimizer_is_refused_where_the_servers_cannot_take_it(begun, bucket
     assert engine.sent == [] and engine.fusion.enabled and engine.keeper.reason == ""
 
 
+def test_set_optimizer_with_compression_set_has_compressed_partitions_pull_weights():
+    engine = _engine(False, 0, True)
+    WorkerEngine.set_optimizer(engine, b"body")
+    assert engine.sent == ["weights", b"body"] and engine.keeper.reason is SERVERS_UPDATE
+
+
 def test_set_optimizer_turns_buckets_and_server_recovery_off():
-    assert servers_update_refusal(False, 0, False) is None
+    assert servers_update_refusal(False, 0) is None
     engine = _engine(False, 0, False)
     WorkerEngine.set_optimizer(engine, b"body")
-    assert engine.sent == [b"body"] and not engine.fusion.enabled
+    assert engine.sent == ["weights", b"body"] and not engine.fusion.enabled
     assert engine.keeper.reason is SERVERS_UPDATE
     engine.rounds.begun = lambda: True       # a second set_optimizer replaces the servers'
     WorkerEngine.set_optimizer(engine, b"again")
-    assert engine.sent == [b"body", b"again"]
-    refusal = compression_refusal(False, None, TrainingMode(), True)
-    assert refusal.startswith("set_gradient_compression after set_optimizer")
-    assert compression_refusal(False, None, TrainingMode(), False) is None
+    assert engine.sent == ["weights", b"body", b"again"]
+    # compression after set_optimizer is taken too (the gradients compressed, weights plain)
+    assert compression_refusal(False, None, TrainingMode()) is None
 
 
 def test_a_keeper_that_gave_up_keeps_nothing_and_restores_no_server():
@@ -148,6 +152,7 @@ def _engine(begun, buckets, compressed):
     fusion.disable = lambda why: setattr(fusion, "enabled", False)
     return SimpleNamespace(
         mode=TrainingMode(), sent=sent, fusion=fusion, rank=1,
-        rounds=SimpleNamespace(begun=lambda: begun, compressed=object() if compressed else None),
+        rounds=SimpleNamespace(begun=lambda: begun, compressed=object() if compressed else None,
+                               answer_weights=lambda: sent.append("weights")),
         keeper=RecoveryKeeper(None, 0, lambda error: None),
         cluster=SimpleNamespace(set_optimizer=lambda body, multi_precision: sent.append(body)))
