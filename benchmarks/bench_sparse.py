@@ -4,6 +4,8 @@
     python benchmarks/bench_sparse.py                      # 2 workers x 2 servers, 3 repeats
     python benchmarks/bench_sparse.py --repeats 5 --out /tmp/sparse.json
     python benchmarks/bench_sparse.py --rows 3000 --touched 400 --steps 5 --repeats 1  # a look
+    python benchmarks/bench_sparse.py --sides mxnet,byteps,byteps-dense \
+        --out benchmarks/results/sparse/dist_byteps_loopback_2x2.json       # dist_byteps
 
 (Options this script does not know go to every worker: ``--rows``, ``--dim``, ``--touched``,
 ``--warmup``, ``--steps``; see benchmarks/_sparse_worker.py.)
@@ -20,6 +22,12 @@ scheduler; the launcher's guards included) are sampled from ``/proc`` over the t
 bench_cost does. The workers' checksums of the rows they pulled last should agree between the
 sides to float rounding. Prints the table and writes JSON (every job, the summary, date,
 commit, load) to ``--out``.
+
+``--sides`` picks the sides (default ``mxnet,ours``): ``mxnet`` (``dist_sync`` workers,
+MXNet's servers), ``ours`` (``dist_sync`` workers, our servers), ``byteps`` (``dist_byteps``
+workers, our scheduler and servers), ``byteps-dense`` (the same model sent dense through
+``dist_byteps``: every row pushed and pulled; give it fewer ``--steps``, its steps are long).
+Each side's ratio is its step over the first side's.
 """
 import argparse
 import json
@@ -38,9 +46,15 @@ from bench_cost import LAUNCH, child_env, write_results  # noqa: E402
 
 WORKER = os.path.join(HERE, "_sparse_worker.py")
 RESULT_TAG = "SPARSE_RESULT "
-#: side -> launch.py --server (MXNet's scheduler on both)
-SIDES = {"mxnet": "mxnet", "ours": "byteps"}
+#: side -> (launch.py's scheduler and server, the workers' extra arguments)
+SIDES = {"mxnet": (["--scheduler", "mxnet", "--server", "mxnet"], []),
+         "ours": (["--scheduler", "mxnet", "--server", "byteps"], []),
+         "byteps": (["--scheduler", "byteps", "--server", "byteps"], ["--kvstore", "dist_byteps"]),
+         "byteps-dense": (["--scheduler", "byteps", "--server", "byteps"],
+                          ["--kvstore", "dist_byteps", "--dense"])}
 ROLES = ("server", "worker", "scheduler")
+_NAMES = {"mxnet": "dist_sync, MXNet's C++ servers", "ours": "dist_sync, our servers",
+          "byteps": "dist_byteps, our servers", "byteps-dense": "dist_byteps, sent dense"}
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -48,6 +62,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--servers", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3, help="jobs per side, alternating")
+    p.add_argument("--sides", default="mxnet,ours", type=lambda text: text.split(","),
+                   help="comma-separated, of %s" % ", ".join(SIDES))
     p.add_argument("--timeout", type=float, default=300, help="launch.py --timeout of a job")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "sparse",
                                                  "loopback_2x2.json"))
@@ -56,9 +72,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 
 def job_argv(side: str, args) -> List[str]:
-    return [sys.executable, LAUNCH, "-n", str(args.workers), "-s", str(args.servers),
-            "--scheduler", "mxnet", "--server", SIDES[side], "--timeout", str(args.timeout),
-            "--grace", "20", sys.executable, WORKER, *args.worker_args]
+    launch, worker = SIDES[side]
+    return [sys.executable, LAUNCH, "-n", str(args.workers), "-s", str(args.servers), *launch,
+            "--timeout", str(args.timeout), "--grace", "20", sys.executable, WORKER, *worker,
+            *args.worker_args]
 
 
 def results_of(output: str) -> List[dict]:
@@ -93,11 +110,11 @@ def run_job(side: str, args) -> dict:
             "cpu_s": {role: roles[role]["cpu_s"] for role in ROLES if role in roles}}
 
 
-def summarise(jobs: List[dict]) -> dict:
-    """Per side: the median of its jobs' steps, each job's step, the mean CPU per role; the
-    ratio ours / MXNet's."""
+def summarise(jobs: List[dict], order: Sequence[str] = ("mxnet", "ours")) -> dict:
+    """Per side: the median of its jobs' steps, each job's step, the mean CPU per role; each
+    side's step over the first side's (``ratios``; ``ratio``: ours / MXNet's)."""
     sides = {}
-    for side in SIDES:
+    for side in order:
         mine = [j for j in jobs if j["side"] == side]
         if not mine:
             continue
@@ -106,23 +123,30 @@ def summarise(jobs: List[dict]) -> dict:
         sides[side] = {"step_s": statistics.median(j["step_s"] for j in mine),
                        "steps_s": [j["step_s"] for j in mine], "cpu_s": cpu}
     out = {"sides": sides}
-    if len(sides) == len(SIDES):
+    if "ours" in sides and "mxnet" in sides:
         out["ratio"] = sides["ours"]["step_s"] / sides["mxnet"]["step_s"]
+    if sides:
+        first = next(iter(sides.values()))["step_s"]
+        out["ratios"] = {side: found["step_s"] / first for side, found in sides.items()}
     return out
 
 
 def table(summary: dict) -> List[str]:
-    rows = ["| servers | step (median) | jobs' steps | CPU a step: server | worker | scheduler |",
+    rows = ["| side | step (median) | jobs' steps | CPU a step: server | worker | scheduler |",
             "|---|---|---|---|---|---|"]
     for side, found in summary["sides"].items():
         cpu = ["%.3f s" % found["cpu_s"][role] if role in found["cpu_s"] else "-"
                for role in ROLES]
         rows.append("| %s | %.3f s | %s | %s |" % (
-            "MXNet's C++" if side == "mxnet" else "ours", found["step_s"],
+            _NAMES[side], found["step_s"],
             ", ".join("%.3f" % s for s in found["steps_s"]), " | ".join(cpu)))
     if "ratio" in summary:
         rows.append("")
         rows.append("ours / MXNet's step: %.2fx" % summary["ratio"])
+    first = next(iter(summary["sides"]), None)
+    for side, ratio in summary.get("ratios", {}).items():
+        if side != first and side != "ours":
+            rows.append("%s / %s step: %.2fx" % (_NAMES[side], _NAMES[first], ratio))
     return rows
 
 
@@ -131,13 +155,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     load = [os.getloadavg()[0]]
     jobs: List[dict] = []
     for repeat in range(args.repeats):
-        for side in SIDES:        # alternating, so both sides see the same background load
+        for side in args.sides:   # alternating, so every side sees the same background load
             print("%s, job %d of %d ..." % (side, repeat + 1, args.repeats), flush=True)
             jobs.append(run_job(side, args))
             print("  step %.3f s, checksums %s" % (jobs[-1]["step_s"], jobs[-1]["checksums"]),
                   flush=True)
     load.append(os.getloadavg()[0])
-    summary = summarise(jobs)
+    summary = summarise(jobs, args.sides)
     lines = table(summary)
     print("\n".join(lines))
     write_results(args.out, "sparse", argv, settings=vars(args), jobs=jobs, summary=summary,

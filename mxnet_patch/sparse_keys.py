@@ -89,8 +89,7 @@ class SparseKeys:
 
     def _send(self, key: int, name: str, merged) -> None:
         try:
-            rows = merged.indices.asnumpy().astype(np.int64)
-            values = merged.data.asnumpy()
+            rows, values = _rows_view(merged)
             self.port.rows.push(key, rows, values, name,
                                 callback=lambda request: self._answer(key, request.error))
         except BaseException as exc:    # said at the key's next pull
@@ -133,8 +132,8 @@ class SparseKeys:
                 pulled[id(ids)] = (rows, self.port.rows.pull(key, rows, name))
             rows, data = pulled[id(ids)]
             with autograd.pause():     # gluon pulls in its forward pass: not part of the graph
-                nd.sparse.row_sparse_array((data, rows), shape=shape, ctx=out.context,
-                                           dtype=out.dtype).copyto(out)
+                nd.sparse.row_sparse_array((_wrapped(data), rows), shape=shape,
+                                           ctx=out.context, dtype=out.dtype).copyto(out)
 
     def pull_dense(self, key: int, name: str, outs) -> None:
         """Every row of ``key`` into the dense ``outs``. Blocking until the rows came."""
@@ -154,3 +153,31 @@ class SparseKeys:
         """Let the sends queued go out, then stop the sender thread."""
         if self._sender is not None:
             self._sender.shutdown(wait=True)
+
+
+def _rows_view(array):
+    """``(row ids, values)`` of a row_sparse CPU ``array`` that nothing else writes: the ids a
+    copy (small), the values a numpy view of its memory (no copy of the rows), which keeps
+    ``array`` alive for as long as anything (a message being sent) holds it."""
+    import ctypes
+    from mxnet import base
+    rows = array.indices.asnumpy().astype(np.int64)      # waits for the array
+    shape = (len(rows),) + tuple(array.shape[1:])
+    dtype = np.dtype(array.dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if nbytes == 0:
+        return rows, np.zeros(shape, dtype)
+    pointer = ctypes.c_void_p()
+    base.check_call(base._LIB.MXNDArrayGetData(array.handle, ctypes.byref(pointer)))
+    raw = (ctypes.c_uint8 * nbytes).from_address(pointer.value)
+    raw.owner = array
+    return rows, np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+
+def _wrapped(data: np.ndarray):
+    """``data`` as an NDArray without a copy where MXNet can (a read-only view of a message:
+    MXNet only reads it, into the new row_sparse array)."""
+    try:
+        return nd.from_numpy(np.require(data, requirements="C"), zero_copy=True)
+    except (ValueError, TypeError):
+        return nd.array(data, dtype=data.dtype)

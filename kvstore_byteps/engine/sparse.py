@@ -138,7 +138,8 @@ class RowSparseKeys:
 
     def pull(self, key: int, rows: np.ndarray, name: str) -> np.ndarray:
         """Rows ``rows`` (sorted, unique) of ``key`` as the servers hold them, an array of
-        ``(len(rows),) + shape[1:]``. Blocking, with the request deadline."""
+        ``(len(rows),) + shape[1:]`` (read-only: a view of the answer). Blocking, with the
+        request deadline."""
         meta = self._meta(key, name)
         out_shape = (len(rows),) + meta.shape[1:]
         if len(rows) == 0:
@@ -150,7 +151,7 @@ class RowSparseKeys:
         if data.size != len(rows) * meta.unit_len:
             raise KVStoreBytePSError("row_sparse pull of %s: %d values came for %d rows of %d"
                                      % (name, data.size, len(rows), meta.unit_len))
-        return data.reshape(out_shape).copy()
+        return data.reshape(out_shape)      # a view of the answer, which nothing else holds
 
     def _meta(self, key: int, name: str) -> _Key:
         meta = self._keys.get(key)
