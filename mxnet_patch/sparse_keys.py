@@ -160,16 +160,14 @@ def _rows_view(array):
     copy (small), the values a numpy view of its memory (no copy of the rows), which keeps
     ``array`` alive for as long as anything (a message being sent) holds it."""
     import ctypes
-    from mxnet import base
+    from mxnet_patch.engine_async import data_pointer
     rows = array.indices.asnumpy().astype(np.int64)      # waits for the array
     shape = (len(rows),) + tuple(array.shape[1:])
     dtype = np.dtype(array.dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if nbytes == 0:
         return rows, np.zeros(shape, dtype)
-    pointer = ctypes.c_void_p()
-    base.check_call(base._LIB.MXNDArrayGetData(array.handle, ctypes.byref(pointer)))
-    raw = (ctypes.c_uint8 * nbytes).from_address(pointer.value)
+    raw = (ctypes.c_uint8 * nbytes).from_address(data_pointer(array))   # the values
     raw.owner = array
     return rows, np.frombuffer(raw, dtype=dtype).reshape(shape)
 

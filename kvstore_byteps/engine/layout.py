@@ -18,7 +18,7 @@ from ..errors import KVStoreBytePSError
 from ..mxproto import PROBE_ANSWER, RequestType, encode_cmd
 from ..van.wire.keys import server_key_range, server_of_key
 from .partition import ROW_SPARSE_INDEX, KeyLayoutError, Partition, Partitioner, encode_ps_key
-from .upstream import dtype_code, encode_default_key
+from .upstream import dtype_code, encode_compressed_key, encode_default_key
 
 __all__ = ["KeyLayout", "Layouts", "ServerDialect", "BytePSDialect", "MXNetDialect",
            "dialect_for", "group_small", "SMALL_PARTITION_BYTES"]
@@ -159,7 +159,23 @@ class MXNetDialect(ServerDialect):
     extensions_missing = ("these are MXNet's own servers (start ours: MXNET_KVSTORE_SERVER=byteps "
                           "or python -m kvstore_byteps.server)")
 
+    #: MXNet's 2-bit compression is set (:meth:`compress_twobit`): float32 keys take its layout
+    twobit = False
+
+    def compress_twobit(self) -> None:
+        """Lay out the keys declared from now on as MXNet's worker does under 2-bit
+        compression (``EncodeCompressedKey``: big arrays split by packed words)."""
+        self.twobit = True
+
     def partitions(self, key, nbytes, itemsize):
+        if self.twobit and itemsize == 4:
+            offset, found = 0, []
+            for index, (server, values, _) in enumerate(encode_compressed_key(
+                    key, nbytes // 4, self.num_servers, self.config.bigarray_bound)):
+                found.append(Partition(key, index, offset, values * 4, server,
+                                       server_key_range(server, self.num_servers).begin + key))
+                offset += values * 4
+            return tuple(found)
         pskv = encode_default_key(key, nbytes // itemsize, itemsize, self.num_servers,
                                   self.config.bigarray_bound)
         offsets = np.concatenate(([0], np.cumsum(pskv.lens)))[:-1]
@@ -222,6 +238,10 @@ class Layouts:
     def known(self, key: int) -> KeyLayout:
         """The layout ``key`` already has (KeyError if none)."""
         return self._known[key]
+
+    def __len__(self) -> int:
+        """How many keys have a layout."""
+        return len(self._known)
 
     def _new(self, key: int, shape: tuple, dtype: np.dtype) -> KeyLayout:
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize

@@ -10,7 +10,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from ..compress.params import CompressionSpec
+from ..config import ServerKind
 from .layout import KeyLayout, ServerDialect
+from .mxnet_twobit import MXNetTwoBitRoute
 from .recovery import Unrecoverable
 from .routes import CompressedRoute, PlainRoute, RidingRoute
 from .stage_specs import Stage, StageSpec
@@ -94,8 +96,13 @@ class Rounds:
 
     def compress(self, spec: CompressionSpec) -> None:
         """Every partition ``spec`` compresses goes on the compressed route from now on
-        (before the first round)."""
-        self.compressed = CompressedRoute(self.kv, self.tracer, spec)
+        (before the first round): MXNet's 2-bit as MXNet's worker sends it to MXNet's servers,
+        else ours."""
+        if self.dialect.kind is ServerKind.MXNET:
+            self.compressed = MXNetTwoBitRoute(self.kv, self.tracer, spec.threshold,
+                                               self.dialect.num_servers)
+        else:
+            self.compressed = CompressedRoute(self.kv, self.tracer, spec)
         if self._weights:
             self.compressed.pull_weights()
 

@@ -214,14 +214,16 @@ class RidingPull:
 
 
 def compression_refusal(server_recovery: bool, extensions_missing: Optional[str],
-                        mode) -> Optional[str]:
-    """Why this worker cannot compress gradients, or None: kept rounds for a restarted server,
-    MXNet's servers (``extensions_missing``), a training mode without summed rounds."""
+                        mode, compressor: str = "") -> Optional[str]:
+    """Why this worker cannot compress gradients with ``compressor``, or None: kept rounds
+    for a restarted server, MXNet's servers (``extensions_missing``: they take MXNet's 2-bit
+    only), a training mode without summed rounds."""
     if server_recovery:
         return ("gradient compression and BYTEPS_SERVER_RECOVERY cannot be used together yet: "
                 "a restarted server could not rebuild the compressors' error feedback")
-    if extensions_missing:
-        return "gradient compression needs kvstore-byteps servers; %s" % extensions_missing
+    if extensions_missing and compressor != "twobit":
+        return ("BytePS's compressors need kvstore-byteps servers (MXNet's servers take "
+                "MXNet's {'type': '2bit', 'threshold': t}); %s" % extensions_missing)
     return mode.compression_refusal
 
 

@@ -19,7 +19,10 @@ from ..van.wire.keys import server_key_range
 from .partition import KeyLayoutError
 
 __all__ = ["PSKV", "dtype_code", "mxnet_server_for_key", "encode_default_key",
-           "round_half_away"]
+           "encode_compressed_key", "round_half_away", "TWOBIT_FACTOR"]
+
+#: values per float32 word in MXNet's 2-bit layout (GetCompressionFactor)
+TWOBIT_FACTOR = 16
 
 _INT32_MAX = 2 ** 31 - 1
 
@@ -95,3 +98,33 @@ def _pskv(key: int, parts, num_servers: int) -> PSKV:
     keys = tuple(server_key_range(server, num_servers)[0] + key for server, _ in parts)
     lens = tuple(nbytes for _, nbytes in parts)
     return PSKV(keys, lens, sum(lens))
+
+
+def encode_compressed_key(key: int, num_elems: int, num_servers: int,
+                          bigarray_bound: int = 1000000) -> Tuple[Tuple[int, int, int], ...]:
+    """Upstream's ``EncodeCompressedKey`` under 2-bit compression (float32): per server part,
+    ``(server, values, packed float32 words)``. A big array is split by its *packed* words
+    (``round(C / S * (i + 1)) - round(C / S * i)``, the last part the rest), each part holding
+    16 values a word: the parts of the values (the pull's and the initialising push's layout)
+    differ from ``EncodeDefaultKey``'s. A compressed push of a part carries
+    ``[begin + values, begin + key]`` with lens ``[0, words * 4]``."""
+    if num_elems < 0:
+        raise ValueError("num_elems must be >= 0, got %d" % num_elems)
+    words = -(-num_elems // TWOBIT_FACTOR)
+    if num_elems < bigarray_bound:
+        return ((mxnet_server_for_key(key, num_servers), num_elems, words),)
+    if not 0 <= key <= _INT32_MAX:
+        raise KeyLayoutError("key %d is outside MXNet's int key range [0, 2**31)" % key)
+    parts, done_words, done_values = [], 0, 0
+    for i in range(num_servers):
+        if i == num_servers - 1:
+            part_words, part_values = words - done_words, num_elems - done_values
+        else:
+            # C's size_t(round(double)), half away from zero
+            part_words = (round_half_away(words / num_servers * (i + 1))
+                          - round_half_away(words / num_servers * i))
+            part_values = part_words * TWOBIT_FACTOR
+        parts.append((i, part_values, part_words))
+        done_words += part_words
+        done_values += part_values
+    return tuple(parts)

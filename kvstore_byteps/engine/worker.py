@@ -34,6 +34,7 @@ from ..words import count
 from .cluster import Cluster
 from .fusion import Fusion, FusionPort, Ticket
 from .layout import KeyLayout, Layouts, ServerDialect, dialect_for
+from .mxnet_twobit import twobit_command_body
 from .modes import SERVERS_UPDATE, check_servers_update, fuses, pulls_ride, unrecoverable
 from .partition import KeyLayoutError
 from .recovery import RecoveryKeeper, Unrecoverable
@@ -267,17 +268,28 @@ class WorkerEngine:
         worker and server are counted from it)."""
         spec = parse_compression_params(params)
         refusal = compression_refusal(self.config.server_recovery, self.dialect.extensions_missing,
-                                      self.mode)
+                                      self.mode, spec.compressor)
         if refusal:
             raise ConfigError(refusal)
         if self.rounds.begun():
             raise KVStoreBytePSError("set_gradient_compression must come before the first "
                                      "pushpull (gluon.Trainer calls it in time)")
-        if self.rank == 0:
+        if self.dialect.kind is ServerKind.MXNET:      # MXNet's 2-bit, as its worker sends it
+            if len(self.layouts):
+                raise KVStoreBytePSError("set_gradient_compression must come before the first "
+                                         "init with MXNet's servers (keys are laid out for it)")
+            if self.rank == 0:
+                self.cluster.command(ServerCommand.SET_GRADIENT_COMPRESSION,
+                                     twobit_command_body(spec.threshold),
+                                     "kSetGradientCompression")
+            self.dialect.compress_twobit()
+        elif self.rank == 0:
             body = json.dumps(dict(params)).encode("utf-8")
             self.cluster.command(ServerCommand.BYTEPS_COMPRESSION, body,
                                  "setting gradient compression")
         self.rounds.compress(spec)
+        if self.fusion.enabled and self.rank == 0:       # the start-up line said they were on
+            announce(self.config, "gradient buckets off: gradients are compressed")
         self.fusion.disable("gradients are compressed")
 
     # ------------------------------------------------------------------ shutdown

@@ -5,7 +5,7 @@
 ``min_compress_bytes`` is pushed compressed, one key per request, with its round in the meta.
 A push is decoded and summed as any BytePS push; a pull is answered with the round's sum
 compressed once (with the server's own error feedback) and the same bytes for every worker.
-(MXNet's 2-bit compression of ``dist_sync`` is another thing: :mod:`.twobit`.)
+(MXNet's 2-bit compression of ``dist_sync`` is another thing: :mod:`..compress.twobit`.)
 """
 import json
 import threading

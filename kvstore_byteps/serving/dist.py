@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import CONFIG_REFUSAL, ConfigError, PeerError, ProtocolError, config_refusal
 from ..logs import PeerLog
-from .twobit import GradientCompression, dequantize_2bit, packed_nbytes_2bit, \
+from ..compress.twobit import GradientCompression, dequantize_2bit, packed_nbytes_2bit, \
     parse_twobit_params
 from ..mxproto import Cmd, RequestType, ServerCommand, decode_cmd
 from .profiler import ServerProfiler

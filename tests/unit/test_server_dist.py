@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from kvstore_byteps.errors import PeerError
-from kvstore_byteps.serving.twobit import quantize_2bit
+from kvstore_byteps.compress.twobit import quantize_2bit
 from kvstore_byteps.serving.dist import KVStoreDistServer
 from kvstore_byteps.mxproto import RequestType, ServerCommand, encode_cmd
 from kvstore_byteps.serving.updater import RowSparseGrad

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from kvstore_byteps.errors import ProtocolError
-from kvstore_byteps.serving.twobit import CompressionType, dequantize_2bit, \
+from kvstore_byteps.compress.twobit import CompressionType, dequantize_2bit, \
     packed_nbytes_2bit, parse_twobit_params, quantize_2bit
 from kvstore_byteps.mxproto import Cmd, RequestType, cantor_pair, cantor_unpair, decode_cmd, \
     encode_cmd

@@ -48,3 +48,18 @@ def test_our_servers_master_keys_meet_no_dense_partition_mxnets_are_its_own():
         dense = {encode_ps_key(k, i, s, 3) for k in range(8) for i in range(4) for s in range(3)}
         assert not dense & set(masters)
         assert theirs.row_masters(key)[1] - theirs.row_masters(0)[1] == key
+
+
+def test_mxnets_2bit_layout_splits_big_keys_by_packed_words_small_keys_go_whole():
+    from kvstore_byteps.engine.upstream import encode_compressed_key
+    assert encode_compressed_key(9, 6, 4) == ((mxnet_server_for_key(9, 4), 6, 1),)
+    # 1,000 values: 63 words over 2 servers, round(31.5) = 32 words (512 values), the rest
+    assert encode_compressed_key(3, 1000, 2, bigarray_bound=100) == ((0, 512, 32),
+                                                                    (1, 488, 31))
+    config = Config(num_workers=1, num_servers=2, bigarray_bound=100)
+    theirs = MXNetDialect(config, 2)
+    plain = [p.nbytes for p in theirs.partitions(3, 4000, 4)]
+    theirs.compress_twobit()
+    packed = theirs.partitions(3, 4000, 4)
+    assert plain == [2000, 2000] and [p.nbytes for p in packed] == [2048, 1952]
+    assert [p.offset for p in packed] == [0, 2048] and [p.server for p in packed] == [0, 1]
