@@ -18,7 +18,7 @@ from ..mxproto import MShadowType, RequestType, encode_cmd
 from ..compress.twobit import quantize_2bit
 from ..van.wire.keys import server_key_range
 from ..van.wire.message import server_rank_to_id
-from .routes import _handling_failed, broadcast, send_buffer, split_answer
+from .routes import pull_one, send_buffer
 
 __all__ = ["MXNetTwoBitRoute", "twobit_command_body"]
 
@@ -66,15 +66,4 @@ class MXNetTwoBitRoute:
                           callback=lambda request: done(request.error, group))
 
     def pull(self, group, done) -> None:
-        [item] = group
-
-        def on_answer(request):
-            error = request.error
-            if error is None:
-                try:
-                    broadcast(item, split_answer(request.result, 1)[0], self.tracer)
-                except Exception as exc:
-                    error = _handling_failed(exc)
-            done(error, group)
-        self.kv.pull([item.partition.ps_key], cmd=_CMD, priority=item.priority,
-                     callback=on_answer)
+        pull_one(self.kv, self.tracer, group, done, _CMD)

@@ -27,7 +27,7 @@ from ..mxproto import RequestType, encode_cmd
 from .trace import Phase, now_ns
 
 __all__ = ["PlainRoute", "RidingRoute", "CompressedRoute", "RidingPull", "broadcast",
-           "split_answer", "span"]
+           "split_answer", "span", "pull_one"]
 
 log = logging.getLogger(__name__)
 
@@ -277,7 +277,7 @@ class CompressedRoute:
         ps_key = item.partition.ps_key
         r = self._next_round(self._pull_rounds, ps_key)
         if self.weights:
-            self._pull_plain(group, done)
+            pull_one(self.kv, self.tracer, group, done, item.task.context.layout.round_cmd)
             return
 
         def on_answer(request):
@@ -298,16 +298,18 @@ class CompressedRoute:
         self.kv.pull([ps_key], cmd=_COMPRESSED_CMD, priority=item.priority,
                      extra={"round": r}, callback=on_answer)
 
-    def _pull_plain(self, group, done) -> None:
-        [item] = group
 
-        def on_answer(request):
-            error = request.error
-            if error is None:
-                try:
-                    broadcast(item, split_answer(request.result, 1)[0], self.tracer)
-                except Exception as exc:
-                    error = _handling_failed(exc)
-            done(error, group)
-        self.kv.pull([item.partition.ps_key], cmd=item.task.context.layout.round_cmd,
-                     priority=item.priority, callback=on_answer)
+def pull_one(kv, tracer, group, done, cmd: int) -> None:
+    """Pull the one partition of ``group`` uncompressed under ``cmd`` into its outputs, then
+    ``done(error, group)`` (a compressed route's pull of weights)."""
+    [item] = group
+
+    def on_answer(request):
+        error = request.error
+        if error is None:
+            try:
+                broadcast(item, split_answer(request.result, 1)[0], tracer)
+            except Exception as exc:
+                error = _handling_failed(exc)
+        done(error, group)
+    kv.pull([item.partition.ps_key], cmd=cmd, priority=item.priority, callback=on_answer)
