@@ -166,3 +166,17 @@ def test_a_forming_send_after_the_peer_ended_the_handshake_raises_the_cause_not_
         van.close()
         peer.close(0)
         context.term()
+
+
+@pytest.mark.timeout(30)
+def test_a_node_stopped_before_its_receive_thread_started_does_not_start_it():
+    """stop() from another thread may come while start() is on its way (CI: a scheduler
+    stopped as the intruder failed, before its receive thread had started: join raised)."""
+    from kvstore_byteps.errors import KVStoreBytePSError
+    node = Postoffice(config(Role.SCHEDULER, free_port(), VanType.BYTEPS_TCP, KEY))
+    node.stop()
+    started = time.monotonic()
+    with pytest.raises(KVStoreBytePSError, match="stopped while it started"):
+        node.start()
+    assert time.monotonic() - started < 10
+    node.van.close()

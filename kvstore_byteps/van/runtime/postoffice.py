@@ -71,6 +71,10 @@ class Postoffice:
         self._link = Link(self.van, config, self._lifecycle.ready)
         self._ended_job = False     # this node asked the scheduler to end the job
         self._thread: Optional[threading.Thread] = None
+        # stop() may come from another thread while start() makes the receive thread (a test's
+        # scheduler stopped as an intruder failed): it must find that thread started, or none
+        self._thread_lock = threading.Lock()
+        self._stop_called = False
         self._finalized = False
         self._member_ids: frozenset = frozenset()   # looked up per request: a set
         self._tick_hooks: List[Callable[[float], None]] = []
@@ -159,10 +163,13 @@ class Postoffice:
             me = self.my_node = bind_node(cfg, self.van)
             self.membership = NodeMembership(me, scheduler, deadline, cfg.heartbeat_interval,
                                              heartbeat_timeout=cfg.heartbeat_timeout)
-        self._thread = threading.Thread(target=self._receive_loop, daemon=True,
-                                        name="van-receive")
-        self._lifecycle.starting()
-        self._thread.start()      # it starts the membership: one thread owns that state
+        with self._thread_lock:
+            if self._stop_called:
+                raise KVStoreBytePSError("this node was stopped while it started")
+            self._thread = threading.Thread(target=self._receive_loop, daemon=True,
+                                            name="van-receive")
+            self._lifecycle.starting()
+            self._thread.start()      # it starts the membership: one thread owns that state
         ready = self._lifecycle.ready
         ready.wait(max(0.0, deadline - time.monotonic()) + 1.0)
         if not ready.is_set():
@@ -408,14 +415,17 @@ class Postoffice:
                 self.van.send(terminate_message(self.my_id))
             except Exception as exc:  # van already broken: the loop ends anyway
                 log.debug("could not send TERMINATE to self: %s", exc)
-        if self._thread is not None:
+        with self._thread_lock:
+            self._stop_called = True
+            thread = self._thread        # started, if there is one
+        if thread is not None:
             # The TERMINATE comes after everything sent before it; one that has not arrived
             # within a second may never (a node stopped while the cluster forms may not read
             # its own connection yet): then the van stops without it.
-            self._thread.join(_TERMINATE_SECONDS)
-            if self._thread.is_alive():
+            thread.join(_TERMINATE_SECONDS)
+            if thread.is_alive():
                 self.van.interrupt()
-            self._thread.join(_STOP_SECONDS)
-            if self._thread.is_alive():
+            thread.join(_STOP_SECONDS)
+            if thread.is_alive():
                 log.error("the van's receive loop did not stop within %.0f s", _STOP_SECONDS)
         self._customers.stop(_STOP_SECONDS)
