@@ -53,6 +53,10 @@ def _skipped(key, out, ignore_sparse) -> bool:
 
 
 def is_sparse(array):
+    """Whether ``array`` is row_sparse (:func:`mxnet_patch.sparse_keys.is_sparse`, which refuses
+    csr); a dense array, every pushpull's, is told by its stype without importing it."""
+    if array.stype == "default":
+        return False
     from mxnet_patch.sparse_keys import is_sparse as sparse
     return sparse(array)
 
