@@ -6,6 +6,8 @@
     python benchmarks/bench_sparse.py --rows 3000 --touched 400 --steps 5 --repeats 1  # a look
     python benchmarks/bench_sparse.py --sides mxnet,byteps,byteps-dense \
         --out benchmarks/results/sparse/dist_byteps_loopback_2x2.json       # dist_byteps
+    python benchmarks/bench_sparse.py --network netns --workers 4 --servers 4 \
+        --sides mxnet,byteps --out /tmp/sparse_netns.json     # emulated 500 Mbit/s links (root)
 
 (Options this script does not know go to every worker: ``--rows``, ``--dim``, ``--touched``,
 ``--warmup``, ``--steps``; see benchmarks/_sparse_worker.py.)
@@ -65,6 +67,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--sides", default="mxnet,ours", type=lambda text: text.split(","),
                    help="comma-separated, of %s" % ", ".join(SIDES))
     p.add_argument("--timeout", type=float, default=300, help="launch.py --timeout of a job")
+    p.add_argument("--network", choices=["loopback", "netns"], default="loopback",
+                   help="loopback: 127.0.0.1 (default); netns: the launcher's emulated network, "
+                        "a host per node (root)")
+    p.add_argument("--link-rate", default="500mbit",
+                   help="netns: every host's link rate in each direction (default 500mbit)")
     p.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "sparse",
                                                  "loopback_2x2.json"))
     args, args.worker_args = p.parse_known_args(argv)
@@ -73,9 +80,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def job_argv(side: str, args) -> List[str]:
     launch, worker = SIDES[side]
+    network = (["--launcher", "netns", "--link-rate", args.link_rate]
+               if args.network == "netns" else [])
     return [sys.executable, LAUNCH, "-n", str(args.workers), "-s", str(args.servers), *launch,
-            "--timeout", str(args.timeout), "--grace", "20", sys.executable, WORKER, *worker,
-            *args.worker_args]
+            *network, "--timeout", str(args.timeout), "--grace", "20", sys.executable, WORKER,
+            *worker, *args.worker_args]
 
 
 def results_of(output: str) -> List[dict]:

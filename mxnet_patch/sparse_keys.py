@@ -6,8 +6,10 @@ MXNet's): a push carries only the rows its gradient holds (the local devices' gr
 first), the servers sum every worker's rows and update them with the optimizer, and
 ``row_sparse_pull`` returns just the rows asked for. As in MXNet, a push returns at once: an
 engine-ordered copy of the gradient is taken (so the program may write the gradient again) and
-a sender thread sends it once MXNet computed it; a pull of the key waits for this worker's pushes
-of it to be answered (the round complete and updated) and then blocks until its rows came.
+a sender thread sends it once MXNet computed it. The servers answer a push range by range
+(:mod:`kvstore_byteps.engine.sparse`), each range once its round is complete and updated; a pull
+asks for a range's rows as soon as this worker's pushes of that range were answered, while the
+other ranges' pushes may still travel, and blocks until every row came.
 
 A ``row_sparse`` gradient of a key initialised dense (gluon's ``Embedding(sparse_grad=True)``:
 a dense weight) is pushed dense, through the key's BytePS rounds (:meth:`densify`); MXNet
@@ -15,9 +17,10 @@ a dense weight) is pushed dense, through the key's BytePS rounds (:meth:`densify
 """
 import concurrent.futures
 import dataclasses
+import functools
 import threading
 import time
-from typing import Callable, Dict
+from typing import Callable, Dict, List
 
 import numpy as np
 from mxnet import autograd
@@ -55,13 +58,23 @@ class SparsePort:
     request_timeout: float
 
 
+class _Push:
+    """One push of a key: the ranges not answered yet, each range's push timestamp once sent,
+    and the pulls waiting for a range's push to be sent (to follow it)."""
+
+    def __init__(self, ranges: int):
+        self.unanswered = set(range(ranges))
+        self.sent: Dict[int, int] = {}
+        self.followers: Dict[int, List[Callable]] = {}
+
+
 class SparseKeys:
     """The store's row_sparse keys. Called from the program's thread."""
 
     def __init__(self, port: SparsePort):
         self.port = port
-        self._sender = None                  # made at the first push
-        self._pending: Dict[int, int] = {}   # key -> pushes sent and not answered
+        self._sender = None                      # made at the first push
+        self._pushes: Dict[int, List[_Push]] = {}   # key -> its pushes not answered in full
         self._errors: Dict[int, BaseException] = {}
         self._answered = threading.Condition()
 
@@ -80,56 +93,139 @@ class SparseKeys:
         self._check_mode()
         values = [v if is_sparse(v) else v.tostype("row_sparse") for v in values]
         merged = values[0].copy() if len(values) == 1 else nd.add_n(*values)
+        push = _Push(self.port.rows.range_count(key))
         with self._answered:
-            self._pending[key] = self._pending.get(key, 0) + 1
+            self._pushes.setdefault(key, []).append(push)
         if self._sender is None:
             self._sender = concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="byteps-sparse-push")
-        self._sender.submit(self._send, key, name, merged)
+        self._sender.submit(self._send, key, name, merged, push)
 
-    def _send(self, key: int, name: str, merged) -> None:
+    def _send(self, key: int, name: str, merged, push: _Push) -> None:
         try:
             rows, values = _rows_view(merged)
             self.port.rows.push(key, rows, values, name,
-                                callback=lambda request: self._answer(key, request.error))
+                                callback=lambda index, request: self._answer(
+                                    key, push, (index,), request.error),
+                                on_sent=lambda index, timestamp: self._sent(push, index,
+                                                                            timestamp))
         except BaseException as exc:    # said at the key's next pull
-            self._answer(key, exc)
+            self._answer(key, push, tuple(push.unanswered), exc)
 
-    def _answer(self, key: int, error) -> None:
+    def _sent(self, push: _Push, index: int, timestamp: int) -> None:
         with self._answered:
-            self._pending[key] -= 1
+            push.sent[index] = timestamp
+            followers = push.followers.pop(index, ())
+        for follow in followers:        # the pulls waiting to follow this range's push
+            follow(timestamp)
+
+    def _answer(self, key: int, push: _Push, ranges, error) -> None:
+        with self._answered:
+            push.unanswered.difference_update(ranges)
+            if not push.unanswered:
+                self._pushes[key].remove(push)
             if error is not None and key not in self._errors:
                 self._errors[key] = error
+            # a range answered unsent (its send failed) has pulls waiting to follow it
+            followers = [f for index in ranges if index not in push.sent
+                         for f in push.followers.pop(index, ())]
             self._answered.notify_all()
+        for follow in followers:
+            follow(None)
 
-    def _wait_pushes(self, key: int, name: str) -> None:
-        deadline = time.monotonic() + self.port.request_timeout + 5.0
-        with self._answered:
-            while self._pending.get(key, 0):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise DeadlineError(
-                        "pull of row_sparse key %s: its push was not answered within %.0f s "
-                        "(the servers answer once every worker pushed the key)"
-                        % (name, self.port.request_timeout))
-                self._answered.wait(left)
-            error = self._errors.pop(key, None)
+    def _raise_error(self, key: int, name: str) -> None:
+        error = self._errors.pop(key, None)
         if error is not None:
             raise KVStoreBytePSError("push of row_sparse key %s failed: %s" % (name, error))
 
+    def _pull(self, key: int, name: str, wanted: list) -> list:
+        """Send ``wanted`` (pull parts of ``key``) after this worker's pushes of their ranges;
+        returns their requests, in order."""
+        if self.port.rows.pulls_follow:
+            return self._pull_following(key, name, wanted)
+        return self._pull_as_answered(key, name, wanted)
+
+    def _check_pushes(self, key: int, name: str) -> None:
+        """Raise the error of a push of ``key`` answered so far (a push's answer comes before
+        the answer of a pull that followed it)."""
+        with self._answered:
+            self._raise_error(key, name)
+
+    def _pull_following(self, key: int, name: str, wanted: list) -> list:
+        """Our servers: each part sent right behind this worker's newest push of its range,
+        naming that push (the server answers once its round is done), or at once where the
+        range has no push waiting for its answer."""
+        slots = _Slots(len(wanted))
+
+        def send(i, timestamp):
+            try:
+                slots.fill(i, self.port.rows.send_pull(key, wanted[i], timestamp))
+            except BaseException as exc:
+                slots.fill(i, _Failed(exc))
+        now = []
+        with self._answered:
+            pushes = self._pushes.get(key)
+            newest = pushes[-1] if pushes else None
+            for i, part in enumerate(wanted):
+                if newest is None or part.range not in newest.unanswered:
+                    now.append((i, None))
+                elif part.range in newest.sent:
+                    now.append((i, newest.sent[part.range]))
+                else:
+                    newest.followers.setdefault(part.range, []).append(
+                        functools.partial(send, i))
+        for i, timestamp in now:
+            send(i, timestamp)
+        return slots.wait(self.port.request_timeout + 5.0, "pull of row_sparse key %s" % name)
+
+    def _pull_as_answered(self, key: int, name: str, wanted: list) -> list:
+        """Send ``wanted`` (pull parts of ``key``), each as soon as this worker's pushes of its
+        range were answered (the range's round complete and updated), while the other ranges'
+        pushes may still travel; returns their requests, in order."""
+        deadline = time.monotonic() + self.port.request_timeout + 5.0
+        requests = [None] * len(wanted)
+        waiting = list(range(len(wanted)))
+        while waiting:
+            with self._answered:
+                while True:
+                    self._raise_error(key, name)
+                    pushes = self._pushes.get(key, ())
+                    ready = [i for i in waiting
+                             if not any(wanted[i].range in p.unanswered for p in pushes)]
+                    if ready:
+                        break
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise DeadlineError(
+                            "pull of row_sparse key %s: its push was not answered within %.0f s "
+                            "(the servers answer once every worker pushed the key)"
+                            % (name, self.port.request_timeout))
+                    self._answered.wait(left)
+            for i in ready:        # sent outside the lock, which the answers take
+                requests[i] = self.port.rows.send_pull(key, wanted[i])
+            waiting = [i for i in waiting if requests[i] is None]
+        return requests
+
     def row_sparse_pull(self, key: int, name: str, outs, row_ids) -> None:
-        """Rows ``row_ids[i]`` of ``key`` into ``outs[i]`` (row_sparse arrays), after this
-        worker's pushes of it were answered. Blocking until the rows came."""
-        self._wait_pushes(key, name)
+        """Rows ``row_ids[i]`` of ``key`` into ``outs[i]`` (row_sparse arrays), each range's
+        rows read after this worker's pushes of it were summed and updated. Blocking until the
+        rows came."""
         shape = self.port.rows.shape(key)
-        pulled = {}
+        asked = {}                     # id(ids) -> (rows, their pull parts)
         for out, ids in zip(outs, row_ids):
             if not is_sparse(out):
                 raise KVStoreBytePSError("row_sparse_pull of %s needs row_sparse outputs, got "
                                          "%s" % (name, out.stype))
-            if id(ids) not in pulled:
+            if id(ids) not in asked:
                 rows = np.unique(ids.asnumpy().astype(np.int64))
-                pulled[id(ids)] = (rows, self.port.rows.pull(key, rows, name))
+                asked[id(ids)] = (rows, self.port.rows.pull_parts(key, rows, name))
+        wanted = [part for _, parts in asked.values() for part in parts]
+        requests = iter(self._pull(key, name, wanted))
+        pulled = {which: (rows, self.port.rows.gather(
+                      key, rows, name, parts, [next(requests) for _ in parts]))
+                  for which, (rows, parts) in asked.items()}
+        self._check_pushes(key, name)
+        for out, ids in zip(outs, row_ids):
             rows, data = pulled[id(ids)]
             with autograd.pause():     # gluon pulls in its forward pass: not part of the graph
                 nd.sparse.row_sparse_array((_wrapped(data), rows), shape=shape,
@@ -137,9 +233,11 @@ class SparseKeys:
 
     def pull_dense(self, key: int, name: str, outs) -> None:
         """Every row of ``key`` into the dense ``outs``. Blocking until the rows came."""
-        self._wait_pushes(key, name)
         shape = self.port.rows.shape(key)
-        data = self.port.rows.pull(key, np.arange(shape[0], dtype=np.int64), name)
+        rows = np.arange(shape[0], dtype=np.int64)
+        parts = self.port.rows.pull_parts(key, rows, name)
+        data = self.port.rows.gather(key, rows, name, parts, self._pull(key, name, parts))
+        self._check_pushes(key, name)
         with autograd.pause():
             for out in outs:
                 out[:] = nd.array(data, ctx=out.context, dtype=out.dtype)
@@ -153,6 +251,39 @@ class SparseKeys:
         """Let the sends queued go out, then stop the sender thread."""
         if self._sender is not None:
             self._sender.shutdown(wait=True)
+
+
+class _Slots:
+    """Requests filled in from other threads, waited for with a deadline."""
+
+    def __init__(self, count: int):
+        self._requests = [None] * count
+        self._left = count
+        self._filled = threading.Condition()
+
+    def fill(self, i: int, request) -> None:
+        with self._filled:
+            self._requests[i] = request
+            self._left -= 1
+            self._filled.notify_all()
+
+    def wait(self, timeout: float, what: str) -> list:
+        with self._filled:
+            if not self._filled.wait_for(lambda: self._left == 0, timeout):
+                raise DeadlineError("%s: %d of its pulls were not sent within %.0f s (each "
+                                    "follows this worker's push of its rows, sent once MXNet "
+                                    "computed the gradient)" % (what, self._left, timeout))
+            return self._requests
+
+
+@dataclasses.dataclass
+class _Failed:
+    """A pull that could not be sent, as a request whose wait raises why."""
+
+    error: BaseException
+
+    def wait(self, timeout: float):
+        raise self.error
 
 
 def _rows_view(array):

@@ -18,6 +18,7 @@ from ..errors import KVStoreBytePSError
 from ..mxproto import PROBE_ANSWER, RequestType, encode_cmd
 from ..van.wire.keys import server_key_range, server_of_key
 from .partition import ROW_SPARSE_INDEX, KeyLayoutError, Partition, Partitioner, encode_ps_key
+from .sparse import ROW_RANGE_BYTES, RowRange, chunked_ranges, mxnet_ranges
 from .upstream import dtype_code, encode_compressed_key, encode_default_key
 
 __all__ = ["KeyLayout", "Layouts", "ServerDialect", "BytePSDialect", "MXNetDialect",
@@ -99,8 +100,10 @@ class ServerDialect:
         """Why the servers may not hold ``layout``'s partitions where this worker put them."""
         return None
 
-    def row_masters(self, key: int) -> List[int]:
-        """The master ps key of row_sparse ``key`` on each server (:mod:`.sparse`)."""
+    def row_ranges(self, key: int, total_rows: int, unit_len: int,
+                   itemsize: int) -> List[RowRange]:
+        """Where row_sparse ``key``'s rows live: its row ranges and their masters
+        (:mod:`.sparse`)."""
         raise NotImplementedError
 
 
@@ -133,10 +136,14 @@ class BytePSDialect(ServerDialect):
         return group_small(items, _server_and_cmd, SMALL_PARTITION_BYTES,
                            self.config.partition_bytes)
 
-    def row_masters(self, key: int) -> List[int]:
-        """Apart from every dense key's partitions: ``(key << 16) | ROW_SPARSE_INDEX``."""
-        return [encode_ps_key(key, ROW_SPARSE_INDEX, i, self.num_servers)
-                for i in range(self.num_servers)]
+    def row_ranges(self, key, total_rows, unit_len, itemsize):
+        """About ``ROW_RANGE_BYTES`` a range, interleaved over the servers; the ``c``-th range
+        on a server under ``(key << 16) | (ROW_SPARSE_INDEX - c)``, apart from every other
+        key's partitions."""
+        return chunked_ranges(key, total_rows, unit_len * itemsize, self.num_servers,
+                              ROW_RANGE_BYTES,
+                              lambda server, c: encode_ps_key(key, ROW_SPARSE_INDEX - c, server,
+                                                              self.num_servers))
 
     def misplaced(self, layout: KeyLayout) -> Optional[str]:
         if self.config.key_hash_fn != "balanced":
@@ -186,10 +193,12 @@ class MXNetDialect(ServerDialect):
     def round_cmd(self, code) -> int:
         return encode_cmd(RequestType.DEFAULT, code)
 
-    def row_masters(self, key: int) -> List[int]:
-        """MXNet's own: ``begin + key``."""
-        return [server_key_range(i, self.num_servers).begin + key
-                for i in range(self.num_servers)]
+    def row_ranges(self, key, total_rows, unit_len, itemsize):
+        """MXNet's own: one range on one server, or one a server for big keys; master
+        ``begin + key``."""
+        return mxnet_ranges(key, total_rows, unit_len,
+                            [server_key_range(i, self.num_servers).begin + key
+                             for i in range(self.num_servers)], self.config.bigarray_bound)
 
 
 def server_kind(answers) -> ServerKind:

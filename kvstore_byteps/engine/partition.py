@@ -31,7 +31,8 @@ from typing import Dict, List, Optional, Tuple
 
 from ..config import Config
 from ..errors import KVStoreBytePSError
-from ..van.wire.keys import K_MAX_KEY, PARTITION_BITS, server_key_range, server_of_key
+from ..van.wire.keys import (K_MAX_KEY, PARTITION_BITS, ROW_SPARSE_INDEX, server_key_range,
+                             server_of_key)
 from .keyhash import KeyHash, server_for_key
 
 __all__ = ["K_MAX_KEY", "PARTITION_BITS", "MAX_PARTITIONS", "MAX_USER_KEY", "ROW_SPARSE_INDEX",
@@ -40,8 +41,6 @@ __all__ = ["K_MAX_KEY", "PARTITION_BITS", "MAX_PARTITIONS", "MAX_USER_KEY", "ROW
            "decode_ps_key", "partition_bound", "plan_partitions"]
 
 MAX_PARTITIONS = 1 << PARTITION_BITS
-#: the index of a row_sparse key's master key on our servers (:mod:`.sparse`)
-ROW_SPARSE_INDEX = MAX_PARTITIONS - 2
 #: Largest user key the encoding admits (MXNet keys are C ``int``).
 MAX_USER_KEY = 2 ** 31 - 1
 _LOCAL_KEY_LIMIT = (MAX_USER_KEY + 1) << PARTITION_BITS

@@ -112,8 +112,8 @@ class WorkerEngine:
                                            keep=self.keeper.keep, name_of=self.tracer.name_of,
                                            note_failure=self._note_failure))
         self.sparse = RowSparseKeys(SparsePort(
-            kv=self.kv, masters=self.dialect.row_masters, barrier=self.barrier, rank=self.rank,
-            bigarray_bound=config.bigarray_bound, request_timeout=config.request_timeout))
+            kv=self.kv, ranges=self.dialect.row_ranges, barrier=self.barrier, rank=self.rank,
+            request_timeout=config.request_timeout, pulls_follow=kind is ServerKind.BYTEPS))
         # a bucket is one partition: at most the partition size
         self.fusion = Fusion(self._fusion_port(), min(config.fusion_bytes, config.partition_bytes)
                              if fuses(self.mode, self.dialect) else 0, config.fusion_timeout,

@@ -33,6 +33,7 @@ import numpy as np
 from ..config import Config, Training, TrainingMode
 from ..errors import ConfigError, ProtocolError
 from ..mxproto import PROBE_ANSWER, SERVER_DTYPES, Cmd, RequestType, ServerCommand, encode_cmd
+from ..van.wire.keys import row_sparse_key
 from .asynchronous import AsyncAdds
 from .awaiting import InitWaits
 from .backup import BackupWorkers
@@ -101,6 +102,8 @@ class BytePSServer(KVStoreDistServer):
         self._init_waits = InitWaits(self._lock, lambda ps_key: ps_key in self._store)
         #: the partition layout rank 0 chose at start (BYTEPS_LAYOUT), as it sent it
         self._layout: Optional[bytes] = None
+        #: a dist_byteps worker probed this server (MXNet's workers never do)
+        self._probed = False
 
     @classmethod
     def from_config(cls, config: Config, num_workers: int,
@@ -158,7 +161,23 @@ class BytePSServer(KVStoreDistServer):
             raise ConfigError("this server trains %s, the worker %s: set BYTEPS_ENABLE_ASYNC "
                                 "and BYTEPS_BACKUP_WORKERS alike on every node"
                                 % (self.mode.name, said))
+        self._probed = True
         return PROBE_ANSWER
+
+    def optimizer_index(self, ps_key: int, entry) -> int:
+        """A dist_byteps worker's row_sparse range (local key ``(key << 16) | index``,
+        engine/sparse.py) is updated under ``-1 - local``, its own optimizer state, with the
+        learning-rate and weight-decay multipliers of its MXNet key, as a dense key's
+        partitions are (datapath.py); MXNet's workers' keys as MXNet's server does."""
+        local = self.mxnet_key(ps_key)
+        owner = (row_sparse_key(local)
+                 if self._probed and entry.kind is StorageKind.ROW_SPARSE else None)
+        if owner is None:
+            return local
+        alias = getattr(self.updater, "alias", None)
+        if alias is not None:
+            alias(-1 - local, owner)
+        return -1 - local
 
     # -- restarted server ---------------------------------------------------------------------
     def begin_recovery(self, epoch: int, deadline: float) -> None:

@@ -31,6 +31,7 @@ from ..logs import PeerLog
 from ..compress.twobit import GradientCompression, dequantize_2bit, packed_nbytes_2bit, \
     parse_twobit_params
 from ..mxproto import Cmd, RequestType, ServerCommand, decode_cmd
+from .following import FollowingPulls
 from .profiler import ServerProfiler
 from .protocol import CompressedPush, parse_compressed, parse_dense, parse_row_sparse
 from .store import Entry, StorageKind, check_rows, dense_rows
@@ -72,6 +73,8 @@ class KVStoreDistServer:
         self._lock = threading.RLock()
         self._peer_log = PeerLog(log)
         self._store = {}
+        #: row_sparse pulls held until the round of the push they follow is done
+        self._following = FollowingPulls()
         #: MXNet's server profiling (kSetProfilerParams): this server's stages, as a trace
         self.profiler = ServerProfiler()
         #: the updater's calls, as stages of the profile
@@ -247,8 +250,14 @@ class KVStoreDistServer:
         with self._lock:
             if parsed.push:
                 self._push_rows(req, server, parsed)
-            else:
-                self._answer_rows(req, server, parsed.master_key, parsed.rows)
+                return
+            after = (req.meta.extra or {}).get("after_push")
+            if after is not None and not self._following.due(parsed.master_key, req.sender,
+                                                              after):
+                self._following.hold(parsed.master_key, req.sender, after, lambda: (
+                    self._answer_rows_or_refuse(req, server, parsed.master_key, parsed.rows)))
+                return
+            self._answer_rows(req, server, parsed.master_key, parsed.rows)
 
     # -- pushes -----------------------------------------------------------------------------
     def _push_dense(self, req, server, ps_key: int, values: np.ndarray, pull: bool) -> None:
@@ -275,6 +284,7 @@ class KVStoreDistServer:
         if entry is None:
             self._store[key] = entry = _init_rows(key, rows, values, self.multi_precision)
             self._reply(req, server, entry)
+            self._round_done(key, [(req, server)])
             return
         if values is not None:
             entry.check_push(StorageKind.ROW_SPARSE, values.dtype, key)
@@ -293,6 +303,11 @@ class KVStoreDistServer:
         if len(entry.waiting) < self.num_workers:
             return
         grad, waiting = entry.take_round()
+        self._close_round(ps_key, entry, grad, waiting)
+        if entry.kind is StorageKind.ROW_SPARSE:    # refused or not: the pulls that follow
+            self._round_done(ps_key, waiting)
+
+    def _close_round(self, ps_key: int, entry: Entry, grad, waiting: list) -> None:
         if self.updater is None and self.refused_optimizer is not None:
             for waiting_req, waiting_server in waiting:
                 self.refuse(waiting_req, waiting_server,
@@ -302,7 +317,7 @@ class KVStoreDistServer:
             return
         try:
             if self.updater is not None:
-                self._update(self.mxnet_key(ps_key), grad, entry)
+                self._update(self.optimizer_index(ps_key, entry), grad, entry)
             else:
                 entry.set_working(dense_rows(grad) if isinstance(grad, RowSparseGrad) else grad)
         except Exception as exc:
@@ -314,11 +329,23 @@ class KVStoreDistServer:
         for waiting_req, waiting_server in waiting:
             self._reply(waiting_req, waiting_server, entry)
 
+    def _round_done(self, ps_key: int, pushes: list) -> None:
+        """Answer the row_sparse pulls that followed ``pushes`` (following.py)."""
+        for answer in self._following.round_done(
+                ps_key, [(req.sender, req.meta.timestamp) for req, _ in pushes]):
+            answer()
+
+    def _answer_rows_or_refuse(self, req, server, master_key: int, rows: np.ndarray) -> None:
+        try:
+            self._answer_rows(req, server, master_key, rows)
+        except ProtocolError as exc:
+            self.refuse(req, server, str(exc))
+
     def _update_async(self, ps_key: int, entry: Entry, grad) -> None:
         if self.updater is None:
             raise ProtocolError("async mode needs an optimizer on the server (kv.set_optimizer) "
                                 "before pushes to key %d" % ps_key)
-        self._update(self.mxnet_key(ps_key), grad, entry)
+        self._update(self.optimizer_index(ps_key, entry), grad, entry)
 
     def _run_update(self, key: int, grad, entry: Entry) -> None:
         """The updater on ``entry``: a row_sparse sum in place on the table the updater keeps,
@@ -386,6 +413,11 @@ class KVStoreDistServer:
 
     def mxnet_key(self, ps_key: int) -> int:
         return ps_key - self.key_begin
+
+    def optimizer_index(self, ps_key: int, entry: Entry) -> int:
+        """The index the optimizer updates ``ps_key``'s ``entry`` under: its MXNet key, as
+        MXNet's server passes it to its updater."""
+        return self.mxnet_key(ps_key)
 
 
 def _command_of(head: int) -> ServerCommand:

@@ -155,3 +155,100 @@ def test_multi_precision_after_an_update_in_place_takes_the_kept_weight():
     pull = rsp(WORKER0, [0, 1], None, np.float16)
     srv.handle_request(pull, fake)
     assert fake.answer_to(pull).values(np.float16).tolist() == [1.0] * 3 + [0.0] * 3
+
+
+def following_server():
+    """Two workers, SGD (lr 1) on the server, every row of SHAPE initialised to 1."""
+    optimizer = mx.optimizer.SGD(learning_rate=1.0, rescale_grad=1.0, wd=0.0)
+    srv, fake = KVStoreDistServer(2, updater_loader=lambda body: MXNetUpdater(optimizer)), \
+        FakeServer()
+    srv.handle_request(rsp(WORKER0, range(SHAPE[0]), np.ones(SHAPE), np.float32), fake)
+    for cmd in (ServerCommand.SYNC_MODE, ServerCommand.CONTROLLER):
+        srv.handle_command(command(WORKER0, cmd, b"opt"), fake)
+    return srv, fake
+
+
+def following_pull(sender, rows, push):
+    """A pull of ``rows`` that follows ``push`` (``after_push``: its timestamp)."""
+    pull = rsp(sender, rows, None, np.float32)
+    pull.meta.extra = {"after_push": push.meta.timestamp}
+    return pull
+
+
+def rows_of(answer):
+    return np.frombuffer(bytes(answer.vals), np.float32).reshape(-1, SHAPE[1])
+
+
+def test_a_pull_that_follows_its_push_is_answered_once_that_round_is_done():
+    srv, fake = following_server()
+    push0 = rsp(WORKER0, [1, 2], np.full((2, 3), 0.5), np.float32)
+    srv.handle_request(push0, fake)
+    held = following_pull(WORKER0, [2, 5], push0)
+    srv.handle_request(held, fake)
+    plain = rsp(WORKER1, [2, 5], None, np.float32)     # MXNet's pull: answered at once
+    srv.handle_request(plain, fake)
+    assert not fake.answered(held) and not fake.answered(push0)
+    np.testing.assert_array_equal(rows_of(fake.answer_to(plain)), np.ones((2, 3)))
+    push1 = rsp(WORKER1, [2], np.full((1, 3), 0.25), np.float32)
+    srv.handle_request(push1, fake)
+    assert fake.answered(push0) and fake.answered(push1)
+    # after the round: row 2 is 1 - 0.5 - 0.25, row 5 untouched
+    np.testing.assert_array_equal(rows_of(fake.answer_to(held)), [[0.25] * 3, [1.0] * 3])
+    # a pull naming a push whose round is done is answered at once
+    again = following_pull(WORKER0, [1], push0)
+    srv.handle_request(again, fake)
+    np.testing.assert_array_equal(rows_of(fake.answer_to(again)), [[0.5] * 3])
+    assert fake.errors() == []
+
+
+def test_a_pull_that_overtook_its_push_waits_for_it_and_a_refused_round_answers_it():
+    srv, fake = following_server()
+    push0 = rsp(WORKER0, [3], np.full((1, 3), 1.0), np.float32)
+    early = following_pull(WORKER0, [3], push0)
+    srv.handle_request(early, fake)                    # a van that reorders: pull first
+    assert not fake.answered(early)
+    srv.handle_request(push0, fake)
+    srv.handle_request(rsp(WORKER1, [], None, np.float32, push=True), fake)
+    np.testing.assert_array_equal(rows_of(fake.answer_to(early)), [[0.0] * 3])
+    # the optimizer refused: the round's pushes are refused, the pull that followed answered
+    srv.refused_optimizer, srv.updater = "a test's refusal", None
+    push1 = rsp(WORKER0, [3], np.ones((1, 3)), np.float32)
+    srv.handle_request(push1, fake)
+    late = following_pull(WORKER0, [3], push1)
+    srv.handle_request(late, fake)
+    srv.handle_request(rsp(WORKER1, [3], np.ones((1, 3)), np.float32), fake)
+    assert fake.answer_to(push1).error and fake.answer_to(late).error is None
+
+
+@pytest.mark.parametrize("probed", [True, False])
+def test_a_dist_byteps_row_range_takes_its_keys_multipliers(probed):
+    """A dist_byteps worker's row_sparse range (local key ``(key << 16) | index``) is updated
+    with the learning-rate multiplier of its MXNet key, under an index of its own; MXNet's
+    workers' keys (no probe) as MXNet's server does: the key is the index."""
+    from kvstore_byteps.engine.partition import ROW_SPARSE_INDEX
+    from kvstore_byteps.serving.byteps import BytePSServer
+    optimizer = mx.optimizer.SGD(learning_rate=1.0, rescale_grad=1.0, wd=0.0,
+                                 param_idx2name={3: "embedding_weight"})
+    optimizer.set_lr_mult({"embedding_weight": 0.0})
+    master = (3 << 16) | (ROW_SPARSE_INDEX - 1)          # key 3's second range here
+    head = encode_cmd(RequestType.ROW_SPARSE, np.float32)
+
+    def rows_push(sender, value):
+        return request(sender, [master, master, master + 1], np.full((2, 2), value, np.float32),
+                       [0, 8, 8], push=True, head=head)
+    with BytePSServer(2, summing_threads=1,
+                      updater_loader=lambda body: MXNetUpdater(optimizer)) as srv:
+        fake = FakeServer()
+        if probed:
+            srv.handle_command(command(WORKER0, ServerCommand.BYTEPS_PROBE, b"sync"), fake)
+        srv.handle_request(rows_push(WORKER0, 1.0), fake)
+        for cmd in (ServerCommand.SYNC_MODE, ServerCommand.CONTROLLER):
+            srv.handle_command(command(WORKER0, cmd, b"opt"), fake)
+        srv.handle_request(rows_push(WORKER0, 0.5), fake)
+        srv.handle_request(rows_push(WORKER1, 0.5), fake)
+        read = request(WORKER0, [master, master, master + 1], head=head, pull=True)
+        srv.handle_request(read, fake)
+        assert fake.errors() == []
+        got = np.frombuffer(bytes(fake.answer_to(read).vals), np.float32)
+    # probed: lr_mult 0 of key 3 holds the weights; else the local key has no multiplier
+    np.testing.assert_array_equal(got, np.full(4, 1.0 if probed else 0.0, np.float32))

@@ -15,7 +15,8 @@ from .pbmeta import PBMeta
 
 #: BytePS-only PBMeta fields; they travel in ``Meta.extra`` and upstream peers ignore them.
 EXTENSION_FIELDS = ("error", "rdma_addr", "rdma_rkey", "round", "dead_node", "epoch",
-                    "pull_timestamp", "abort", "await_init", "abort_status", "barrier_kind")
+                    "pull_timestamp", "abort", "await_init", "abort_status", "barrier_kind",
+                    "after_push")
 
 
 def encode_meta(meta: Meta) -> bytes:
@@ -83,15 +84,15 @@ def decode_meta(data, sender: int = K_EMPTY, recver: int = K_EMPTY) -> Meta:
 
 
 def _may_have_extensions(data: bytes) -> bool:
-    """Whether PBMeta bytes may hold an extension field (numbers 100-110): every such field
-    starts with a tag of 800-887 (number << 3 | wire type), whose varint's first byte is
-    0xA0-0xF7 and second 0x06 (0x86 if a peer wrote the tag overlong). Bytes without that
+    """Whether PBMeta bytes may hold an extension field (numbers 100-111): every such field
+    starts with a tag of 800-895 (number << 3 | wire type), whose varint's first byte is
+    0xA0-0xFF and second 0x06 (0x86 if a peer wrote the tag overlong). Bytes without that
     pair hold none, as most answers' metas, and skip eleven ``HasField`` calls."""
     return _EXTENSION_TAG.search(data) is not None
 
 
 #: the first two bytes of an extension field's tag (see _may_have_extensions)
-_EXTENSION_TAG = re.compile(b"[\\xa0-\\xf7][\\x06\\x86]")
+_EXTENSION_TAG = re.compile(b"[\\xa0-\\xff][\\x06\\x86]")
 
 
 def _pack_control(control: Control, pb_control) -> None:

@@ -8,6 +8,22 @@ K_MAX_KEY = 2 ** 64 - 1
 #: dist_byteps's local key of a partition: ``(user_key << PARTITION_BITS) | index`` (see
 #: ``engine/partition.py``); a server recovers the MXNet key from it
 PARTITION_BITS = 16
+#: the partition index of a row_sparse key's first row range on a server of ours; its ``c``-th
+#: range on that server takes ``ROW_SPARSE_INDEX - c`` (``engine/sparse.py``)
+ROW_SPARSE_INDEX = (1 << PARTITION_BITS) - 2
+#: row ranges of one row_sparse key on one server of ours, at most
+ROW_RANGES_PER_SERVER = 8
+
+
+def row_sparse_key(local: int):
+    """The MXNet key of a row_sparse range's master (local key ``(key << 16) | index``), None
+    where ``local`` is no such master. (An MXNet worker's own key whose low 16 bits fall in
+    that range, one past 65,526 keys, reads as one too: harmless where it is used, the
+    optimizer's multipliers of keys that have none of their own.)"""
+    index = local & ((1 << PARTITION_BITS) - 1)
+    if ROW_SPARSE_INDEX - ROW_RANGES_PER_SERVER < index <= ROW_SPARSE_INDEX:
+        return local >> PARTITION_BITS
+    return None
 
 
 class KeyRange(NamedTuple):

@@ -70,6 +70,9 @@ _META_FIELDS = [
     # on a BARRIER request: which of a worker's barriers it is (barriers.py's BARRIER_KINDS:
     # "finish", "shutdown"; none: the program's own); upstream schedulers ignore it
     ("barrier_kind", 110, _F.TYPE_STRING, _F.LABEL_OPTIONAL, {}),
+    # on a row_sparse pull: the timestamp of this worker's push of the same rows' range that
+    # it follows; the server answers it once that push's round is complete and updated
+    ("after_push", 111, _F.TYPE_INT32, _F.LABEL_OPTIONAL, {}),
 ]
 
 
