@@ -52,6 +52,9 @@ class Config:
     #: BYTEPS_PARTITION_BYTES unset: with our servers, rank 0 sizes partitions from its
     #: measured link at start, at most ``partition_bytes`` (engine/sizing.py)
     size_partitions_by_link: bool = False
+    #: a row_sparse key's range bytes on our servers (engine/sparse.py; 0: a range a server):
+    #: not read from the environment, rank 0's choice agreed at start (engine/sizing.py)
+    row_range_bytes: int = 0
     partition_spread_bytes: int = 262144
     #: 8, not BytePS's 4: measured on a replayed BERT-base step (4x4, 500 Mbit/s links) 4
     #: partitions of 4 MB in flight left the links idle while each waited its round trip

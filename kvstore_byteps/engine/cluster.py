@@ -65,8 +65,11 @@ class Cluster:
         if kind is ServerKind.BYTEPS:
             layout = self.agree_on_layout()
             if config.size_partitions_by_link:
-                self.config = dataclasses.replace(
-                    config, partition_bytes=int(layout["partition_bytes"]))
+                config = dataclasses.replace(config,
+                                             partition_bytes=int(layout["partition_bytes"]))
+            # rank 0's: every worker must lay a row_sparse key out alike
+            self.config = dataclasses.replace(
+                config, row_range_bytes=int(layout.get("row_range_bytes") or 0))
         return kind
 
     def agree_on_layout(self) -> dict:

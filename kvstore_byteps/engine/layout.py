@@ -18,7 +18,7 @@ from ..errors import KVStoreBytePSError
 from ..mxproto import PROBE_ANSWER, RequestType, encode_cmd
 from ..van.wire.keys import server_key_range, server_of_key
 from .partition import ROW_SPARSE_INDEX, KeyLayoutError, Partition, Partitioner, encode_ps_key
-from .sparse import ROW_RANGE_BYTES, RowRange, chunked_ranges, mxnet_ranges
+from .sparse import RowRange, chunked_ranges, mxnet_ranges
 from .upstream import dtype_code, encode_compressed_key, encode_default_key
 
 __all__ = ["KeyLayout", "Layouts", "ServerDialect", "BytePSDialect", "MXNetDialect",
@@ -137,11 +137,11 @@ class BytePSDialect(ServerDialect):
                            self.config.partition_bytes)
 
     def row_ranges(self, key, total_rows, unit_len, itemsize):
-        """About ``ROW_RANGE_BYTES`` a range, interleaved over the servers; the ``c``-th range
-        on a server under ``(key << 16) | (ROW_SPARSE_INDEX - c)``, apart from every other
-        key's partitions."""
+        """About ``config.row_range_bytes`` a range (agreed at start), interleaved over the
+        servers; the ``c``-th range on a server under ``(key << 16) | (ROW_SPARSE_INDEX - c)``,
+        apart from every other key's partitions."""
         return chunked_ranges(key, total_rows, unit_len * itemsize, self.num_servers,
-                              ROW_RANGE_BYTES,
+                              self.config.row_range_bytes,
                               lambda server, c: encode_ps_key(key, ROW_SPARSE_INDEX - c, server,
                                                               self.num_servers))
 

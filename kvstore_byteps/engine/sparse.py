@@ -13,8 +13,9 @@ round's pushes by workers); a pull names only the ranges holding rows it asks fo
 The ranges are the servers' dialect's (:mod:`.layout`): on MXNet's servers, MXNet's own, one
 range on the server ``(key * 9973) % S`` or, at ``MXNET_KVSTORE_BIGARRAY_BOUND`` elements and
 more, one per server (server ``i`` holds rows ``[llround(R / S * i), llround(R / S * (i + 1)))``),
-master ``begin(server) + key`` (:func:`mxnet_ranges`). On ours, a key is cut into ranges of
-about ``ROW_RANGE_BYTES``, interleaved over the servers, up to ``ROW_RANGES_PER_SERVER`` a
+master ``begin(server) + key`` (:func:`mxnet_ranges`). On ours, where the link is slow (rank 0
+decides at start, engine/sizing.py) a key is cut into ranges of about ``ROW_RANGE_BYTES``,
+interleaved over the servers, up to ``ROW_RANGES_PER_SERVER`` a server, else into a range a
 server (:func:`chunked_ranges`), master ``begin(server) + (key << 16 | ROW_SPARSE_INDEX - c)``
 for its ``c``-th range there (an index no dense partition of another key meets): each range's
 round closes, is updated and answered on its own. A pull of a range goes right behind this
@@ -41,8 +42,9 @@ from .upstream import dtype_code, mxnet_server_for_key, round_half_away
 __all__ = ["ROW_RANGE_BYTES", "RowPush", "RowRange", "RowRequest", "RowSparseKeys", "SparsePort",
            "chunked_ranges", "mxnet_ranges", "row_parts", "row_ranges"]
 
-#: the bytes of a row range on our servers, about (a constant, not BYTEPS_PARTITION_BYTES: every
-#: worker must lay a key out alike, and a push to a range nobody initialised would initialise it)
+#: the bytes of a row range on our servers, about, where the link is slow (engine/sizing.py
+#: chooses at start, and every worker takes rank 0's choice: a push to a range nobody
+#: initialised would initialise it); keys smaller than this keep one range
 ROW_RANGE_BYTES = 4096000
 #: a push's ranges sent and not answered, at most, where pulls wait for the answers (MXNet's
 #: servers, :class:`RowPush`): of 4, 6, 8, 12 and 23, 8 gave the shortest step with pulls
@@ -90,12 +92,14 @@ def mxnet_ranges(key: int, total_rows: int, unit_len: int, masters: List[int],
 
 def chunked_ranges(key: int, total_rows: int, row_bytes: int, num_servers: int,
                    range_bytes: int, master: Callable[[int, int], int]) -> List[RowRange]:
-    """Our servers' layout: about ``range_bytes`` a range (at most ``ROW_RANGES_PER_SERVER`` a
-    server, at least one row each), range ``j`` on server ``(first server + j) % S``, the
-    first server MXNet's for the key; ``master(server, c)``: the master of the ``c``-th range
-    on ``server``."""
-    count = -(-total_rows * row_bytes // max(1, range_bytes))
-    count = max(1, min(count, ROW_RANGES_PER_SERVER * num_servers, total_rows))
+    """Our servers' layout: about ``range_bytes`` a range, at most ``ROW_RANGES_PER_SERVER`` a
+    server (``range_bytes`` 0: a range a server, keys under ``ROW_RANGE_BYTES`` one range), at
+    least one row each, range ``j`` on server ``(first server + j) % S``, the first server
+    MXNet's for the key; ``master(server, c)``: the master of the ``c``-th range on
+    ``server``."""
+    most = num_servers * (ROW_RANGES_PER_SERVER if range_bytes else 1)
+    count = -(-total_rows * row_bytes // (range_bytes or ROW_RANGE_BYTES))
+    count = max(1, min(count, most, total_rows))
     first_server = mxnet_server_for_key(key, num_servers)
     return [RowRange(first, end, master((first_server + j) % num_servers, j // num_servers))
             for j, (first, end) in enumerate(row_ranges(total_rows, count))]

@@ -4,6 +4,7 @@ import pytest
 
 from kvstore_byteps.config import Config, VanType
 from kvstore_byteps.engine import sizing
+from kvstore_byteps.engine.sparse import ROW_RANGE_BYTES
 from kvstore_byteps.errors import KVStoreBytePSError
 
 
@@ -76,6 +77,14 @@ def test_a_small_body_held_up_once_does_not_inflate_the_rate():
     assert sizing.measure_rate(send, 2, clock=link.clock) == pytest.approx(60e6)
 
 
+def test_row_sparse_ranges_are_cut_where_the_link_shrinks_partitions():
+    assert sizing.row_range_bytes_for(768000) == ROW_RANGE_BYTES
+    assert sizing.row_range_bytes_for(1536000) == ROW_RANGE_BYTES
+    assert sizing.row_range_bytes_for(Config.partition_bytes) == 0      # a range a server
+    body = sizing.encode_layout(768000, 60e6, 8192, row_range_bytes=ROW_RANGE_BYTES)
+    assert sizing.decode_layout(body)["row_range_bytes"] == ROW_RANGE_BYTES
+
+
 def test_layout_round_trip_and_bad_answers():
     body = sizing.encode_layout(765952, 60e6)
     assert sizing.decode_layout(body) == {"partition_bytes": 765952, "rate": 60e6}
@@ -124,7 +133,8 @@ def test_rank_0_measures_and_leaves_the_size_the_others_read_it_after_the_barrie
     assert chosen in sizing.SIZES and leader.link_rate > 0
     assert cluster.tests == [sizing.SMALL_BODY, sizing.LARGE_BODY] * sizing.TRIES
     assert cluster.sent == [("BYTEPS_LAYOUT", len(sizing.encode_layout(
-        chosen, leader.link_rate, leader.config.fusion_bytes)))]
+        chosen, leader.link_rate, leader.config.fusion_bytes,
+        sizing.row_range_bytes_for(chosen))))]
     assert cluster.barriers == 1
     cluster.held = sizing.encode_layout(765952, 60e6)    # whatever rank 0 chose, the others
     other = _engine(1, cluster)                          # take it: no test of their own

@@ -6,8 +6,8 @@ import numpy as np
 from kvstore_byteps.config import Config
 from kvstore_byteps.engine.layout import BytePSDialect, MXNetDialect
 from kvstore_byteps.engine.partition import encode_ps_key
-from kvstore_byteps.engine.sparse import (RowRange, chunked_ranges, mxnet_ranges, row_parts,
-                                          row_ranges)
+from kvstore_byteps.engine.sparse import (ROW_RANGE_BYTES, RowRange, chunked_ranges,
+                                          mxnet_ranges, row_parts, row_ranges)
 from kvstore_byteps.engine.upstream import mxnet_server_for_key
 from kvstore_byteps.van.wire.keys import (ROW_RANGES_PER_SERVER, row_sparse_key,
                                           server_key_range, server_of_key)
@@ -57,12 +57,15 @@ def test_our_servers_cut_a_big_key_into_ranges_of_about_the_range_bytes_interlea
     assert len(chunked_ranges(0, 10 ** 6, 40, 2, 1000, master)) == 2 * ROW_RANGES_PER_SERVER
     assert len(chunked_ranges(0, 3, 4000, 2, 1000, master)) == 3
     assert len(chunked_ranges(5, 3, 4, 2, 1000, master)) == 1
+    # range bytes 0 (a fast link): a range a server, one for keys under ROW_RANGE_BYTES
+    assert [r.master for r in chunked_ranges(0, 30522, 3072, 2, 0, master)] == [0, 1000]
+    assert len(chunked_ranges(0, 100, 40, 2, 0, master)) == 1
     assert chunked_ranges(5, 3, 4, 3, 1000, master)[0].master == \
         master(mxnet_server_for_key(5, 3), 0)
 
 
 def test_our_servers_masters_meet_no_dense_partition_and_name_their_key():
-    config = Config(num_workers=1, num_servers=3)
+    config = Config(num_workers=1, num_servers=3, row_range_bytes=ROW_RANGE_BYTES)
     ours, theirs = BytePSDialect(config, 3), MXNetDialect(config, 3)
     dense = {encode_ps_key(k, i, s, 3) for k in range(8) for i in range(4) for s in range(3)}
     for key in (0, 1, 5):
