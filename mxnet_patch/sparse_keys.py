@@ -7,9 +7,10 @@ first), the servers sum every worker's rows and update them with the optimizer, 
 ``row_sparse_pull`` returns just the rows asked for. As in MXNet, a push returns at once: an
 engine-ordered copy of the gradient is taken (so the program may write the gradient again) and
 a sender thread sends it once MXNet computed it. The servers answer a push range by range
-(:mod:`kvstore_byteps.engine.sparse`), each range once its round is complete and updated; a pull
-asks for a range's rows as soon as this worker's pushes of that range were answered, while the
-other ranges' pushes may still travel, and blocks until every row came.
+(:mod:`kvstore_byteps.engine.sparse`), each range once its round is complete and updated. A
+pull of a range goes to our servers right behind this worker's push of that range, naming it
+(the server answers once that push's round is done); to MXNet's, once that push was answered;
+either way while the other ranges' pushes may still travel. It blocks until every row came.
 
 A ``row_sparse`` gradient of a key initialised dense (gluon's ``Embedding(sparse_grad=True)``:
 a dense weight) is pushed dense, through the key's BytePS rounds (:meth:`densify`); MXNet
