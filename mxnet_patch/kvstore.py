@@ -42,11 +42,22 @@ def _as_list(value):
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
+#: keys whose pull into a row_sparse array was skipped and said so (once a key)
+_SKIPS_SAID = set()
+
+
 def _skipped(key, out, ignore_sparse) -> bool:
-    """A pull's row_sparse output: skipped with ``ignore_sparse``, else refused (MXNet's)."""
+    """A pull's row_sparse output: skipped with ``ignore_sparse``, saying so once a key (MXNet
+    warns too), else refused (MXNet's)."""
     if not is_sparse(out):
         return False
     if ignore_sparse:
+        if key not in _SKIPS_SAID:
+            _SKIPS_SAID.add(key)
+            log.warning("pull of key %s into a row_sparse array was ignored (ignore_sparse=True, "
+                        "as MXNet's stores do): read row_sparse arrays with "
+                        "kv.row_sparse_pull(key, out, row_ids) or Module.prepare() with row ids "
+                        "(said once a key)", key)
         return True
     raise MXNetError("pull of key %s into a row_sparse array: use row_sparse_pull (dist "
                      "stores pull row_sparse arrays only by row ids)" % (key,))

@@ -38,6 +38,8 @@ def test_row_sparse_keys_push_and_pull_only_their_rows_with_the_servers_sgd(serv
     said = run_job("store", tmp_path / "job", "dist_byteps", SCHEDULER_OURS, SERVERS[server],
                    env)
     assert said.count("STORE OK") == 2, said
+    # a pull into a row_sparse array, skipped (ignore_sparse), says so once a key and worker
+    assert said.count("pull of key 3 into a row_sparse array was ignored") == 2, said
 
 
 def params(out_dir):
