@@ -216,18 +216,14 @@ class _Key:
     shape: tuple
     dtype: np.dtype
     ranges: List[RowRange]
+    unit_len: int = 0     # elements a row
+    row_bytes: int = 0
+    cmd: int = 0
 
-    @property
-    def unit_len(self) -> int:
-        return int(np.prod(self.shape[1:], dtype=np.int64))
-
-    @property
-    def row_bytes(self) -> int:
-        return self.unit_len * self.dtype.itemsize
-
-    @property
-    def cmd(self) -> int:
-        return encode_cmd(RequestType.ROW_SPARSE, dtype_code(self.dtype))
+    def __post_init__(self) -> None:       # asked for on every request: worked out once
+        self.unit_len = int(np.prod(self.shape[1:], dtype=np.int64))
+        self.row_bytes = self.unit_len * self.dtype.itemsize
+        self.cmd = encode_cmd(RequestType.ROW_SPARSE, dtype_code(self.dtype))
 
 
 class RowSparseKeys:
