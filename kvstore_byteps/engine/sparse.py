@@ -44,11 +44,12 @@ __all__ = ["ROW_RANGE_BYTES", "RowPush", "RowRange", "RowRequest", "RowSparseKey
 
 #: the bytes of a row range on our servers, about, where the link is slow (engine/sizing.py
 #: chooses at start, and every worker takes rank 0's choice: a push to a range nobody
-#: initialised would initialise it); keys smaller than this keep one range
-ROW_RANGE_BYTES = 4096000
-#: a push's ranges sent and not answered, at most, where pulls wait for the answers (MXNet's
-#: servers, :class:`RowPush`): of 4, 6, 8, 12 and 23, 8 gave the shortest step with pulls
-#: after answers, 4 x 4 on emulated 500 Mbit/s links
+#: initialised would initialise it); keys smaller than this keep one range. Measured, BERT's
+#: embedding 4 x 4 on emulated 500 Mbit/s links: 32 ranges (2 MB, 8 a server) 0.34 s a step,
+#: 23 (4 MB) 0.35 s, 46 and 67 (16 a server) 0.35 and 0.38 s: each range costs CPU
+ROW_RANGE_BYTES = 2048000
+#: a push's ranges sent and not answered, at most (:class:`RowPush`): of 4, 6, 8, 10, 12, 16
+#: and no limit, 8-10 gave the shortest step (0.34 s against 0.37 s unlimited, the case above)
 IN_FLIGHT = 8
 
 
@@ -127,13 +128,15 @@ def row_parts(rows: np.ndarray, ranges: List[RowRange], row_bytes: int,
 
 class RowPush:
     """One push of a row_sparse key, range by range in row order, each range's request sent
-    once at most ``in_flight`` ranges are sent and not answered (None: no limit). Where a
-    range's pull waits for its push's answer (MXNet's servers), a limit lets that pull go out
-    behind a few ranges' pushes rather than behind all of them (a worker's requests to a
-    server share one connection). The next range is sent from an answer's callback, so no
-    thread waits for the other workers: every worker sends a key's ranges in the same order,
-    and a range is answered once all of them sent it. ``on_sent(range, timestamp)`` runs as
-    each range's request is sent; ``callback(range, request)`` as it is answered."""
+    once at most ``in_flight`` ranges are sent and not answered (None: no limit). The limit
+    keeps the ranges' rounds closing in order, the first soon (sent all at once, every range
+    shares the links and the first round closes late), and where a range's pull waits for its
+    push's answer (MXNet's servers) lets that pull go out behind a few ranges' pushes rather
+    than behind all of them (a worker's requests to a server share one connection). The next
+    range is sent from an answer's callback, so no thread waits for the other workers: every
+    worker sends a key's ranges in the same order, and a range is answered once all of them
+    sent it. ``on_sent(range, timestamp)`` runs as each range's request is sent;
+    ``callback(range, request)`` as it is answered."""
 
     def __init__(self, kv, cmd: int, parts: List[RowRequest], data: np.ndarray,
                  row_bytes: int, in_flight: Optional[int], callback: Optional[Callable],
@@ -282,7 +285,7 @@ class RowSparseKeys:
         push = RowPush(self.port.kv, meta.cmd, row_parts(rows, meta.ranges, meta.row_bytes,
                                                          every_range=True),
                        values.reshape(-1).view(np.uint8), meta.row_bytes,
-                       None if self.port.pulls_follow else IN_FLIGHT, callback, on_sent)
+                       IN_FLIGHT, callback, on_sent)
         push.start()
         return push
 
