@@ -317,10 +317,14 @@ def _fill_rows(out, data: np.ndarray, rows: np.ndarray) -> None:
     from mxnet.base import _LIB, check_call
     from mxnet.ndarray.sparse import RowSparseNDArray, _new_alloc_handle
     cpu = context.cpu()
-    values = nd.empty(data.shape, ctx=cpu, dtype=data.dtype)
-    values._sync_copyfrom(data)
-    indices = nd.empty(rows.shape, ctx=cpu, dtype=np.int64)
-    indices._sync_copyfrom(rows)
+
+    def ndarray_of(array: np.ndarray):
+        array = np.ascontiguousarray(array)
+        made = nd.empty(array.shape, ctx=cpu, dtype=array.dtype)
+        check_call(_LIB.MXNDArraySyncCopyFromCPU(made.handle, array.ctypes.data_as(
+            ctypes.c_void_p), ctypes.c_size_t(array.size)))
+        return made
+    values, indices = ndarray_of(data), ndarray_of(rows.astype(np.int64, copy=False))
     made = RowSparseNDArray(_new_alloc_handle("row_sparse", out.shape, cpu, False, data.dtype,
                                               [np.int64], [rows.shape]))
     check_call(_LIB.MXNDArraySyncCopyFromNDArray(made.handle, values.handle, ctypes.c_int(-1)))
