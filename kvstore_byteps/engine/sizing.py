@@ -78,9 +78,8 @@ def row_range_bytes_for(partition_bytes: int) -> int:
     ``partition_bytes``: where the link made them smaller than BytePS's default, ranges of
     ``ROW_RANGE_BYTES``, whose pulls come back while later ranges are pushed; on a fast link 0,
     a range a server, every request's CPU counting more. Measured, a 30,522 x 768 embedding
-    with 4,096 rows a worker a step: 4 x 4 on 500 Mbit/s links, 2 MB ranges 0.33-0.34 s a step,
-    a range a server 0.51 s; 2 x 2 on loopback (4 MB ranges) 0.067-0.072 s against
-    0.051-0.053 s. Pure."""
+    with 4,096 rows a worker a step: 4 x 4 on 500 Mbit/s links, 4 MB ranges 0.34-0.35 s a step,
+    a range a server 0.51 s; 2 x 2 on loopback 0.067-0.072 s against 0.051-0.053 s. Pure."""
     return ROW_RANGE_BYTES if partition_bytes < Config.partition_bytes else 0
 
 

@@ -45,9 +45,11 @@ __all__ = ["ROW_RANGE_BYTES", "RowPush", "RowRange", "RowRequest", "RowSparseKey
 #: the bytes of a row range on our servers, about, where the link is slow (engine/sizing.py
 #: chooses at start, and every worker takes rank 0's choice: a push to a range nobody
 #: initialised would initialise it); keys smaller than this keep one range. Measured, BERT's
-#: embedding 4 x 4 on emulated 500 Mbit/s links: 32 ranges (2 MB, 8 a server) 0.34 s a step,
-#: 23 (4 MB) 0.35 s, 46 and 67 (16 a server) 0.35 and 0.38 s: each range costs CPU
-ROW_RANGE_BYTES = 2048000
+#: embedding 4 x 4 on emulated links, 8 ranges in flight: at 500 Mbit/s 23 ranges (4 MB)
+#: 0.343-0.352 s a step, 32 (2 MB, 8 a server) 0.324-0.339 s, 46 and 67 (16 a server) 0.35 and
+#: 0.38 s; at 200 Mbit/s 23 ranges 0.88 s, 32 ranges 1.02-1.04 s (each range costs CPU, and
+#: there the kernel's share of a step doubled)
+ROW_RANGE_BYTES = 4096000
 #: a push's ranges sent and not answered, at most (:class:`RowPush`): of 4, 6, 8, 10, 12, 16
 #: and no limit, 8-10 gave the shortest step (0.34 s against 0.37 s unlimited, the case above)
 IN_FLIGHT = 8

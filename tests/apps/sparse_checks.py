@@ -18,7 +18,7 @@ import numpy as np
 from mxnet import autograd, gluon
 
 ROUNDS, LR = 4, 0.5
-#: 11: 9.2 MB, a range a server on our servers, or five (three on one server) where partitions
+#: 11: 9.2 MB, a range a server on our servers, or three (two on one server) where partitions
 #: are small (ROW_RANGE_BYTES, engine/sizing.py); answered range by range
 SHAPES = {3: ((6, 4), "float32"), 7: ((50, 3), "float32"), 9: ((6, 4), "float16"),
           11: ((4500, 512), "float32")}
