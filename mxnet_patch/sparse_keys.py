@@ -17,6 +17,7 @@ a dense weight) is pushed dense, through the key's BytePS rounds (:meth:`densify
 1.9.1's own ``dist_sync`` cannot train that case (its servers abort). Synchronous training only.
 """
 import concurrent.futures
+import ctypes
 import dataclasses
 import functools
 import threading
@@ -24,8 +25,10 @@ import time
 from typing import Callable, Dict, List
 
 import numpy as np
-from mxnet import autograd
+from mxnet import autograd, context
 from mxnet import ndarray as nd
+from mxnet.base import _LIB, check_call
+from mxnet.ndarray.sparse import RowSparseNDArray, _new_alloc_handle
 
 from kvstore_byteps.errors import DeadlineError, KVStoreBytePSError
 
@@ -294,7 +297,6 @@ def _rows_view(array):
     """``(row ids, values)`` of a row_sparse CPU ``array`` that nothing else writes: the ids a
     copy (small), the values a numpy view of its memory (no copy of the rows), which keeps
     ``array`` alive for as long as anything (a message being sent) holds it."""
-    import ctypes
     from mxnet_patch.engine_async import data_pointer
     rows = array.indices.asnumpy().astype(np.int64)      # waits for the array
     shape = (len(rows),) + tuple(array.shape[1:])
@@ -312,10 +314,6 @@ def _fill_rows(out, data: np.ndarray, rows: np.ndarray) -> None:
     unique, at least one) with values ``data``: a row_sparse array made from them with two
     copies in C (as MXNet's ``row_sparse_array`` does, without its conversions through Python
     indexing: a third of a small embedding's step), then copied to ``out`` by the engine."""
-    import ctypes
-    from mxnet import context
-    from mxnet.base import _LIB, check_call
-    from mxnet.ndarray.sparse import RowSparseNDArray, _new_alloc_handle
     cpu = context.cpu()
 
     def ndarray_of(array: np.ndarray):

@@ -196,7 +196,6 @@ class RowPush:
 @dataclasses.dataclass
 class _Unsent:
     error: BaseException
-    timestamp: int = -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -324,13 +323,6 @@ class RowSparseKeys:
         if not data:
             return np.zeros(out_shape, dtype=meta.dtype)
         return np.concatenate(data).reshape(out_shape)
-
-    def pull(self, key: int, rows: np.ndarray, name: str) -> np.ndarray:
-        """Rows ``rows`` (sorted, unique) of ``key`` as the servers hold them, an array of
-        ``(len(rows),) + shape[1:]`` (read-only). Every range at once; blocking."""
-        parts = self.pull_parts(key, rows, name)
-        requests = [self.send_pull(key, part) for part in parts]
-        return self.gather(key, rows, name, parts, requests)
 
     def _meta(self, key: int, name: str) -> _Key:
         meta = self._keys.get(key)
