@@ -77,6 +77,10 @@ class Config:
     #: BYTEPS_ENABLE_ASYNC, BYTEPS_BACKUP_WORKERS (synchronous rounds close when all but that
     #: many workers pushed, docs/usage.md)
     training_mode: TrainingMode = TrainingMode()
+    #: BYTEPS_MIN_WORKERS: elastic workers (docs/usage.md): a worker lost while at least this
+    #: many are left leaves the job, which goes on without it; 0 (default): a lost worker
+    #: ends the job
+    min_workers: int = 0
     #: dist_byteps workers send a round's pull along with its push (one message instead of
     #: two; README: Each pull rides along with its push)
     pull_with_push: bool = True
@@ -142,11 +146,17 @@ class Config:
         if config.backup_workers and config.backup_workers >= config.num_workers:
             raise ConfigError("%s=%d needs more workers than that (DMLC_NUM_WORKER=%d)"
                               % (Env.BACKUP_WORKERS, config.backup_workers, config.num_workers))
+        _check_elastic(config)
         if config.trace_on and config.trace_start_step > config.trace_end_step:
             raise ConfigError("%s=%d is after %s=%d: the trace would record no step"
                               % (Env.TRACE_START_STEP, config.trace_start_step,
                                  Env.TRACE_END_STEP, config.trace_end_step))
         return config
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the job goes on without a lost worker (BYTEPS_MIN_WORKERS)."""
+        return self.min_workers > 0
 
     @property
     def enable_async(self) -> bool:
@@ -167,6 +177,28 @@ class Config:
         """A process of a local group other than its local rank 0: no worker of the cluster
         (it reduces through local rank 0 with the BytePS or Horovod API)."""
         return self.local_groups and self.local_size > 1 and self.local_rank > 0
+
+
+def _check_elastic(config: Config) -> None:
+    """BYTEPS_MIN_WORKERS within the job's workers, and only where a round can do without a
+    worker: synchronous training on our servers, heartbeats on (how a loss is noticed)."""
+    if not config.min_workers:
+        return
+    if config.min_workers > config.num_workers:
+        raise ConfigError("%s=%d is more than the job's workers (DMLC_NUM_WORKER=%d)"
+                          % (Env.MIN_WORKERS, config.min_workers, config.num_workers))
+    others = [name for name, on in ((Env.ENABLE_ASYNC, config.enable_async),
+                                    (Env.BACKUP_WORKERS, config.backup_workers),
+                                    (Env.SERVER_RECOVERY, config.server_recovery),
+                                    (Env.SERVER_PACING_BYTES, config.server_pacing_bytes),
+                                    (Env.RESEND, config.resend)) if on]
+    if others:
+        raise ConfigError("%s (elastic workers) works with synchronous training only, without "
+                          "%s: unset one of them" % (Env.MIN_WORKERS, " and ".join(others)))
+    if config.heartbeat_interval <= 0 or config.heartbeat_timeout <= 0:
+        raise ConfigError("%s needs heartbeats to notice a lost worker: %s and %s must be "
+                          "positive" % (Env.MIN_WORKERS, Env.HEARTBEAT_INTERVAL,
+                                        Env.HEARTBEAT_TIMEOUT))
 
 
 def _check_local_place(config: Config, in_local_group: bool) -> None:

@@ -13,7 +13,7 @@ from ..errors import ConfigError, KVStoreBytePSError
 from ..mxproto import Presence, RequestType, ServerCommand, encode_cmd
 from ..van.kv import open_worker
 from ..van.runtime.postoffice import Postoffice
-from ..van.wire.message import ALL_GROUP, SERVER_GROUP, WORKER_GROUP
+from ..van.wire.message import ALL_GROUP, SERVER_GROUP, WORKER_GROUP, id_to_rank
 from . import sizing
 from .fusion import BUCKET_INDEX
 from .layout import server_kind
@@ -191,12 +191,17 @@ class Cluster:
                         "weights (%d of %d partitions read before their last change, training "
                         "%s): %s", self.rank, stale, keys, self.mode.name, advice)
 
+    def leads(self) -> bool:
+        """Whether this worker does rank 0's part now: it is rank 0, or the lowest rank
+        still in an elastic job whose lower ranks left."""
+        return self.rank == id_to_rank(min(self.po.group_ids(WORKER_GROUP)))
+
     def leave(self, within: float, ending: Optional[str]) -> None:
         """MXNet's exit sequence: the shutdown barrier (Barrier(4); ``within`` seconds;
         ``ending``: why this worker leaves early, :mod:`.stuck`), kStopServer from rank 0,
-        Barrier(7)."""
+        Barrier(7). (Rank 0, or the lowest rank still in an elastic job.)"""
         self.barriers.wait("in the shutdown barrier", within, cause=ending, kind="shutdown")
-        if self.rank == 0:
+        if self.leads():
             self.command(ServerCommand.STOP_SERVER, b"", "kStopServer")
         self.po.finalize(timeout=within)
 

@@ -24,6 +24,10 @@ class ValuesPort:
     keep: Callable[[KeyLayout], None]          # the recovery keeper keeps the key's rounds
     name_of: Callable[[int], str]              # how a key is shown
     note_failure: Callable[[BaseException], None]    # the job cannot go on
+    #: whether this worker initialises keys now: rank 0, or the lowest rank still in an
+    #: elastic job
+    leader: Callable[[], bool] = lambda: True
+    elastic: bool = False                      # workers may leave (BYTEPS_MIN_WORKERS)
 
 
 class KeyValues:
@@ -63,14 +67,22 @@ class KeyValues:
         for part in layout.partitions:    # where this key's answers will land, every round
             self.kv.expect_answers(part.ps_key, part.nbytes)
         self._port.keep(layout)
-        if self.rank == 0:
-            self.initialise(layout, np.ascontiguousarray(value).reshape(-1).view(np.uint8))
+        flat = np.ascontiguousarray(value).reshape(-1).view(np.uint8)
+        # Elastic jobs choose who initialises after the barrier: every worker still in the
+        # job passed it knowing the same departures (the scheduler's notices come first), so
+        # a departed rank 0's part falls to one worker; the others' reads wait for its value.
+        leader_first = any_order or not self._port.elastic
+        if leader_first and self._port.leader():
+            self.initialise(layout, flat)
         if not any_order:
             self._declared += 1
             self._port.barrier("declaring %s (its key number %d)"
                                % (self._port.name_of(key), self._declared))
+            if not leader_first and self._port.leader():
+                self.initialise(layout, flat)
         try:
-            stored = self.pull_all(layout, {"await_init": True} if any_order else None)
+            stored = self.pull_all(layout, {"await_init": True}
+                                   if any_order or not leader_first else None)
         except PeerError as exc:
             why = self.dialect.misplaced(layout)
             if why is None:

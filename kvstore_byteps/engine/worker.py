@@ -91,6 +91,9 @@ class WorkerEngine:
         cluster = self.cluster
         kind = cluster.join()
         self.config = config = cluster.config       # with the partition size agreed on
+        if config.elastic and kind is not ServerKind.BYTEPS:
+            raise ConfigError("BYTEPS_MIN_WORKERS (elastic workers) needs kvstore-byteps "
+                              "servers: MXNet's own servers wait for every worker's push")
         self.kv, self.rank, self.num_workers = cluster.kv, cluster.rank, cluster.num_workers
         self.dialect = dialect_for(kind, config, self.po.num_servers)
         self.layouts = Layouts(self.dialect)
@@ -110,7 +113,8 @@ class WorkerEngine:
                                 ValuesPort(wait=cluster.wait, barrier=cluster.barrier,
                                            declare=lambda layout: self.fusion.declare(layout),
                                            keep=self.keeper.keep, name_of=self.tracer.name_of,
-                                           note_failure=self._note_failure))
+                                           note_failure=self._note_failure,
+                                           leader=cluster.leads, elastic=config.elastic))
         self.sparse = RowSparseKeys(SparsePort(
             kv=self.kv, ranges=self.dialect.row_ranges, barrier=self.barrier, rank=self.rank,
             request_timeout=config.request_timeout, pulls_follow=kind is ServerKind.BYTEPS))

@@ -203,6 +203,10 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                    help="stop everything and fail after this long")
     p.add_argument("--grace", type=_nonnegative_float, default=30.0, metavar="SECONDS",
                    help="how long scheduler and servers may take to exit after the workers")
+    p.add_argument("--min-workers", type=_positive(int), metavar="N",
+                   help="elastic workers (local, ssh, netns): a worker that dies or fails "
+                        "leaves the job, which goes on while at least N workers are left "
+                        "(sets BYTEPS_MIN_WORKERS on every node; docs/usage.md)")
     p.add_argument("--dry-run", action="store_true", help="print the nodes, start none")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD",
                    help="the worker program and its arguments")
@@ -257,7 +261,29 @@ def parse_args(argv: Optional[Sequence[str]] = None,
     if args.launcher is Launcher.SSH and not args.hostfile:
         p.error("--launcher ssh needs -H HOSTFILE (one host per line: [user@]host[:port] [slots=N])")
     _check_auth(p, args, environ)
+    _check_elastic(p, args, environ)
     return args
+
+
+def _check_elastic(p: argparse.ArgumentParser, args: argparse.Namespace, environ) -> None:
+    """--min-workers (or BYTEPS_MIN_WORKERS given to the nodes): the nodes get it, the job's
+    supervision follows it; only where this launcher supervises each worker's process."""
+    given = args.min_workers or args.env_all.get(Env.MIN_WORKERS) or environ.get(Env.MIN_WORKERS)
+    try:
+        args.min_workers = int(given or 0)
+    except ValueError:
+        p.error("%s=%r is not a number of workers" % (Env.MIN_WORKERS, given))
+    if not args.min_workers:
+        return
+    if args.min_workers > args.num_workers:
+        p.error("--min-workers %d is more than the job's %d workers"
+                % (args.min_workers, args.num_workers))
+    supervised = (Launcher.LOCAL, Launcher.SSH, Launcher.NETNS)
+    if args.launcher not in supervised:
+        p.error("--min-workers (elastic workers) is for --launcher %s: %s ends the whole job "
+                "when one worker's process ends" % (", ".join(x.value for x in supervised),
+                                                    args.launcher.value))
+    args.env_all[Env.MIN_WORKERS] = str(args.min_workers)
 
 
 def _check_kubernetes(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -4,7 +4,8 @@ Every node runs under ``kvstore_byteps.launcher.guard`` with a pipe from us as i
 (see guard.py): if this launcher dies, even by SIGKILL, every node stops. A ``NodeStarter`` says
 how a node's command line becomes a local process: directly, inside a network namespace, or
 through ssh. The first node that fails stops the job and its exit status becomes ours; so do
-Ctrl-C, SIGTERM, SIGHUP and the timeout.
+Ctrl-C, SIGTERM, SIGHUP and the timeout. With elastic workers (``min_workers``), a worker that
+is lost (killed by a signal) leaves the job instead while at least that many workers are left.
 """
 import os
 import shlex
@@ -24,6 +25,8 @@ from .plan import LaunchError, ProcSpec
 EXIT_SERVERS_LINGER = 1
 EXIT_SPAWN_FAILED = 127
 EXIT_TIMEOUT = 124
+#: ssh's status when the connection to a remote node dropped (its host is gone)
+EXIT_CONNECTION_LOST = 255
 POLL_INTERVAL_S = 0.05
 #: How long nodes get to exit after we close their pipes and SIGTERM them (the guard itself waits
 #: 3 s before its SIGKILL), before we SIGKILL what is left.
@@ -164,8 +167,10 @@ class Job:
     def __init__(self, specs: Sequence[ProcSpec], starter: Optional[NodeStarter] = None,
                  timeout: Optional[float] = None, grace: float = 30.0,
                  base_env: Optional[Mapping[str, str]] = None, log_dir: Optional[str] = None,
-                 log: IO[str] = sys.stderr):
+                 log: IO[str] = sys.stderr, min_workers: int = 0):
         self._specs, self._timeout, self._grace = list(specs), timeout, grace
+        self._min_workers = min_workers
+        self._lost: List[_Child] = []    # workers that failed and left an elastic job
         self._starter = starter or NodeStarter()
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._log_dir = log_dir
@@ -212,15 +217,20 @@ class Job:
             if self._signal is not None:
                 self._log("received %s; stopping all processes" % signal.Signals(self._signal).name)
                 return 128 + self._signal
-            failed = next((c for c in self._children if c.proc.poll() not in (None, 0)), None)
+            failed = next((c for c in self._children if c.proc.poll() not in (None, 0)
+                           and c not in self._lost), None)
             if failed is not None and self._killed_with_us(failed):
                 continue       # our own stop signal came with it: say that instead
             if failed is not None:
+                leaves = self._leaves(failed)
+                if leaves:
+                    continue
                 code = failed.proc.returncode
-                where = "on " + self._starter.where(failed.spec)
-                about = "; ".join(filter(None, (failed.spec.detail, where)))
-                self._log("%s (%s) %s; stopping all processes"
-                          % (failed.spec.label, about, describe_exit(code)))
+                if leaves is None:
+                    where = "on " + self._starter.where(failed.spec)
+                    about = "; ".join(filter(None, (failed.spec.detail, where)))
+                    self._log("%s (%s) %s; stopping all processes"
+                              % (failed.spec.label, about, describe_exit(code)))
                 return exit_status(code)
             running = [c for c in self._children if c.running]
             if not running:
@@ -236,6 +246,32 @@ class Job:
                           % (self._timeout, _labels(running)))
                 return EXIT_TIMEOUT
             time.sleep(POLL_INTERVAL_S)
+
+    def _leaves(self, failed: "_Child") -> Optional[bool]:
+        """Elastic workers: whether the failed worker ``failed`` leaves the job, which goes on
+        with at least ``min_workers`` workers (True, said once), or ends it (False, said
+        naming every worker lost); None where the job is not elastic, ``failed`` is no worker,
+        or its program chose its exit status (``sys.exit(N)``, an uncaught error: the job
+        ends as without elastic workers, and the caller says why). A worker killed by a
+        signal (killed, crashed, its machine preempted) is lost; so is a remote one whose
+        connection dropped (ssh's 255)."""
+        code = exit_status(failed.proc.returncode)
+        if (not self._min_workers or failed.spec.role is not Role.WORKER
+                or not (code > 128 or code == EXIT_CONNECTION_LOST)):
+            return None
+        self._lost.append(failed)
+        workers = sum(1 for c in self._children if c.spec.role is Role.WORKER)
+        left = workers - len(self._lost)
+        if left >= self._min_workers:
+            self._log("%s %s; the job goes on with %d of %d workers (--min-workers %d)"
+                      % (failed.spec.label, describe_exit(failed.proc.returncode), left,
+                         workers, self._min_workers))
+            return True
+        lost = ", ".join("%s %s" % (c.spec.label, describe_exit(c.proc.returncode))
+                         for c in self._lost)
+        self._log("%s: %d of %d workers left, fewer than --min-workers %d; stopping all "
+                  "processes" % (lost, left, workers, self._min_workers))
+        return False
 
     def _killed_with_us(self, failed: "_Child") -> bool:
         """Whether ``failed`` was killed by a signal that reached us too: a Ctrl-C goes to

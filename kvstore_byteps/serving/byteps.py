@@ -42,6 +42,7 @@ from .compressed import COMPRESSED_HEADS, CompressedPath
 from .datapath import Answers, DataPath
 from .dist import KVStoreDistServer
 from .keys import KeyTable, check_matches
+from .layout_board import LayoutBoard
 from .protocol import parse_dense
 from .recovery_filter import NoRecovery, RecoveryFilter
 from .riding import attached_pull, why_no_riding_pull
@@ -101,7 +102,7 @@ class BytePSServer(KVStoreDistServer):
         #: default pulls (req, server, cmd) that wait for their key's initialising push
         self._init_waits = InitWaits(self._lock, lambda ps_key: ps_key in self._store)
         #: the partition layout rank 0 chose at start (BYTEPS_LAYOUT), as it sent it
-        self._layout: Optional[bytes] = None
+        self.layout = LayoutBoard()
         #: a dist_byteps worker probed this server (MXNet's workers never do)
         self._probed = False
 
@@ -139,18 +140,7 @@ class BytePSServer(KVStoreDistServer):
                 # rounds that do not wait for one worker (the servers' weights)
                 ServerCommand.BYTEPS_WAITING: lambda body: b"",
                 ServerCommand.BYTEPS_COMPRESSION: lambda body: self.compressed.set_spec(body),
-                ServerCommand.BYTEPS_LAYOUT: self._layout_command}
-
-    def _layout_command(self, body: bytes) -> bytes:
-        """Rank 0 leaves the partition layout it chose at start (engine/sizing.py); the other
-        workers, after their start-up barrier, read it back (an empty body)."""
-        if body:
-            self._layout = body
-            return b""
-        if self._layout is None:
-            raise ProtocolError("no partition layout: rank 0 leaves it before the workers' "
-                                "start-up barrier")
-        return self._layout
+                ServerCommand.BYTEPS_LAYOUT: lambda body: self.layout.command(body)}
 
     def _probe(self, body: bytes) -> bytes:
         """Which server this is; a worker says how it trains (``Config.training_mode``), and
@@ -178,6 +168,10 @@ class BytePSServer(KVStoreDistServer):
         if alias is not None:
             alias(-1 - local, owner)
         return -1 - local
+
+    def depart(self, sender: int) -> None:
+        super().depart(sender)          # elastic workers: no round waits for it any more
+        self.path.depart(sender, self.keys.all())
 
     # -- restarted server ---------------------------------------------------------------------
     def begin_recovery(self, epoch: int, deadline: float) -> None:

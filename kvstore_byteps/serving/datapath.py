@@ -164,6 +164,13 @@ class DataPath:
         answer's body if the path answers it, else None (the server's table answers)."""
         return None
 
+    def depart(self, sender: int, keys) -> None:
+        """Worker ``sender`` left the job (elastic workers; ``keys``: every key now): no
+        round may wait for it any more. Only synchronous rounds accept elastic workers
+        (config: BYTEPS_MIN_WORKERS), so the other paths never get here."""
+        raise ProtocolError("worker %d left, but this training mode has no elastic workers"
+                            % sender)
+
     def close(self, keys) -> None:
         """The server closes (its summing threads are stopped)."""
 

@@ -73,6 +73,7 @@ class KVStoreDistServer:
         self._lock = threading.RLock()
         self._peer_log = PeerLog(log)
         self._store = {}
+        self._gone: set = set()     # workers that left the job (elastic workers)
         #: row_sparse pulls held until the round of the push they follow is done
         self._following = FollowingPulls()
         #: MXNet's server profiling (kSetProfilerParams): this server's stages, as a trace
@@ -300,12 +301,24 @@ class KVStoreDistServer:
 
     def _add_to_round(self, req, server, ps_key: int, entry: Entry) -> None:
         entry.waiting.append((req, server))
-        if len(entry.waiting) < self.num_workers:
+        self._close_if_complete(ps_key, entry)
+
+    def _close_if_complete(self, ps_key: int, entry: Entry) -> None:
+        """Close the key's round once every worker still in the job pushed it (locked)."""
+        if not entry.round_complete(self.num_workers, self._gone):
             return
-        grad, waiting = entry.take_round()
+        grad, waiting = entry.take_round(self.num_workers)
         self._close_round(ps_key, entry, grad, waiting)
         if entry.kind is StorageKind.ROW_SPARSE:    # refused or not: the pulls that follow
             self._round_done(ps_key, waiting)
+
+    def depart(self, sender: int) -> None:
+        """Worker ``sender`` left the job (elastic workers): no round waits for it."""
+        with self._lock:
+            self._gone.add(sender)
+            if self.sync_mode:
+                for ps_key, entry in list(self._store.items()):
+                    self._close_if_complete(ps_key, entry)
 
     def _close_round(self, ps_key: int, entry: Entry, grad, waiting: list) -> None:
         if self.updater is None and self.refused_optimizer is not None:

@@ -67,6 +67,7 @@ class _Slot:
     partial: Optional[np.ndarray] = None   # the sum so far where it is wider (float16 keys)
     summed: int = 0
     answered: int = 0
+    complete: bool = False                 # summed (and finished): its pulls are answered
     pending: List[tuple] = dataclasses.field(default_factory=list)   # (sender, token)
     failed: Optional[FailedRound] = None    # its finish failed: the answer to its pulls
 
@@ -86,6 +87,7 @@ class KeyRounds:
         self._pushed: Dict[int, int] = {}     # sender -> rounds pushed
         self._pulled: Dict[int, int] = {}     # sender -> pulls requested
         self._answered: Dict[int, int] = {}   # sender -> pulls answered
+        self._gone: set = set()               # workers that left the job (elastic workers)
 
     @classmethod
     def restored(cls, ps_key: int, num_workers: int, size: int, dtype,
@@ -128,11 +130,34 @@ class KeyRounds:
     def _recover_slot(self, r: int, parts: list) -> None:
         slot = self._slots[r % 2]
         slot.round, slot.summed = r, len(parts)
+        slot.complete = slot.summed == self.num_workers
         slot.answered = sum(1 for _, answered in parts if answered)
         data = [values for values, _ in parts if values is not None]
         for i, values in enumerate(data):
-            self._add(slot, values, first=i == 0,
-                      last=i == len(data) - 1 and slot.summed == self.num_workers)
+            self._add(slot, values, first=i == 0, last=i == len(data) - 1 and slot.complete)
+
+    def _pushes_due(self, r: int) -> int:
+        """Pushes round ``r`` needs: every worker's but those of workers that left before
+        pushing it (elastic workers)."""
+        return self.num_workers - sum(1 for g in self._gone if self._pushed.get(g, 0) <= r)
+
+    def _answers_due(self, r: int) -> int:
+        """Pulls of round ``r`` that will be answered: every worker's but those of workers
+        that left before theirs was."""
+        return self.num_workers - sum(1 for g in self._gone if self._answered.get(g, 0) <= r)
+
+    def depart(self, sender: int) -> List[int]:
+        """Worker ``sender`` left the job (elastic workers): its pushes to come are not waited
+        for, its waiting pulls are dropped. Returns the rounds that may be complete now
+        without it: the caller runs :meth:`recheck` for each on the key's summing thread."""
+        with self._lock:
+            self._gone.add(sender)
+            due = []
+            for slot in self._slots:
+                slot.pending = [(s, t) for s, t in slot.pending if s != sender]
+                if slot.round >= 0 and not slot.complete and slot.summed:
+                    due.append(slot.round)
+            return due
 
     def begin_push(self, sender: int, claimed_round: Optional[int] = None) -> int:
         """Register ``sender``'s next push; return its round. ProtocolError if out of order."""
@@ -152,11 +177,13 @@ class KeyRounds:
         slot = self._slots[r % 2]
         if slot.round == r:
             return
-        if slot.round >= 0 and (slot.round != r - 2 or slot.answered < self.num_workers):
+        if slot.round >= 0 and (slot.round != r - 2
+                                or slot.answered < self._answers_due(slot.round)):
             raise ProtocolError("key %d: round %d cannot start, round %d has %d of %d answers"
-                                % (self.ps_key, r, slot.round, slot.answered, self.num_workers))
+                                % (self.ps_key, r, slot.round, slot.answered,
+                                   self._answers_due(slot.round)))
         slot.round, slot.summed, slot.answered, slot.pending = r, 0, 0, []
-        slot.failed = None
+        slot.complete, slot.failed = False, None
 
     def request_pull(self, sender: int, token) -> Union[None, np.ndarray, FailedRound]:
         """Register ``sender``'s next pull; return the round's answer now if it is complete
@@ -172,7 +199,7 @@ class KeyRounds:
                                     % (sender, r, self.ps_key))
             self._pulled[sender] = r + 1
             slot = self._slots[r % 2]
-            if slot.summed == self.num_workers:
+            if slot.complete:
                 self._count_answers(slot, [(sender, token)])
                 return slot.failed or slot.buffer
             slot.pending.append((sender, token))
@@ -187,20 +214,49 @@ class KeyRounds:
         round, with its sum, else ``([], None)``. ``finish(sum)``, if given, runs on the
         complete sum before any pull can read it (the servers' optimizer turns it into the
         weights, in place) and returns None, or why it failed: the round's answer is then a
-        :class:`FailedRound`.
+        :class:`FailedRound`. A round that completes with fewer pushes than workers (some
+        left the job: elastic workers) is scaled to ``num_workers`` pushes first, as backup
+        workers' rounds are.
         """
         slot = self._slots[r % 2]
         with self._lock:
             if slot.round != r:
                 raise ProtocolError("key %d: push of round %d arrived in a slot of round %d"
                                     % (self.ps_key, r, slot.round))
-            first, last = slot.summed == 0, slot.summed + 1 == self.num_workers
+            first, last = slot.summed == 0, slot.summed + 1 >= self._pushes_due(r)
         self._add(slot, data, first, last)
-        failure = finish(slot.buffer) if last and finish is not None else None
         with self._lock:
             slot.summed += 1
-            if slot.summed < self.num_workers:
+        return self._complete(slot, r, finish, summed_into_buffer=last)
+
+    def recheck(self, r: int, finish: Optional[Callable[[np.ndarray], Optional[str]]] = None
+                ) -> Tuple[list, Union[None, np.ndarray, FailedRound]]:
+        """As :meth:`accumulate` without a push: round ``r`` completes if the pushes it has
+        are all it needs now (a worker left: :meth:`depart`). Summing thread of this key."""
+        slot = self._slots[r % 2]
+        with self._lock:
+            if slot.round != r:
                 return [], None
+        return self._complete(slot, r, finish, summed_into_buffer=False)
+
+    def _complete(self, slot: _Slot, r: int, finish, summed_into_buffer: bool
+                  ) -> Tuple[list, Union[None, np.ndarray, FailedRound]]:
+        """Summing thread: close round ``r`` if it has every push due; ``([], None)`` if not
+        (or already closed)."""
+        with self._lock:
+            if slot.complete or slot.summed == 0 or slot.summed < self._pushes_due(r):
+                return [], None
+            summed = slot.summed
+        if not summed_into_buffer and self._wide is not None:   # the sum is still wide
+            if slot.buffer is None:
+                slot.buffer = np.empty(self._size, dtype=self._dtype)
+            np.copyto(slot.buffer, slot.partial, casting="same_kind")
+        if summed < self.num_workers:       # workers left: scaled to the whole job's
+            np.multiply(slot.buffer, self.num_workers / summed, out=slot.buffer,
+                        casting="unsafe")
+        failure = finish(slot.buffer) if finish is not None else None
+        with self._lock:
+            slot.complete = True
             slot.failed = None if failure is None else FailedRound(failure)
             ready, slot.pending = slot.pending, []
             self._count_answers(slot, ready)

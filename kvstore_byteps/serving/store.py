@@ -143,12 +143,23 @@ class Entry:
         check_rows(rows, values.shape[1], self.shape, ps_key)
         self.merged.append((rows, values.astype(self.round_dtype, copy=False)))
 
-    def take_round(self) -> Tuple[Grad, list]:
-        """End the round: return (merged gradient, waiting requests) and reset both."""
+    def round_complete(self, workers: int, gone: set) -> bool:
+        """Whether every worker still in the job pushed the open round: all ``workers`` but
+        those ``gone`` (left an elastic job) without pushing it."""
+        pushed = {req.sender for req, _ in self.waiting}
+        return bool(pushed) and len(pushed) >= workers - len(gone - pushed)
+
+    def take_round(self, workers: int = 0) -> Tuple[Grad, list]:
+        """End the round: return (merged gradient, waiting requests) and reset both. A round
+        of fewer pushes than ``workers`` (some left an elastic job) is scaled to that many,
+        as the BytePS rounds are (rounds.py)."""
         merged, waiting = self.merged, self.waiting
         self.merged, self.waiting = None, []
         if self.kind is StorageKind.ROW_SPARSE:
-            return sum_rows(merged or [], self.shape, self.round_dtype), waiting
+            merged = sum_rows(merged or [], self.shape, self.round_dtype)
+        if waiting and len(waiting) < workers:
+            values = merged.data if isinstance(merged, RowSparseGrad) else merged
+            np.multiply(values, workers / len(waiting), out=values, casting="unsafe")
         return merged, waiting
 
 

@@ -62,6 +62,25 @@ class SummedRounds(DataPath):
                     break
         return b";".join(found)
 
+    def depart(self, sender: int, keys) -> None:
+        """Worker ``sender`` left (elastic workers): each round that waited only for its push
+        closes, on its key's summing thread, scaled to the whole job's pushes."""
+        for key in keys:
+            for r in key.rounds.depart(sender):
+                self._answers.submit(key.thread, lambda k=key, r=r: self._close_without(k, r))
+
+    def _close_without(self, key, r: int) -> None:
+        """Summing thread: round ``r`` of ``key`` closes if no push it waits for is due."""
+        tokens, answer = key.rounds.recheck(r, self._finish(key))
+        for token in tokens:
+            self._answer(token, answer)
+
+    def _finish(self, key):
+        """What a complete round of ``key`` goes through: the servers' optimizer, if sent."""
+        if self._answers.updater is None:
+            return None
+        return lambda total: self._update(key, total)
+
     def new_rounds(self, ps_key: int, values: np.ndarray) -> KeyRounds:
         return KeyRounds(ps_key, self._answers.num_workers, values.size, values.dtype)
 
@@ -108,9 +127,7 @@ class SummedRounds(DataPath):
     def _accumulate(self, key, r: int, values: np.ndarray) -> None:
         """Summing thread: add a push to its round; a complete round (updated by the servers'
         optimizer, if the workers sent one) answers its pulls."""
-        finish = None if self._answers.updater is None else lambda total: self._update(key,
-                                                                                         total)
-        tokens, answer = key.rounds.accumulate(r, values, finish)
+        tokens, answer = key.rounds.accumulate(r, values, self._finish(key))
         for token in tokens:
             self._answer(token, answer)
 

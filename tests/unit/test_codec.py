@@ -149,6 +149,9 @@ def test_an_extension_tag_written_overlong_is_found():
     # field 106 (pull_timestamp), varint 7, its tag 848 written in three bytes instead of two
     data = encode_meta(Meta(head=6, timestamp=5)) + bytes([0xD0, 0x86, 0x00, 7])
     assert decode_meta(data).extra == {"pull_timestamp": 7}
+    # field 112 (worker_left), true: its tag 896 is the first whose second byte is 0x07
+    data = encode_meta(Meta(head=6, timestamp=5)) + bytes([0x80, 0x87, 0x00, 1])
+    assert decode_meta(data).extra == {"worker_left": True}
 
 
 def test_a_data_meta_without_extensions_decodes_without_them():

@@ -41,6 +41,10 @@ class BarrierBook:
         self._app[(group, kind)] = app
         return self._complete(members_of)
 
+    def recheck(self, members_of) -> List[Tuple[int, int, Tuple[int, int]]]:
+        """The releases due now that ``members_of`` changed (a worker left an elastic job)."""
+        return self._complete(members_of)
+
     def _complete(self, members_of) -> List[Tuple[int, int, Tuple[int, int]]]:
         finishing = set(self._waiting.get((WORKER_GROUP, "finish"), ()))
         excused = {"": finishing | self._leaving, "finish": self._leaving, "shutdown": set()}

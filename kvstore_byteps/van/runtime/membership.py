@@ -95,6 +95,16 @@ class NodeDead:
 
 
 @dataclasses.dataclass
+class NodeLeft:
+    """``node``, a worker of an elastic job (BYTEPS_MIN_WORKERS), was lost (``reason``) and
+    left it; ``workers`` are left. The job goes on: rounds and barriers stop waiting for it."""
+
+    node: Node
+    reason: str
+    workers: int
+
+
+@dataclasses.dataclass
 class Fail:
     """This node cannot go on (the cluster did not form in time, the scheduler's answer is
     unusable): the receive loop stops with ``error``, which start() and every wait raise."""
@@ -110,7 +120,8 @@ class Refused:
 
 
 #: every action the machines return; the postoffice carries out each by its handler
-ACTIONS = (Connect, Send, Ready, NodeRecovered, ReleaseBarrier, Stop, NodeDead, Fail, Refused)
+ACTIONS = (Connect, Send, Ready, NodeRecovered, ReleaseBarrier, Stop, NodeDead, NodeLeft, Fail,
+           Refused)
 
 
 def on_terminate(msg: Message, me: Node) -> List:
@@ -197,6 +208,6 @@ def terminate_message(my_id: int) -> Message:
 
 
 __all__ = ["Connect", "Send", "Ready", "NodeRecovered", "ReleaseBarrier", "Stop", "NodeDead",
-           "Fail", "Refused", "ACTIONS", "on_terminate", "VanClock", "control_message",
+           "NodeLeft", "Fail", "Refused", "ACTIONS", "on_terminate", "VanClock", "control_message",
            "group_members", "barrier_request", "barrier_post", "abort_request",
            "terminate_message"]

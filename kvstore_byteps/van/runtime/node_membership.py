@@ -10,8 +10,9 @@ from typing import List, Optional, Tuple
 
 from ...config import Role
 from ...errors import ClusterStartError, JobAbortedError
-from .membership import (Connect, Fail, NodeDead, NodeRecovered, Ready, Refused, ReleaseBarrier,
-                         Send, VanClock, barrier_request, control_message, on_terminate)
+from .membership import (Connect, Fail, NodeDead, NodeLeft, NodeRecovered, Ready, Refused,
+                         ReleaseBarrier, Send, VanClock, barrier_request, control_message,
+                         on_terminate)
 from ..wire.message import SCHEDULER_ID, ControlCommand, Message, Node
 
 
@@ -33,6 +34,8 @@ class NodeMembership:
         self.nodes: List[Node] = []
         self.next_heartbeat = float("inf")
         self.last_heartbeat_reply: Optional[float] = None
+        #: workers that left the job (elastic workers), as the scheduler told
+        self.left: List[Node] = []
 
     def start(self, now: float) -> List:
         request = control_message(ControlCommand.ADD_NODE, SCHEDULER_ID, self.clock.tick(),
@@ -66,17 +69,38 @@ class NodeMembership:
             return [Fail(JobAbortedError(str(msg.meta.extra["abort"]),
                                          int(msg.meta.extra.get("abort_status") or 1)))]
         if cmd == ControlCommand.HEARTBEAT:
-            if (msg.meta.extra or {}).get("dead_node"):
+            extra = msg.meta.extra or {}
+            if extra.get("dead_node") or extra.get("worker_left"):
                 if msg.meta.sender != SCHEDULER_ID:
                     return [Refused("ignored a dead-node notice from node %s: only the "
                                     "scheduler declares nodes dead" % msg.meta.sender)]
-                return [NodeDead(node, "the scheduler heard no heartbeat from it")
-                        for node in msg.meta.control.nodes[:1]]
+                return self._on_loss(msg.meta.control.nodes[:1], bool(extra.get("dead_node")))
             self.last_heartbeat_reply = now
             return []
         if cmd == ControlCommand.TERMINATE:
             return on_terminate(msg, self.my_node)
         return []
+
+    @property
+    def workers(self) -> int:
+        """How many workers the cluster was formed with."""
+        return len({n.id for n in self.nodes if n.role is Role.WORKER})
+
+    def _on_loss(self, nodes: List[Node], dead: bool) -> List:
+        """The scheduler's notice that a node is lost: dead (the job ends), or a worker that
+        left an elastic job (it goes on)."""
+        if dead:
+            left = ", ".join(n.describe_rank() for n in self.left)
+            return [NodeDead(node, "the scheduler heard no heartbeat from it%s"
+                             % ("; workers that left the job before: " + left if left else ""))
+                    for node in nodes]
+        actions: List = []
+        for node in nodes:
+            if node.id != self.my_node.id and node.id not in {n.id for n in self.left}:
+                self.left.append(node)
+                actions.append(NodeLeft(node, "the scheduler heard no heartbeat from it",
+                                        self.workers - len(self.left)))
+        return actions
 
     def tick(self, now: float) -> List:
         if not self.ready:

@@ -25,7 +25,9 @@ from ...logs import PeerLog
 from .customer import HandlerThread, InlineHandler, MixedHandler
 from .lifecycle import BarrierWaits, Lifecycle
 from .link import Link
-from .membership import (Connect, Fail, NodeDead, NodeRecovered, Ready, Refused, ReleaseBarrier,
+from .hooks import Hooks
+from .membership import (Connect, Fail, NodeDead, NodeLeft, NodeRecovered, Ready, Refused,
+                         ReleaseBarrier,
                          Send, Stop, abort_request, barrier_post, group_members,
                          terminate_message)
 from .node_membership import NodeMembership
@@ -79,7 +81,10 @@ class Postoffice:
         self._member_ids: frozenset = frozenset()   # looked up per request: a set
         self._tick_hooks: List[Callable[[float], None]] = []
         self._next_tick = 0.0
-        self._recovery_hooks: List[Callable[[Node, int], None]] = []
+        self._recovery_hooks = Hooks("recovery")      # (node, epoch): a server restarted
+        self._departure_hooks = Hooks("departure")    # (node): a worker left (elastic)
+        #: workers that left the job (elastic workers, BYTEPS_MIN_WORKERS)
+        self.left: frozenset = frozenset()
         #: > 0: this node is a restarted server, the epoch-th one to take over its id
         self.recovery_epoch = 0
 
@@ -139,7 +144,9 @@ class Postoffice:
         return server_key_ranges(self.num_servers)
 
     def group_ids(self, group: int) -> List[int]:
-        return group_members(group, self.num_workers, self.num_servers)
+        """The ids of ``group``'s nodes still in the job (elastic workers may leave)."""
+        return [i for i in group_members(group, self.num_workers, self.num_servers)
+                if i not in self.left]
 
     # ------------------------------------------------------------------ start
     def start(self) -> None:
@@ -158,7 +165,8 @@ class Postoffice:
             scheduler = self.my_node = self.van.advertise(scheduler)
             self.membership = SchedulerMembership(scheduler, cfg.num_workers, cfg.num_servers,
                                                   deadline,
-                                                  heartbeat_timeout=cfg.heartbeat_timeout)
+                                                  heartbeat_timeout=cfg.heartbeat_timeout,
+                                                  min_workers=cfg.min_workers)
         else:
             me = self.my_node = bind_node(cfg, self.van)
             self.membership = NodeMembership(me, scheduler, deadline, cfg.heartbeat_interval,
@@ -275,7 +283,7 @@ class Postoffice:
         self.van.on_nodes(self.nodes)
         self.van.on_ready()
         if action.epoch:     # before any request reaches the restarted server's app
-            self._run_recovery_hooks(self.my_node, action.epoch)
+            self._recovery_hooks.run(self.my_node, action.epoch)
         self._lifecycle.ready.set()
         self._customers.release_held()
         return True
@@ -285,7 +293,7 @@ class Postoffice:
         self.van.on_nodes(self.nodes)
         log.warning("%s: %s restarted and rejoined (restart %d of that node id)",
                     self.my_node.describe(), action.node.describe_rank(), action.epoch)
-        self._run_recovery_hooks(action.node, action.epoch)
+        self._recovery_hooks.run(action.node, action.epoch)
         return True
 
     def _release_barrier(self, action: ReleaseBarrier, peer) -> bool:
@@ -294,6 +302,15 @@ class Postoffice:
 
     def _stop(self, action: Stop, peer) -> bool:
         return False
+
+    def _node_left(self, action: NodeLeft, peer) -> bool:
+        self.left = self.left | {action.node.id}
+        self._member_ids = self._member_ids - {action.node.id}   # its late requests dropped
+        log.warning("%s: %s left the job (%s); going on with %d workers (BYTEPS_MIN_WORKERS=%d)",
+                    self.my_node.describe(), action.node.describe_rank(), action.reason,
+                    action.workers, self.config.min_workers)
+        self._departure_hooks.run(action.node)
+        return True
 
     def _node_dead(self, action: NodeDead, peer) -> bool:
         error = PeerError("%s is dead: %s" % (action.node.describe_rank(), action.reason))
@@ -315,7 +332,7 @@ class Postoffice:
     #: membership's action type -> the method that carries it out
     _ACTIONS = {Connect: _connect, Send: _send, Ready: _become_ready,
                 NodeRecovered: _node_recovered, ReleaseBarrier: _release_barrier, Stop: _stop,
-                NodeDead: _node_dead, Fail: _fail, Refused: _refused}
+                NodeDead: _node_dead, NodeLeft: _node_left, Fail: _fail, Refused: _refused}
 
     # ------------------------------------------------------------------ apps
     def register_handler(self, app_id: int, customer_id: int,
@@ -348,14 +365,12 @@ class Postoffice:
         ``node.id`` for the ``epoch``-th time: another node (already connected to; the KV
         layer recovers what the dead one held), or this one, as it becomes ready and before
         any data message is handed on. Register before :meth:`start`."""
-        self._recovery_hooks.append(hook)
+        self._recovery_hooks.add(hook)
 
-    def _run_recovery_hooks(self, node: Node, epoch: int) -> None:
-        for hook in list(self._recovery_hooks):
-            try:
-                hook(node, epoch)
-            except Exception:
-                log.exception("a recovery hook failed")
+    def on_departure(self, hook: Callable[[Node], None]) -> None:
+        """Call ``hook(node)`` on the receive thread when worker ``node`` left the job
+        (elastic workers): rounds and waits on it must stop waiting."""
+        self._departure_hooks.add(hook)
 
     def on_tick(self, hook: Callable[[float], None]) -> None:
         """Call ``hook(monotonic now)`` on the receive thread at every tick (every 50 ms):

@@ -10,8 +10,10 @@ from typing import Dict, List, Optional, Tuple
 from ...config import Role
 from ...errors import ClusterStartError, JobAbortedError
 from .barriers import BARRIER_KINDS, BarrierBook
-from .membership import (Connect, Fail, NodeDead, NodeRecovered, Ready, Refused, ReleaseBarrier,
-                         Send, VanClock, control_message, group_members, on_terminate)
+from .departures import Departures
+from .membership import (Connect, Fail, NodeDead, NodeLeft, NodeRecovered, Ready, Refused,
+                         ReleaseBarrier, Send, VanClock, control_message, group_members,
+                         on_terminate)
 from ..wire.message import (K_EMPTY, SCHEDULER_ID, SERVER_GROUP, WORKER_GROUP, ControlCommand,
                             Message, Node, id_to_rank, role_of_id, server_rank_to_id,
                             worker_rank_to_id)
@@ -65,8 +67,10 @@ class SchedulerMembership:
 
     def __init__(self, my_node: Node, num_workers: int, num_servers: int,
                  start_deadline: float, clock: Optional[VanClock] = None,
-                 heartbeat_timeout: float = 0.0):
+                 heartbeat_timeout: float = 0.0, min_workers: int = 0):
         self.my_node = dataclasses.replace(my_node, id=SCHEDULER_ID)
+        #: elastic workers (BYTEPS_MIN_WORKERS): the workers that left, the rule for leaving
+        self.departures = Departures(num_workers, min_workers)
         self.heartbeat_timeout = heartbeat_timeout
         self.dead: Dict[int, Node] = {}
         self.num_workers, self.num_servers = num_workers, num_servers
@@ -111,19 +115,39 @@ class SchedulerMembership:
             if node_id in self.dead:
                 continue
             node = self._node(node_id)
-            self.dead[node_id] = node
             reason = ("no heartbeat for %.0f s (PS_HEARTBEAT_TIMEOUT on the scheduler)"
                       % (now - self.last_heartbeat[node_id]))
-            notice = control_message(ControlCommand.HEARTBEAT, K_EMPTY, nodes=[node])
-            notice.meta.extra = {"dead_node": True}
-            for other in group_members(WORKER_GROUP | SERVER_GROUP, self.num_workers,
-                                       self.num_servers):
-                if other not in self.dead:
-                    tell = dataclasses.replace(notice, meta=dataclasses.replace(
-                        notice.meta, recver=other, timestamp=self.clock.tick()))
-                    actions.append(Send(tell))
-            actions.append(NodeDead(node, reason))
+            if self.departures.may_leave(node):
+                actions += self._leave(node, reason)
+                continue
+            self.dead[node_id] = node
+            actions += self._tell_everyone(node, "dead_node")
+            actions.append(NodeDead(node, self.departures.why_the_job_ends(node, reason)))
         return actions
+
+    def _members(self, group: int) -> List[int]:
+        """The ids of ``group``'s nodes, without the workers that left (elastic workers)."""
+        return self.departures.present(group_members(group, self.num_workers,
+                                                     self.num_servers))
+
+    def _tell_everyone(self, node: Node, notice_field: str) -> List:
+        """A notice about ``node`` (a HEARTBEAT with ``notice_field`` set) to every node
+        still in the job."""
+        notice = control_message(ControlCommand.HEARTBEAT, K_EMPTY, nodes=[node])
+        notice.meta.extra = {notice_field: True}
+        return [Send(dataclasses.replace(notice, meta=dataclasses.replace(
+                    notice.meta, recver=other, timestamp=self.clock.tick())))
+                for other in self._members(WORKER_GROUP | SERVER_GROUP)
+                if other not in self.dead and other != node.id]
+
+    def _leave(self, node: Node, reason: str) -> List:
+        """Elastic workers: the lost worker ``node`` leaves; everyone is told, and the barriers
+        that waited only for it are released."""
+        self.departures.leave(node)
+        self.last_heartbeat.pop(node.id, None)
+        actions = self._tell_everyone(node, "worker_left")
+        actions.append(NodeLeft(node, reason, len(self._members(WORKER_GROUP))))
+        return actions + self._barrier_releases(self.barriers.recheck(self._members))
 
     def _node(self, node_id: int) -> Node:
         for node in self.nodes:
@@ -220,8 +244,7 @@ class SchedulerMembership:
         self.nodes = [new if n.id == old.id else n for n in self.nodes]
         self.last_heartbeat[old.id] = now
         actions: List = [Connect(new)]
-        for other in group_members(WORKER_GROUP | SERVER_GROUP, self.num_workers,
-                                   self.num_servers):
+        for other in self._members(WORKER_GROUP | SERVER_GROUP):
             if other in self.dead:
                 continue
             nodes = self.nodes + [self.my_node] if other == old.id else [new]
@@ -235,7 +258,7 @@ class SchedulerMembership:
     def _on_barrier(self, msg: Message) -> List:
         """A barrier request: counted by group and kind (:mod:`.barriers`)."""
         group = msg.meta.control.barrier_group
-        members = group_members(group, self.num_workers, self.num_servers)
+        members = self._members(group)
         sender = msg.meta.sender
         if sender not in members:
             # a stranger (or a forged id) must not complete anyone's barrier
@@ -245,9 +268,10 @@ class SchedulerMembership:
         if kind not in BARRIER_KINDS:
             return [Refused("ignored a barrier request of an unknown kind %r from node %s"
                             % (kind, sender))]
-        releases = self.barriers.arrive(
-            group, kind, sender, (msg.meta.app_id, msg.meta.customer_id),
-            lambda g: group_members(g, self.num_workers, self.num_servers))
+        return self._barrier_releases(self.barriers.arrive(
+            group, kind, sender, (msg.meta.app_id, msg.meta.customer_id), self._members))
+
+    def _barrier_releases(self, releases) -> List:
         return [Send(control_message(ControlCommand.BARRIER, node, self.clock.tick(),
                                      barrier_group=released, app_id=app_id,
                                      customer_id=customer_id))
@@ -267,8 +291,7 @@ class SchedulerMembership:
                                 int(msg.meta.extra.get("abort_status") or 1))
         self.aborting = (error, now + ABORT_GRACE_S)
         actions: List = []
-        for node_id in group_members(WORKER_GROUP | SERVER_GROUP, self.num_workers,
-                                     self.num_servers):
+        for node_id in self._members(WORKER_GROUP | SERVER_GROUP):
             if node_id not in self.dead:
                 actions.append(Send(self._abort_notice(node_id, str(error), error.status)))
         return actions + [Refused(str(error))]

@@ -73,6 +73,9 @@ _META_FIELDS = [
     # on a row_sparse pull: the timestamp of this worker's push of the same rows' range that
     # it follows; the server answers it once that push's round is complete and updated
     ("after_push", 111, _F.TYPE_INT32, _F.LABEL_OPTIONAL, {}),
+    # the scheduler's notice that the worker in control.node left an elastic job (on a
+    # HEARTBEAT; BYTEPS_MIN_WORKERS): the job goes on without it
+    ("worker_left", 112, _F.TYPE_BOOL, _F.LABEL_OPTIONAL, {}),
 ]
 
 

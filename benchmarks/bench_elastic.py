@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Elastic workers: what losing a worker costs a job, and what elastic costs when nobody leaves.
+
+    python benchmarks/bench_elastic.py --runs 5 --out benchmarks/results/elastic/digits_4x2.json
+
+Each job is the digits demo (examples/train_digits.py, its model, data, shards and learning
+rate; ``benchmarks/_elastic_worker.py`` times its steps) on 4 workers x 2 servers under
+``launch.py --min-workers 3``, loopback. Three kinds of job, interleaved, ``--runs`` each:
+
+* ``killed``: worker ``--kill-rank`` is killed with SIGKILL as it enters step ``--kill-step``
+  (mid-epoch; run i at step ``--kill-step + 13 i``, a point of another epoch); the others
+  train on and finish;
+* ``whole``: the same job, nobody killed;
+* ``off``: nobody killed, without ``--min-workers`` (elastic off).
+
+Run i initialises the parameters with the demo's ``--seed 42 + i`` (the demo is otherwise
+deterministic: a killed run and its whole run differ only by the kill).
+
+Reported: rank 0's final test accuracy (mean and range), the job's training time, and for the
+killed jobs the time from the death to the next completed round, seen by rank 0 as its
+longest step (its step that needed the lost worker's push: from the death, at the start of
+that step, until the scheduler declared it lost, ``PS_HEARTBEAT_TIMEOUT`` after its last
+heartbeat, and the round closed without it), against the median step. ``whole`` against
+``off`` is the cost of elastic when nobody leaves. A benchmark, never a test: it reports what
+it measured with the date, the commit and the load.
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+from typing import Dict, List, Optional
+
+from bench_pushpull import child_env
+from bench_replay import git_commit
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+WORKER = os.path.join(HERE, "_elastic_worker.py")
+LAUNCH = os.path.join(ROOT, "launch.py")
+TAG = "ELASTIC_STEPS "
+KINDS = ("killed", "whole", "off")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--epochs", type=int, default=10, help="the demo's epochs (its default)")
+    p.add_argument("--kill-rank", type=int, default=2)
+    p.add_argument("--kill-step", type=int, default=25,
+                   help="11 steps an epoch with 4 workers: 25 is in the 3rd epoch")
+    p.add_argument("--heartbeat-interval", type=float, default=1.0)
+    p.add_argument("--heartbeat-timeout", type=float, default=5.0)
+    p.add_argument("--job-timeout", type=float, default=300.0)
+    p.add_argument("--out", help="write the results as JSON here")
+    return p.parse_args(argv)
+
+
+def run_job(args, kind: str, run: int) -> Optional[Dict]:
+    """One job's accuracy, training time and rank 0's step ends, or None (tail printed)."""
+    elastic = [] if kind == "off" else ["--min-workers", "3"]
+    kill = kind == "killed"
+    argv = [sys.executable, LAUNCH, "-n", "4", "-s", "2", *elastic,
+            "--env", "PS_HEARTBEAT_INTERVAL=%g" % args.heartbeat_interval,
+            "--env", "PS_HEARTBEAT_TIMEOUT=%g" % args.heartbeat_timeout,
+            "--timeout", str(args.job_timeout), sys.executable, WORKER,
+            str(args.kill_rank if kill else -1), str(args.kill_step + 13 * run), "--epochs",
+            str(args.epochs), "--seed", str(42 + run)]
+    done = subprocess.run(argv, env=child_env(), cwd=ROOT, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, timeout=args.job_timeout + 60)
+    out = done.stdout.decode(errors="replace")
+    final = re.search(r"final test accuracy (\S+) after \d+ epochs in (\S+) s", out)
+    steps = [json.loads(line[line.find(TAG) + len(TAG):]) for line in out.splitlines()
+             if TAG in line]
+    if done.returncode != 0 or final is None or len(steps) != 1:
+        print("%s failed (exit %d):\n%s" % (kind, done.returncode,
+                                           "\n".join(out.splitlines()[-12:])), flush=True)
+        return None
+    gaps = [b - a for a, b in zip(steps[0], steps[0][1:])]
+    return {"accuracy": float(final.group(1)), "seconds": float(final.group(2)),
+            "longest_step": max(gaps), "median_step": statistics.median(gaps)}
+
+
+def summarise(runs: List[Dict]) -> Dict:
+    accuracy = [r["accuracy"] for r in runs]
+    return {"runs": len(runs), "accuracy_mean": statistics.mean(accuracy),
+            "accuracy_min": min(accuracy), "accuracy_max": max(accuracy),
+            "seconds_mean": statistics.mean(r["seconds"] for r in runs),
+            "longest_step_mean": statistics.mean(r["longest_step"] for r in runs),
+            "median_step_mean": statistics.mean(r["median_step"] for r in runs)}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    load_before = os.getloadavg()[0]
+    found: Dict[str, List[Dict]] = {kind: [] for kind in KINDS}
+    for run in range(args.runs):
+        for kind in KINDS:
+            result = run_job(args, kind, run)
+            if result is not None:
+                found[kind].append(result)
+                print("run %d %s: %s" % (run + 1, kind, result), flush=True)
+    summary = {kind: summarise(runs) for kind, runs in found.items() if runs}
+    for kind, row in summary.items():
+        print("%-6s accuracy %.4f (%.4f-%.4f), training %.2f s, longest step %.2f s, median "
+              "step %.3f s, %d runs" % (kind, row["accuracy_mean"], row["accuracy_min"],
+                                        row["accuracy_max"], row["seconds_mean"],
+                                        row["longest_step_mean"], row["median_step_mean"],
+                                        row["runs"]))
+    if args.out:
+        data = {"benchmark": "elastic",
+                "command": " ".join(["benchmarks/bench_elastic.py"] + sys.argv[1:]),
+                "settings": {k: v for k, v in vars(args).items() if k != "out"},
+                "runs": found, "summary": summary,
+                "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+                "commit": git_commit(),
+                "load": "%.2f -> %.2f" % (load_before, os.getloadavg()[0])}
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(data, f, indent=1)
+        print("wrote", args.out)
+    return 0 if all(len(found[kind]) == args.runs for kind in KINDS) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""Elastic workers (``launch.py --min-workers N``, BYTEPS_MIN_WORKERS) on real processes: the
+digits demo, 4 workers x 2 servers, one worker killed with SIGKILL mid-epoch (after its
+backward pass, before its push: tests/apps/elastic_demo.py). The others finish, exit 0 and
+hold identical parameters (the demo checks that through the store and fails otherwise), with
+the servers' optimizer and with the updates on the workers, where rank 0 dies (its parts,
+initialising keys and stopping the servers, fall to the lowest rank left). The launcher's
+supervision on stand-in processes: a worker killed by a signal leaves, one that exits with a
+status of its own ends the job, and so does the loss of more workers than the minimum allows
+(the demo's job with two of four killed under --min-workers 3 ends with 137 naming both: run
+by hand; the scheduler's side is unit-tested). Parts without a network:
+tests/unit/test_elastic.py."""
+import io
+import re
+import subprocess
+import sys
+
+import pytest
+
+from kvstore_byteps.config import Role
+from kvstore_byteps.launcher.job import Job
+from kvstore_byteps.launcher.plan import ProcSpec
+from tests.support.cluster import APPS
+from tests.support.paths import REPO
+from tests.support.demo import LAUNCH
+
+pytestmark = pytest.mark.timeout(150)
+
+#: a lost worker is noticed within the heartbeat timeout (the default 30 s is for real jobs)
+HEARTBEATS = ["--env", "PS_HEARTBEAT_INTERVAL=1", "--env", "PS_HEARTBEAT_TIMEOUT=4"]
+
+
+def elastic_demo(spawn, kill_ranks, kill_step, *options, epochs=4):
+    argv = [sys.executable, LAUNCH, "-n", "4", "-s", "2", "--min-workers", "3",
+            "--timeout", "120", *HEARTBEATS, *options, sys.executable,
+            "%s/elastic_demo.py" % APPS, kill_ranks, str(kill_step), "--epochs", str(epochs)]
+    proc = spawn(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, _ = proc.communicate(timeout=140)
+    return proc.returncode, out
+
+
+@pytest.mark.parametrize("kill_rank,options", [
+    (2, ()),                                            # the servers' optimizer (the default)
+    (0, ("--env", "MXNET_UPDATE_ON_KVSTORE=0")),        # the workers update; rank 0 dies
+], ids=["servers-update-rank2", "workers-update-rank0"])
+def test_the_others_finish_with_identical_parameters_when_a_worker_is_killed(
+        spawn, kill_rank, options):
+    # 11 steps an epoch: killed in its 3rd epoch, as it enters its 25th step
+    status, out = elastic_demo(spawn, str(kill_rank), 25, *options)
+    assert status == 0, out
+    assert ("[launch] worker %d was killed by SIGKILL; the job goes on with 3 of 4 workers "
+            "(--min-workers 3)" % kill_rank) in out
+    assert re.search(r"worker rank %d \(node \d+\) at \S+ left the job" % kill_rank, out), out
+    # every worker compared its parameters with the others' (a difference raises, and a
+    # raising worker ends the job for everyone); rank 0 prints the demo's lines
+    if kill_rank != 0:
+        assert out.count("parameters identical on all 4 workers") == 1, out
+        accuracy = float(re.search(r"final test accuracy (\S+)", out).group(1))
+        assert accuracy > 0.85, out
+
+
+def stand_in(role, rank, how=None):
+    """A node that exits 0 after a while (workers first, one after the other), or as ``how``
+    says: ``kill`` (SIGKILL) or a status."""
+    delay = {Role.SCHEDULER: 1.0, Role.SERVER: 1.0, Role.WORKER: 0.1 + 0.2 * rank}[role]
+    end = ("os.kill(os.getpid(), signal.SIGKILL)" if how == "kill"
+           else "sys.exit(%d)" % (how or 0))
+    argv = (sys.executable, "-c", "import os, signal, sys, time; time.sleep(%g); %s"
+            % (delay, end))
+    return ProcSpec(role=role, rank=rank if role is not Role.SCHEDULER else None, argv=argv,
+                    env={})
+
+
+def job(workers, log):
+    return Job([stand_in(Role.SCHEDULER, 0), stand_in(Role.SERVER, 0)] + [
+        stand_in(Role.WORKER, r, how) for r, how in enumerate(workers)], min_workers=2, log=log)
+
+
+def test_the_launcher_lets_lost_workers_leave_until_too_few_are_left():
+    log = io.StringIO()
+    assert job([None, "kill", None], log).run() == 0
+    assert ("worker 1 was killed by SIGKILL; the job goes on with 2 of 3 workers "
+            "(--min-workers 2)" in log.getvalue()), log.getvalue()
+    log = io.StringIO()
+    assert job([None, "kill", "kill"], log).run() == 137
+    assert ("worker 1 was killed by SIGKILL, worker 2 was killed by SIGKILL: 1 of 3 workers "
+            "left, fewer than --min-workers 2" in log.getvalue()), log.getvalue()
+    # a status the program chose (sys.exit, an uncaught error) ends the job as it always did
+    log = io.StringIO()
+    assert job([None, 3, None], log).run() == 3
+    assert "worker 1 (on this machine) exited with code 3; stopping all" in log.getvalue()
