@@ -139,6 +139,8 @@ class KeyRounds:
     def _pushes_due(self, r: int) -> int:
         """Pushes round ``r`` needs: every worker's but those of workers that left before
         pushing it (elastic workers)."""
+        if not self._gone:
+            return self.num_workers
         return self.num_workers - sum(1 for g in self._gone if self._pushed.get(g, 0) <= r)
 
     def _answers_due(self, r: int) -> int:
@@ -227,6 +229,8 @@ class KeyRounds:
         self._add(slot, data, first, last)
         with self._lock:
             slot.summed += 1
+            if slot.summed < self._pushes_due(r):
+                return [], None
         return self._complete(slot, r, finish, summed_into_buffer=last)
 
     def recheck(self, r: int, finish: Optional[Callable[[np.ndarray], Optional[str]]] = None
