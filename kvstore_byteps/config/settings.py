@@ -195,6 +195,11 @@ def _check_elastic(config: Config) -> None:
     if others:
         raise ConfigError("%s (elastic workers) works with synchronous training only, without "
                           "%s: unset one of them" % (Env.MIN_WORKERS, " and ".join(others)))
+    if config.local_groups and config.local_size > 1:
+        raise ConfigError("%s (elastic workers) does not take local groups yet (%s=%d: a "
+                          "host's processes reduce through one worker): run one process a "
+                          "worker (launch.py without --local-groups)"
+                          % (Env.MIN_WORKERS, Env.LOCAL_SIZE, config.local_size))
     if config.heartbeat_interval <= 0 or config.heartbeat_timeout <= 0:
         raise ConfigError("%s needs heartbeats to notice a lost worker: %s and %s must be "
                           "positive" % (Env.MIN_WORKERS, Env.HEARTBEAT_INTERVAL,

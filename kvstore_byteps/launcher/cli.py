@@ -278,6 +278,9 @@ def _check_elastic(p: argparse.ArgumentParser, args: argparse.Namespace, environ
     if args.min_workers > args.num_workers:
         p.error("--min-workers %d is more than the job's %d workers"
                 % (args.min_workers, args.num_workers))
+    if args.local_groups:
+        p.error("--min-workers (elastic workers) does not take --local-groups yet: run one "
+                "process a worker")
     supervised = (Launcher.LOCAL, Launcher.SSH, Launcher.NETNS)
     if args.launcher not in supervised:
         p.error("--min-workers (elastic workers) is for --launcher %s: %s ends the whole job "

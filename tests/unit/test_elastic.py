@@ -248,6 +248,8 @@ def test_the_setting_is_read_checked_and_refused_where_no_round_can_do_without_a
         with pytest.raises(ConfigError, match="synchronous training only, without %s"
                            % list(other)[0]):
             config(BYTEPS_MIN_WORKERS="2", **other)
+    with pytest.raises(ConfigError, match="does not take local groups"):
+        config(BYTEPS_MIN_WORKERS="2", BYTEPS_LOCAL_SIZE="2", BYTEPS_LOCAL_RANK="0")
     with pytest.raises(ConfigError, match="needs heartbeats"):
         config(BYTEPS_MIN_WORKERS="2", PS_HEARTBEAT_INTERVAL="0")
 
@@ -259,7 +261,9 @@ def test_the_launcher_option_sets_every_node_and_is_refused_where_it_cannot_supe
     assert parse_args(["-n", "4", "python", "x.py"], {"BYTEPS_MIN_WORKERS": "2"}).min_workers == 2
     for argv, said in ((["-n", "2", "--min-workers", "3"], "more than the job's 2 workers"),
                        (["-n", "4", "--launcher", "mpi", "--min-workers", "3"],
-                        "is for --launcher local, ssh, netns")):
+                        "is for --launcher local, ssh, netns"),
+                       (["-n", "4", "--local-groups", "--min-workers", "3"],
+                        "does not take --local-groups")):
         with pytest.raises(SystemExit) as stopped:
             parse_args(argv + ["python", "x.py"], {})
         assert stopped.value.code == 2 and said in capsys.readouterr().err
