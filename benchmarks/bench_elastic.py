@@ -19,8 +19,10 @@ deterministic: a killed run and its whole run differ only by the kill).
 Reported: rank 0's final test accuracy (mean and range), the job's training time, and for the
 killed jobs the time from the death to the next completed round, seen by rank 0 as its
 longest step (its step that needed the lost worker's push: from the death, at the start of
-that step, until the scheduler declared it lost, ``PS_HEARTBEAT_TIMEOUT`` after its last
-heartbeat, and the round closed without it), against the median step. ``whole`` against
+that step, until the scheduler declared it lost and the round closed without it), against
+the median step. With ``--van auto`` (the default) the scheduler learns of the death when the
+worker's connection to it closes; with ``--van zmq``, ``PS_HEARTBEAT_TIMEOUT`` after the
+worker's last heartbeat. ``whole`` against
 ``off`` is the cost of elastic when nobody leaves. A benchmark, never a test: it reports what
 it measured with the date, the commit and the load.
 """
@@ -54,6 +56,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="11 steps an epoch with 4 workers: 25 is in the 3rd epoch")
     p.add_argument("--heartbeat-interval", type=float, default=1.0)
     p.add_argument("--heartbeat-timeout", type=float, default=5.0)
+    p.add_argument("--van", default="auto", help="DMLC_PS_VAN_TYPE: auto (the default: "
+                   "byteps_tcp between our nodes, a closed connection tells the scheduler at "
+                   "once) or zmq (ZeroMQ does not: the heartbeat timeout)")
     p.add_argument("--job-timeout", type=float, default=300.0)
     p.add_argument("--out", help="write the results as JSON here")
     return p.parse_args(argv)
@@ -66,6 +71,7 @@ def run_job(args, kind: str, run: int) -> Optional[Dict]:
     argv = [sys.executable, LAUNCH, "-n", "4", "-s", "2", *elastic,
             "--env", "PS_HEARTBEAT_INTERVAL=%g" % args.heartbeat_interval,
             "--env", "PS_HEARTBEAT_TIMEOUT=%g" % args.heartbeat_timeout,
+            "--env", "DMLC_PS_VAN_TYPE=%s" % args.van,
             "--timeout", str(args.job_timeout), sys.executable, WORKER,
             str(args.kill_rank if kill else -1), str(args.kill_step + 13 * run), "--epochs",
             str(args.epochs), "--seed", str(42 + run)]

@@ -41,6 +41,10 @@ class BarrierBook:
         self._app[(group, kind)] = app
         return self._complete(members_of)
 
+    def leaving(self, node: int) -> bool:
+        """Whether ``node`` entered its shutdown barrier (it is about to leave the job)."""
+        return node in self._leaving
+
     def recheck(self, members_of) -> List[Tuple[int, int, Tuple[int, int]]]:
         """The releases due now that ``members_of`` changed (a worker left an elastic job)."""
         return self._complete(members_of)

@@ -81,6 +81,10 @@ class NodeMembership:
             return on_terminate(msg, self.my_node)
         return []
 
+    def peer_closed(self, node_id: int, now: float) -> List:
+        """A peer's connection to this node closed: the scheduler decides what that means."""
+        return []
+
     @property
     def workers(self) -> int:
         """How many workers the cluster was formed with."""
@@ -98,7 +102,7 @@ class NodeMembership:
         for node in nodes:
             if node.id != self.my_node.id and node.id not in {n.id for n in self.left}:
                 self.left.append(node)
-                actions.append(NodeLeft(node, "the scheduler heard no heartbeat from it",
+                actions.append(NodeLeft(node, "lost, the scheduler says",
                                         self.workers - len(self.left)))
         return actions
 

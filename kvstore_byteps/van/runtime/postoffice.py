@@ -33,7 +33,8 @@ from .membership import (Connect, Fail, NodeDead, NodeLeft, NodeRecovered, Ready
 from .node_membership import NodeMembership
 from .scheduler_membership import SchedulerMembership
 from ..registry import make_van
-from ..wire.message import (ALL_GROUP, K_EMPTY, SCHEDULER_ID, Message, Node, id_to_rank)
+from ..wire.message import (ALL_GROUP, CONNECTION_CLOSED, K_EMPTY, SCHEDULER_ID, Message, Node,
+                            id_to_rank)
 from ..wire.keys import KeyRange, server_key_ranges
 from .netif import bind_node
 from .routing import CustomerTable
@@ -226,6 +227,9 @@ class Postoffice:
         control = message.meta.is_control
         if control:
             log.debug("control %s from node %s", message.meta.control.cmd.name, message.meta.sender)
+            if CONNECTION_CLOSED in (message.meta.extra or ()):    # the van's own notice
+                return self._execute(self.membership.peer_closed(message.meta.sender,
+                                                                 time.monotonic()))
         if not self._link.admit(message):      # lost on purpose, or a duplicate
             return True
         if control:

@@ -125,6 +125,18 @@ class SchedulerMembership:
             actions.append(NodeDead(node, self.departures.why_the_job_ends(node, reason)))
         return actions
 
+    def peer_closed(self, node_id: int, now: float) -> List:
+        """A node's connection to the scheduler closed (byteps_tcp; ZeroMQ does not say). A
+        worker of an elastic job that is not leaving (its shutdown barrier) is lost at once,
+        and leaves if enough workers are left; else the heartbeats decide, as before."""
+        if (not self.ready or node_id in self.dead or node_id not in self.last_heartbeat
+                or self.barriers.leaving(node_id)):
+            return []
+        node = self._node(node_id)
+        if not self.departures.may_leave(node):
+            return []
+        return self._leave(node, "its connection to the scheduler closed")
+
     def _members(self, group: int) -> List[int]:
         """The ids of ``group``'s nodes, without the workers that left (elastic workers)."""
         return self.departures.present(group_members(group, self.num_workers,

@@ -40,7 +40,7 @@ from .. import auth
 from . import claims, compact, frame as tcp_frame, hello
 from ..base import Van
 from ..wire.codec import decode_meta, encode_meta
-from ..wire.message import K_EMPTY, Gather, Message, Node
+from ..wire.message import K_EMPTY, Gather, Message, Node, connection_closed
 from .inbound import LAND_IN_PLACE_BYTES, Inbound
 from .recv_buffers import RecvBufferPool
 from .outbound import Outbound, Writer
@@ -344,6 +344,8 @@ class TcpVan(Van):
             successor = self._claims.closed(inbound)
             if successor is not None:
                 self._read_held(successor)
+            elif inbound.peer_id != K_EMPTY:    # the peer may be gone: membership decides
+                return on_message(connection_closed(inbound.peer_id, self.my_id))
         return True
 
     def register_recv_buffer(self, key: int, nbytes: int) -> None:

@@ -12,7 +12,7 @@ from ...config import Role
 __all__ = [
     "K_EMPTY", "SCHEDULER_ID", "SERVER_GROUP", "WORKER_GROUP", "SCHEDULER_GROUP", "ALL_GROUP",
     "Role", "ControlCommand", "DataType", "Node", "Control", "Meta", "Message", "Gather",
-    "contiguous",
+    "contiguous", "CONNECTION_CLOSED", "connection_closed",
     "server_rank_to_id", "worker_rank_to_id", "id_to_rank",
 ]
 
@@ -195,6 +195,20 @@ class Message:
     def data_bytes(self) -> int:
         return sum(d.nbytes if isinstance(d, Gather) else memoryview(d).nbytes
                    for d in self.data)
+
+
+#: the ``meta.extra`` key of :func:`connection_closed`'s notice: no decoded message has it
+#: (decode_meta reads only the wire's extension fields), so a peer cannot forge one
+CONNECTION_CLOSED = "connection_closed"
+
+
+def connection_closed(peer_id: int, my_id: int) -> Message:
+    """What a van hands the postoffice, as if ``peer_id`` had sent it, when that peer's
+    connection to this node closed (a HEARTBEAT marked :data:`CONNECTION_CLOSED`): the
+    scheduler of an elastic job takes a worker's as its loss (van/runtime/departures.py)."""
+    meta = Meta(sender=peer_id, recver=my_id, control=Control(cmd=ControlCommand.HEARTBEAT))
+    meta.extra = {CONNECTION_CLOSED: True}
+    return Message(meta)
 
 
 def contiguous(data: Sequence) -> list:
