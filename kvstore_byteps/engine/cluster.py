@@ -145,7 +145,7 @@ class Cluster:
         Then a barrier: no worker may push before the servers have the optimizer (a round may
         close without rank 0's push; every worker calls this, as gluon and Module do).
         Blocking."""
-        if self.rank == 0:
+        if self.leads():
             self.command(ServerCommand.CONTROLLER, body, "setting the optimizer")
             if multi_precision:
                 self.command(ServerCommand.SET_MULTI_PRECISION, b"",

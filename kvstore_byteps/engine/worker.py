@@ -282,12 +282,12 @@ class WorkerEngine:
             if len(self.layouts):
                 raise KVStoreBytePSError("set_gradient_compression must come before the first "
                                          "init with MXNet's servers (keys are laid out for it)")
-            if self.rank == 0:
+            if self.cluster.leads():
                 self.cluster.command(ServerCommand.SET_GRADIENT_COMPRESSION,
                                      twobit_command_body(spec.threshold),
                                      "kSetGradientCompression")
             self.dialect.compress_twobit()
-        elif self.rank == 0:
+        elif self.cluster.leads():
             body = json.dumps(dict(params)).encode("utf-8")
             self.cluster.command(ServerCommand.BYTEPS_COMPRESSION, body,
                                  "setting gradient compression")

@@ -300,7 +300,7 @@ class KVStoreDistServer:
             self._reply(req, server, entry)
 
     def _add_to_round(self, req, server, ps_key: int, entry: Entry) -> None:
-        entry.waiting.append((req, server))
+        entry.join_round(req, server, self._gone)
         self._close_if_complete(ps_key, entry)
 
     def _close_if_complete(self, ps_key: int, entry: Entry) -> None:

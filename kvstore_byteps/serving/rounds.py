@@ -31,7 +31,19 @@ import numpy as np
 
 from ..errors import ProtocolError
 
-__all__ = ["FailedRound", "KeyRounds", "sum_into", "accumulation_dtype"]
+__all__ = ["Departed", "FailedRound", "KeyRounds", "sum_into", "accumulation_dtype"]
+
+
+class Departed:
+    """The workers that left the job (elastic workers), as every key's rounds on a server read
+    them: one per server, so a key made after a departure knows it too. ``ids`` is replaced,
+    never changed in place (read without a lock)."""
+
+    def __init__(self):
+        self.ids: frozenset = frozenset()
+
+    def add(self, sender: int) -> None:
+        self.ids = self.ids | {sender}
 
 
 class FailedRound(NamedTuple):
@@ -75,7 +87,8 @@ class _Slot:
 class KeyRounds:
     """Sync rounds of one key: who pushed and pulled which round, and the two sum buffers."""
 
-    def __init__(self, ps_key: int, num_workers: int, size: int, dtype):
+    def __init__(self, ps_key: int, num_workers: int, size: int, dtype,
+                 departed: Optional[Departed] = None):
         self.ps_key = ps_key
         self.num_workers = num_workers
         self._size = size
@@ -87,7 +100,7 @@ class KeyRounds:
         self._pushed: Dict[int, int] = {}     # sender -> rounds pushed
         self._pulled: Dict[int, int] = {}     # sender -> pulls requested
         self._answered: Dict[int, int] = {}   # sender -> pulls answered
-        self._gone: set = set()               # workers that left the job (elastic workers)
+        self._departed = departed or Departed()   # workers that left (elastic workers)
 
     @classmethod
     def restored(cls, ps_key: int, num_workers: int, size: int, dtype,
@@ -139,21 +152,25 @@ class KeyRounds:
     def _pushes_due(self, r: int) -> int:
         """Pushes round ``r`` needs: every worker's but those of workers that left before
         pushing it (elastic workers)."""
-        if not self._gone:
+        gone = self._departed.ids
+        if not gone:
             return self.num_workers
-        return self.num_workers - sum(1 for g in self._gone if self._pushed.get(g, 0) <= r)
+        return self.num_workers - sum(1 for g in gone if self._pushed.get(g, 0) <= r)
 
     def _answers_due(self, r: int) -> int:
         """Pulls of round ``r`` that will be answered: every worker's but those of workers
         that left before theirs was."""
-        return self.num_workers - sum(1 for g in self._gone if self._answered.get(g, 0) <= r)
+        return self.num_workers - sum(1 for g in self._departed.ids
+                                      if self._answered.get(g, 0) <= r)
 
     def depart(self, sender: int) -> List[int]:
-        """Worker ``sender`` left the job (elastic workers): its pushes to come are not waited
-        for, its waiting pulls are dropped. Returns the rounds that may be complete now
-        without it: the caller runs :meth:`recheck` for each on the key's summing thread."""
+        """Worker ``sender`` left the job (elastic workers; the server's :class:`Departed`
+        says so already): its waiting pulls are dropped. Returns the rounds that may be
+        complete now without it: the caller runs :meth:`recheck` for each on the key's
+        summing thread."""
         with self._lock:
-            self._gone.add(sender)
+            if sender not in self._departed.ids:     # (a server's data path said so first)
+                self._departed.add(sender)
             due = []
             for slot in self._slots:
                 slot.pending = [(s, t) for s, t in slot.pending if s != sender]
@@ -164,6 +181,7 @@ class KeyRounds:
     def begin_push(self, sender: int, claimed_round: Optional[int] = None) -> int:
         """Register ``sender``'s next push; return its round. ProtocolError if out of order."""
         with self._lock:
+            self._refuse_departed(sender, "push")
             r = self._pushed.get(sender, 0)
             if claimed_round is not None and claimed_round != r:
                 raise ProtocolError("node %d says its push of key %d is round %d, the server "
@@ -174,6 +192,13 @@ class KeyRounds:
             self._claim_slot(r)
             self._pushed[sender] = r + 1
             return r
+
+    def _refuse_departed(self, sender: int, what: str) -> None:
+        """A request of a worker that left the job (it raced the notice, or it was taken for
+        lost while stalled) must not reopen a round closed without it."""
+        if sender in self._departed.ids:
+            raise ProtocolError("node %d left the job (elastic workers): its %s of key %d is "
+                                "refused" % (sender, what, self.ps_key))
 
     def _claim_slot(self, r: int) -> None:
         slot = self._slots[r % 2]
@@ -195,6 +220,7 @@ class KeyRounds:
         completes the round. Each pull is answered exactly once.
         """
         with self._lock:
+            self._refuse_departed(sender, "pull")
             r = self._pulled.get(sender, 0)
             if r >= self._pushed.get(sender, 0):
                 raise ProtocolError("node %d pulled round %d of key %d before pushing it"

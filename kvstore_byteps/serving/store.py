@@ -143,9 +143,20 @@ class Entry:
         check_rows(rows, values.shape[1], self.shape, ps_key)
         self.merged.append((rows, values.astype(self.round_dtype, copy=False)))
 
+    def join_round(self, req, server, gone: set) -> None:
+        """A push joins the open round; not one of a worker that left an elastic job (``gone``:
+        it raced the notice, and must not reopen a round closed without it)."""
+        if req.sender in gone:
+            raise ProtocolError("node %d left the job (elastic workers): its push is refused"
+                                % req.sender)
+        self.waiting.append((req, server))
+
     def round_complete(self, workers: int, gone: set) -> bool:
-        """Whether every worker still in the job pushed the open round: all ``workers`` but
-        those ``gone`` (left an elastic job) without pushing it."""
+        """Whether every worker still in the job pushed the open round: ``workers`` pushes, as
+        MXNet's server counts them, or, once some left an elastic job (``gone``), one from
+        each worker left."""
+        if not gone:
+            return len(self.waiting) >= workers
         pushed = {req.sender for req, _ in self.waiting}
         return bool(pushed) and len(pushed) >= workers - len(gone - pushed)
 

@@ -25,31 +25,37 @@ from tests.support.demo import LAUNCH
 
 pytestmark = pytest.mark.timeout(150)
 
-#: a lost worker is noticed within the heartbeat timeout (the default 30 s is for real jobs)
+#: over ZeroMQ a lost worker is noticed within the heartbeat timeout (the default 30 s is for
+#: real jobs); over byteps_tcp (the default van's link between our nodes) at once, when its
+#: connection to the scheduler closes
 HEARTBEATS = ["--env", "PS_HEARTBEAT_INTERVAL=1", "--env", "PS_HEARTBEAT_TIMEOUT=4"]
 
 
 def elastic_demo(spawn, kill_ranks, kill_step, *options, epochs=4):
     argv = [sys.executable, LAUNCH, "-n", "4", "-s", "2", "--min-workers", "3",
-            "--timeout", "120", *HEARTBEATS, *options, sys.executable,
+            "--timeout", "120", *options, sys.executable,
             "%s/elastic_demo.py" % APPS, kill_ranks, str(kill_step), "--epochs", str(epochs)]
     proc = spawn(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out, _ = proc.communicate(timeout=140)
     return proc.returncode, out
 
 
-@pytest.mark.parametrize("kill_rank,options", [
-    (2, ()),                                            # the servers' optimizer (the default)
-    (0, ("--env", "MXNET_UPDATE_ON_KVSTORE=0")),        # the workers update; rank 0 dies
-], ids=["servers-update-rank2", "workers-update-rank0"])
+@pytest.mark.parametrize("kill_rank,options,noticed", [
+    # the servers' optimizer (the default), the default van and heartbeats
+    (2, (), "its connection to the scheduler closed"),
+    # the workers update, rank 0 dies; ZeroMQ: the heartbeats tell
+    (0, ("--env", "MXNET_UPDATE_ON_KVSTORE=0", "--env", "DMLC_PS_VAN_TYPE=zmq", *HEARTBEATS),
+     "no heartbeat for"),
+], ids=["servers-update-rank2", "workers-update-rank0-zmq"])
 def test_the_others_finish_with_identical_parameters_when_a_worker_is_killed(
-        spawn, kill_rank, options):
+        spawn, kill_rank, options, noticed):
     # 11 steps an epoch: killed in its 3rd epoch, as it enters its 25th step
     status, out = elastic_demo(spawn, str(kill_rank), 25, *options)
     assert status == 0, out
     assert ("[launch] worker %d was killed by SIGKILL; the job goes on with 3 of 4 workers "
             "(--min-workers 3)" % kill_rank) in out
-    assert re.search(r"worker rank %d \(node \d+\) at \S+ left the job" % kill_rank, out), out
+    assert re.search(r"worker rank %d \(node \d+\) at \S+ left the job \(%s"
+                     % (kill_rank, noticed), out), out
     # every worker compared its parameters with the others' (a difference raises, and a
     # raising worker ends the job for everyone); rank 0 prints the demo's lines
     if kill_rank != 0:

@@ -94,6 +94,26 @@ def test_a_lost_worker_leaves_while_enough_are_left_and_the_job_ends_below_that(
     assert all(m.meta.extra == {"dead_node": True} for m in sends(actions))
 
 
+def test_a_workers_closed_connection_is_its_loss_unless_it_is_leaving_or_no_loss_may_be():
+    from kvstore_byteps.van.wire.message import connection_closed
+    sched = elastic_scheduler(workers=4, min_workers=3)
+    clock = VanClock()
+    # worker 3 entered its shutdown barrier: its connection closing is its normal end
+    sched.handle(from_sender(barrier_request(7, 0, clock, "shutdown"), worker_id(3)), 11.0)
+    assert sched.peer_closed(worker_id(3), 11.5) == []
+    [left] = [a for a in sched.peer_closed(worker_id(2), 12.0) if isinstance(a, NodeLeft)]
+    assert left.node.id == worker_id(2)
+    assert left.reason == "its connection to the scheduler closed"
+    assert sched.peer_closed(worker_id(2), 12.1) == []                 # once
+    assert sched.peer_closed(worker_id(1), 12.2) == []                 # 2 left would be too few
+    assert sched.peer_closed(8, 12.3) == []                            # servers never leave
+    plain = elastic_scheduler(workers=4, min_workers=0)
+    assert plain.peer_closed(worker_id(2), 12.0) == []                 # heartbeats decide
+    # the van's notice names the peer as its sender, and no decoded message can carry it
+    notice = connection_closed(13, 1)
+    assert notice.meta.sender == 13 and notice.meta.extra == {"connection_closed": True}
+
+
 def test_servers_never_leave_and_jobs_without_a_minimum_end_at_the_first_loss():
     sched = elastic_scheduler(workers=4, min_workers=3)
     keep_alive(sched, 14.0, silent=(8,))
@@ -267,3 +287,40 @@ def test_the_launcher_option_sets_every_node_and_is_refused_where_it_cannot_supe
         with pytest.raises(SystemExit) as stopped:
             parse_args(argv + ["python", "x.py"], {})
         assert stopped.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_keys_made_after_a_departure_and_the_departed_workers_late_requests():
+    # one Departed per server: a key initialised after the departure (a bucket, a metrics key,
+    # a Horovod-style name) does without the departed worker too; a push or pull that raced
+    # the notice is refused, never reopening a round closed without it
+    from kvstore_byteps.errors import ProtocolError
+    from kvstore_byteps.serving.rounds import Departed
+    departed = Departed()
+    early = KeyRounds(1, 3, 2, F32, departed)
+    early.depart(2)
+    later = KeyRounds(2, 3, 2, F32, departed)
+    values = {s: np.full(2, 1.0, F32) for s in range(3)}
+    answered, answer = push_round(later, [0, 1], values)
+    assert len(answered) == 2 and answer.tolist() == [3.0, 3.0]        # 2 scaled by 3/2
+    for rounds in (early, later):
+        with pytest.raises(ProtocolError, match="left the job"):
+            rounds.begin_push(2)
+        with pytest.raises(ProtocolError, match="left the job"):
+            rounds.request_pull(2, "t")
+
+
+def test_the_scheduler_no_longer_listens_to_a_worker_that_left():
+    from kvstore_byteps.van.runtime.membership import abort_request
+    sched = elastic_scheduler(workers=4, min_workers=2)
+    keep_alive(sched, 14.0, silent=(worker_id(2),))
+    assert [a for a in sched.tick(15.5) if isinstance(a, NodeLeft)]
+    # it was only stalled: its heartbeats are not answered and do not re-arm its watch
+    keep_alive(sched, 16.0)
+    assert not sends([a for a in sched.handle(from_sender(control_message(
+        ControlCommand.HEARTBEAT, 1, nodes=[sched._node(worker_id(2))]), worker_id(2)), 16.0)])
+    keep_alive(sched, 20.0, silent=(worker_id(2),))
+    assert not [a for a in sched.tick(21.5) if isinstance(a, (NodeLeft, NodeDead))]
+    # nor may it end the job
+    refused = sched.handle(from_sender(abort_request("request timed out", VanClock()),
+                                       worker_id(2)), 22.0)
+    assert len(refused) == 1 and "which left the job" in refused[0].reason

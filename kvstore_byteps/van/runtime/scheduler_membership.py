@@ -295,6 +295,9 @@ class SchedulerMembership:
         if sender not in {node.id for node in self.nodes}:
             return [Refused("ignored a request to end the job from node %s, which is not a node "
                             "of the cluster" % sender)]
+        if sender in self.departures.left:
+            return [Refused("ignored a request to end the job from node %s, which left the job "
+                            "(BYTEPS_MIN_WORKERS): %s" % (sender, msg.meta.extra["abort"]))]
         if self.aborting is not None:
             return []
         reason = str(msg.meta.extra["abort"])
@@ -343,7 +346,7 @@ class SchedulerMembership:
                 return [Refused("ignored a heartbeat from %s: node %d is the restarted server "
                                 "at %s now" % (node.address, node.id,
                                                self._node(node.id).address))]
-            if node.id in self.dead:          # declared dead already: too late
+            if node.id in self.dead or node.id in self.departures.left:   # too late
                 continue
             self.last_heartbeat[node.id] = now
             replies.append(Send(control_message(ControlCommand.HEARTBEAT, node.id, self.clock.tick(),
