@@ -27,7 +27,6 @@ worker's last heartbeat. ``whole`` against
 it measured with the date, the commit and the load.
 """
 import argparse
-import datetime
 import json
 import os
 import re
@@ -37,7 +36,7 @@ import sys
 from typing import Dict, List, Optional
 
 from bench_pushpull import child_env
-from bench_replay import git_commit
+from bench_replay import write_results
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -117,17 +116,11 @@ def main(argv=None) -> int:
                                         row["longest_step_mean"], row["median_step_mean"],
                                         row["runs"]))
     if args.out:
-        data = {"benchmark": "elastic",
-                "command": " ".join(["benchmarks/bench_elastic.py"] + sys.argv[1:]),
-                "settings": {k: v for k, v in vars(args).items() if k != "out"},
-                "runs": found, "summary": summary,
-                "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-                "commit": git_commit(),
-                "load": "%.2f -> %.2f" % (load_before, os.getloadavg()[0])}
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(data, f, indent=1)
-        print("wrote", args.out)
+        write_results(args.out, {
+            "benchmark": "elastic",
+            "command": " ".join(["benchmarks/bench_elastic.py"] + sys.argv[1:]),
+            "settings": {k: v for k, v in vars(args).items() if k != "out"},
+            "runs": found, "summary": summary}, load_before)
     return 0 if all(len(found[kind]) == args.runs for kind in KINDS) else 1
 
 

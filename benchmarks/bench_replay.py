@@ -172,6 +172,16 @@ def chosen_van(out: str) -> Optional[str]:
     return found and found.group(1)
 
 
+def write_results(path: str, data: dict, load_before: float) -> None:
+    """``data`` as a results file at ``path``, with the date, the commit and the load."""
+    data = dict(data, date=datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+                commit=git_commit(), load="%.2f -> %.2f" % (load_before, os.getloadavg()[0]))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+    print("wrote", path)
+
+
 def git_commit() -> str:
     """The commit measured; "-dirty" if the code differed from it (results files aside: a
     benchmark run writes them)."""

@@ -28,7 +28,6 @@ final weights (without and with the straggler), the seconds until rank 0 first m
 A benchmark, never a test: it reports what it measured with the date, the commit and the load.
 """
 import argparse
-import datetime
 import json
 import os
 import subprocess
@@ -36,7 +35,7 @@ import sys
 from typing import Dict, List, Optional
 
 from bench_pushpull import child_env
-from bench_replay import git_commit
+from bench_replay import write_results
 from kvstore_byteps.words import count
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -176,17 +175,11 @@ def main(argv=None) -> int:
     rows = table(args, found)
     print("\n".join(rows))
     if args.out:
-        data = {"benchmark": "straggler",
-                "command": " ".join(["benchmarks/bench_straggler.py"] + sys.argv[1:]),
-                "settings": {k: v for k, v in vars(args).items() if k != "out"},
-                "systems": found, "table": rows,
-                "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-                "commit": git_commit(),
-                "load": "%.2f -> %.2f" % (load_before, os.getloadavg()[0])}
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(data, f, indent=1)
-        print("wrote", args.out)
+        write_results(args.out, {
+            "benchmark": "straggler",
+            "command": " ".join(["benchmarks/bench_straggler.py"] + sys.argv[1:]),
+            "settings": {k: v for k, v in vars(args).items() if k != "out"},
+            "systems": found, "table": rows}, load_before)
     return 0 if all(len(runs) == 2 for runs in found.values()) and len(found) == len(systems) \
         else 1
 
