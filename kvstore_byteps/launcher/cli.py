@@ -204,8 +204,9 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grace", type=_nonnegative_float, default=30.0, metavar="SECONDS",
                    help="how long scheduler and servers may take to exit after the workers")
     p.add_argument("--min-workers", type=_positive(int), metavar="N",
-                   help="elastic workers (local, ssh, netns): a worker that dies or fails "
-                        "leaves the job, which goes on while at least N workers are left "
+                   help="elastic workers (local, ssh, netns): a worker that is lost (killed "
+                        "by a signal, crashed) leaves the job, which goes on while at least N "
+                        "workers are left; a worker's own exit status still ends the job "
                         "(sets BYTEPS_MIN_WORKERS on every node; docs/usage.md)")
     p.add_argument("--dry-run", action="store_true", help="print the nodes, start none")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD",
@@ -269,6 +270,7 @@ def _check_elastic(p: argparse.ArgumentParser, args: argparse.Namespace, environ
     """--min-workers (or BYTEPS_MIN_WORKERS given to the nodes): the nodes get it, the job's
     supervision follows it; only where this launcher supervises each worker's process."""
     given = args.min_workers or args.env_all.get(Env.MIN_WORKERS) or environ.get(Env.MIN_WORKERS)
+    named = "--min-workers" if args.min_workers else Env.MIN_WORKERS + "="
     try:
         args.min_workers = int(given or 0)
     except ValueError:
@@ -276,8 +278,9 @@ def _check_elastic(p: argparse.ArgumentParser, args: argparse.Namespace, environ
     if not args.min_workers:
         return
     if args.min_workers > args.num_workers:
-        p.error("--min-workers %d is more than the job's %d workers"
-                % (args.min_workers, args.num_workers))
+        p.error("%s%d is more than the job's %d workers"
+                % (named if named.endswith("=") else named + " ", args.min_workers,
+                   args.num_workers))
     if args.local_groups:
         p.error("--min-workers (elastic workers) does not take --local-groups yet: run one "
                 "process a worker")

@@ -40,17 +40,20 @@ def elastic_demo(spawn, kill_ranks, kill_step, *options, epochs=4):
     return proc.returncode, out
 
 
-@pytest.mark.parametrize("kill_rank,options,noticed", [
-    # the servers' optimizer (the default), the default van and heartbeats
-    (2, (), "its connection to the scheduler closed"),
+@pytest.mark.parametrize("kill_rank,kill_step,options,noticed", [
+    # the servers' optimizer (the default), the default van and heartbeats; 11 steps an
+    # epoch: killed in its 3rd epoch, as it enters its 25th step
+    (2, 25, (), "its connection to the scheduler closed"),
+    # before its first step: the others initialise the keys after it left (a key made after
+    # a departure waited for its pushes, a helper found: the job hung)
+    (1, 1, (), "its connection to the scheduler closed"),
     # the workers update, rank 0 dies; ZeroMQ: the heartbeats tell
-    (0, ("--env", "MXNET_UPDATE_ON_KVSTORE=0", "--env", "DMLC_PS_VAN_TYPE=zmq", *HEARTBEATS),
-     "no heartbeat for"),
-], ids=["servers-update-rank2", "workers-update-rank0-zmq"])
+    (0, 25, ("--env", "MXNET_UPDATE_ON_KVSTORE=0", "--env", "DMLC_PS_VAN_TYPE=zmq",
+             *HEARTBEATS), "no heartbeat for"),
+], ids=["servers-update-rank2", "first-step-rank1", "workers-update-rank0-zmq"])
 def test_the_others_finish_with_identical_parameters_when_a_worker_is_killed(
-        spawn, kill_rank, options, noticed):
-    # 11 steps an epoch: killed in its 3rd epoch, as it enters its 25th step
-    status, out = elastic_demo(spawn, str(kill_rank), 25, *options)
+        spawn, kill_rank, kill_step, options, noticed):
+    status, out = elastic_demo(spawn, str(kill_rank), kill_step, *options)
     assert status == 0, out
     assert ("[launch] worker %d was killed by SIGKILL; the job goes on with 3 of 4 workers "
             "(--min-workers 3)" % kill_rank) in out
