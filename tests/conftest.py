@@ -53,6 +53,14 @@ def _unit_tests_stay_pure(request, monkeypatch):
         monkeypatch.setattr(owner, name, refuse)
 
 
+@pytest.fixture(scope="session")
+def demo_reference(tmp_path_factory):
+    """The demo at the defaults under the local launcher, run once for every test that compares
+    another launcher, van or setting with it (tests/support/demo.py)."""
+    from tests.support.demo import reference_run
+    return reference_run(tmp_path_factory.mktemp("demo-reference"))
+
+
 @pytest.fixture
 def spawn():
     """``spawn(argv, **popen_kwargs)`` starts a process in a new session; teardown kills its tree."""

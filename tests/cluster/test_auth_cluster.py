@@ -82,7 +82,7 @@ def test_without_a_key_a_spoofed_worker_id_cannot_stop_the_servers(van, tmp_path
 def test_an_upstream_mxnet_node_is_refused_with_a_clear_error():
     """Upstream MXNet cannot authenticate: with a key on our scheduler, an upstream server
     is refused, the scheduler says why, and its start fails at the deadline."""
-    env = {"BYTEPS_AUTH_KEY": "cluster-key-" + "9" * 20, "BYTEPS_START_TIMEOUT": "10"}
+    env = {"BYTEPS_AUTH_KEY": "cluster-key-" + "9" * 20, "BYTEPS_START_TIMEOUT": "6"}
     with Cluster(num_workers=1, num_servers=1, env=env) as cluster:
         cluster.start("scheduler", SCHEDULER_OURS)
         cluster.start("server", UPSTREAM,

@@ -18,7 +18,7 @@ import pytest
 
 from kvstore_byteps.launcher import netns
 from tests.support import slurm_cluster
-from tests.support.demo import DEMO, LAUNCH, run_demo
+from tests.support.demo import DEMO, LAUNCH
 from tests.support.netns_support import SshCluster, requires_netns, sshd_unavailable_reason
 from tests.support.paths import REPO
 from tests.support.procs import descendants
@@ -35,21 +35,10 @@ requires_mpi = pytest.mark.skipif(shutil.which("mpirun") is None,
                                   reason="mpirun not installed: apt-get install openmpi-bin")
 
 
-def _local_params(tmp_path_factory, *options):
-    """The demo's parameters under the local launcher (the reference)."""
-    path = tmp_path_factory.mktemp("local") / "local.params"
-
-    def spawn(argv, **kwargs):
-        return subprocess.Popen(argv, start_new_session=True, **kwargs)
-
-    run_demo(spawn, path, *options, epochs=EPOCHS)
-    return path.read_bytes()
-
-
-@pytest.fixture(scope="module")
-def local_params(tmp_path_factory):
-    """2 workers x 2 servers."""
-    return _local_params(tmp_path_factory)
+@pytest.fixture
+def local_params(demo_reference):
+    """2 workers x 2 servers (the shared reference run)."""
+    return demo_reference.params
 
 
 @pytest.fixture

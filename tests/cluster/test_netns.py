@@ -74,8 +74,8 @@ def test_links_are_shaped_to_the_rate_in_both_directions():
 
 @requires_netns
 @pytest.mark.timeout(200)
-def test_demo_on_a_four_host_gigabit_cluster_equals_loopback(spawn, tmp_path):
-    local = run_demo(spawn, tmp_path / "local.params")
+def test_demo_on_a_four_host_gigabit_cluster_equals_loopback(spawn, tmp_path, demo_reference):
+    local = demo_reference.output
     emulated = run_demo(spawn, tmp_path / "netns.params", "--launcher", "netns", "--hosts", "4",
                          "--link-rate", "1gbit")
     assert "[launch] emulated network: 4 hosts on 1 Gbit/s (125.0 MB/s) links" in emulated
@@ -87,7 +87,7 @@ def test_demo_on_a_four_host_gigabit_cluster_equals_loopback(spawn, tmp_path):
     # loopback) and worker 1 cut its keys alike: the same parameters as on loopback
     assert 1000000 < _partition_bytes(emulated) < 2500000
     assert _partition_bytes(local) > _partition_bytes(emulated)
-    assert (tmp_path / "netns.params").read_bytes() == (tmp_path / "local.params").read_bytes()
+    assert (tmp_path / "netns.params").read_bytes() == demo_reference.params
     assert our_namespaces() == []
 
 
