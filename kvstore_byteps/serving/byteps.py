@@ -83,7 +83,7 @@ class BytePSServer(KVStoreDistServer):
         #: what the data path may do here: answer, sum, read the optimizer
         self._answers = answers = Answers(
             num_workers, self.summing, self.profiler.timed, self.send_answer, self.refuse,
-            self._answer, lambda: self.updater, self.mxnet_key)
+            self._answer, lambda: self.updater, self.mxnet_key, self.departed)
         #: how this server trains (the probe refuses workers that train otherwise)
         self.mode = TrainingMode.of(enable_async, backup_workers)
         #: the training mode's data path: summed rounds, or the weights kept here

@@ -20,6 +20,7 @@ from ..errors import ProtocolError
 from ..van.wire.keys import PARTITION_BITS
 from .batch import BatchSlot
 from .pacing import ImmediateAcks
+from .rounds import Departed
 
 __all__ = ["Answers", "DataPath", "describe_sum"]
 
@@ -35,10 +36,13 @@ class Answers:
     the workers sent and the MXNet key of a ps key."""
 
     def __init__(self, num_workers: int, summing, timed: Callable, send_answer: Callable,
-                 refuse: Callable, answer: Callable, updater: Callable, mxnet_key: Callable):
+                 refuse: Callable, answer: Callable, updater: Callable, mxnet_key: Callable,
+                 departed: Optional[Departed] = None):
         """``send_answer(server, req, **kwargs)``, ``refuse(req, server, message)`` and
         ``answer(req, server, value)`` answer a request; ``updater()`` is the optimizer now
-        (None: none set); ``timed(category, fn, describe)`` is the profiler's."""
+        (None: none set); ``timed(category, fn, describe)`` is the profiler's; ``departed``:
+        the server's workers that left the job (elastic workers)."""
+        self.departed = departed or Departed()
         self.num_workers, self.summing, self.timed = num_workers, summing, timed
         self.send_answer, self.refuse, self.answer = send_answer, refuse, answer
         self._updater, self.mxnet_key = updater, mxnet_key

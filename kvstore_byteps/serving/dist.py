@@ -34,6 +34,7 @@ from ..mxproto import Cmd, RequestType, ServerCommand, decode_cmd
 from .following import FollowingPulls
 from .profiler import ServerProfiler
 from .protocol import CompressedPush, parse_compressed, parse_dense, parse_row_sparse
+from .rounds import Departed
 from .store import Entry, StorageKind, check_rows, dense_rows
 from .updater import RowSparseGrad, Updater, load_mxnet_updater
 from ..van.wire.message import id_to_rank, is_worker_id, worker_rank_to_id
@@ -73,7 +74,7 @@ class KVStoreDistServer:
         self._lock = threading.RLock()
         self._peer_log = PeerLog(log)
         self._store = {}
-        self._gone: set = set()     # workers that left the job (elastic workers)
+        self.departed = Departed()   # workers that left the job (elastic workers)
         #: row_sparse pulls held until the round of the push they follow is done
         self._following = FollowingPulls()
         #: MXNet's server profiling (kSetProfilerParams): this server's stages, as a trace
@@ -300,12 +301,12 @@ class KVStoreDistServer:
             self._reply(req, server, entry)
 
     def _add_to_round(self, req, server, ps_key: int, entry: Entry) -> None:
-        entry.join_round(req, server, self._gone)
+        entry.join_round(req, server, self.departed.ids)
         self._close_if_complete(ps_key, entry)
 
     def _close_if_complete(self, ps_key: int, entry: Entry) -> None:
         """Close the key's round once every worker still in the job pushed it (locked)."""
-        if not entry.round_complete(self.num_workers, self._gone):
+        if not entry.round_complete(self.num_workers, self.departed.ids):
             return
         grad, waiting = entry.take_round(self.num_workers)
         self._close_round(ps_key, entry, grad, waiting)
@@ -315,10 +316,9 @@ class KVStoreDistServer:
     def depart(self, sender: int) -> None:
         """Worker ``sender`` left the job (elastic workers): no round waits for it."""
         with self._lock:
-            self._gone.add(sender)
-            if self.sync_mode:
-                for ps_key, entry in list(self._store.items()):
-                    self._close_if_complete(ps_key, entry)
+            self.departed.add(sender)
+            for ps_key, entry in list(self._store.items()) if self.sync_mode else ():
+                self._close_if_complete(ps_key, entry)
 
     def _close_round(self, ps_key: int, entry: Entry, grad, waiting: list) -> None:
         if self.updater is None and self.refused_optimizer is not None:

@@ -43,7 +43,8 @@ class Departed:
         self.ids: frozenset = frozenset()
 
     def add(self, sender: int) -> None:
-        self.ids = self.ids | {sender}
+        if sender not in self.ids:
+            self.ids = self.ids | {sender}
 
 
 class FailedRound(NamedTuple):
@@ -169,8 +170,7 @@ class KeyRounds:
         complete now without it: the caller runs :meth:`recheck` for each on the key's
         summing thread."""
         with self._lock:
-            if sender not in self._departed.ids:     # (a server's data path said so first)
-                self._departed.add(sender)
+            self._departed.add(sender)      # (the server's already holds it: a no-op there)
             due = []
             for slot in self._slots:
                 slot.pending = [(s, t) for s, t in slot.pending if s != sender]

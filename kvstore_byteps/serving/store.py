@@ -143,7 +143,7 @@ class Entry:
         check_rows(rows, values.shape[1], self.shape, ps_key)
         self.merged.append((rows, values.astype(self.round_dtype, copy=False)))
 
-    def join_round(self, req, server, gone: set) -> None:
+    def join_round(self, req, server, gone: frozenset) -> None:
         """A push joins the open round; not one of a worker that left an elastic job (``gone``:
         it raced the notice, and must not reopen a round closed without it)."""
         if req.sender in gone:
@@ -151,7 +151,7 @@ class Entry:
                                 % req.sender)
         self.waiting.append((req, server))
 
-    def round_complete(self, workers: int, gone: set) -> bool:
+    def round_complete(self, workers: int, gone: frozenset) -> bool:
         """Whether every worker still in the job pushed the open round: ``workers`` pushes, as
         MXNet's server counts them, or, once some left an elastic job (``gone``), one from
         each worker left."""

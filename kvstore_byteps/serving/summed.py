@@ -24,7 +24,7 @@ from ..mxproto import WAITING_SHOWN, ServerCommand
 from .compressed import claimed_round
 from .datapath import Answers, DataPath, describe_sum
 from .pacing import ImmediateAcks, PacedAcks
-from .rounds import Departed, FailedRound, KeyRounds
+from .rounds import FailedRound, KeyRounds
 from .store import publish
 
 __all__ = ["SummedRounds"]
@@ -43,8 +43,6 @@ class SummedRounds(DataPath):
         super().__init__(answers)
         self.acks = (PacedAcks(answers.num_workers, *pacing) if pacing is not None
                      else ImmediateAcks())
-        #: the workers that left the job (elastic workers), as every key's rounds read them
-        self.departed = Departed()
         #: ps key -> its weights as the servers' optimizer keeps them (once there is one)
         self._weights = {}
         # the summing threads' work, as stages of the server profile (profiler.py)
@@ -66,8 +64,9 @@ class SummedRounds(DataPath):
 
     def depart(self, sender: int, keys) -> None:
         """Worker ``sender`` left (elastic workers): each round that waited only for its push
-        closes, on its key's summing thread, scaled to the whole job's pushes."""
-        self.departed.add(sender)        # before the keys: one made meanwhile reads it
+        closes, on its key's summing thread, scaled to the whole job's pushes. (The server's
+        :class:`Departed`, which every key's rounds read, keys made meanwhile too, holds it
+        already.)"""
         for key in keys:
             for r in key.rounds.depart(sender):
                 self._answers.submit(key.thread, lambda k=key, r=r: self._close_without(k, r))
@@ -86,7 +85,7 @@ class SummedRounds(DataPath):
 
     def new_rounds(self, ps_key: int, values: np.ndarray) -> KeyRounds:
         return KeyRounds(ps_key, self._answers.num_workers, values.size, values.dtype,
-                         self.departed)
+                         self._answers.departed)
 
     def push(self, req, server, key, values: np.ndarray, pull: bool, attached=None) -> None:
         """Count the push in its round; answer it (a pushpull: with the round's sum); sum."""
