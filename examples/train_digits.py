@@ -125,13 +125,16 @@ def accuracy(net, x, y, ctx) -> float:
     return float((predictions == y).mean())
 
 
-def train_epoch(net, trainer, loss_fn, x, y, args, contexts, rng, num_workers) -> tuple:
-    """One pass over this worker's shard; returns (sum of losses, samples seen)."""
+def train_epoch(net, trainer, loss_fn, x, y, args, contexts, rng, num_workers, state) -> tuple:
+    """One pass over this worker's shard, from step ``state.batch`` on (a worker that took a
+    departed one's place in an elastic job resumes mid-epoch); returns (sum of losses, samples
+    seen). ``state.commit()`` after every step: where a worker joins (elastic jobs)."""
     order = rng.permutation(len(x))
     steps = len(x) // args.batch_size          # the same on every worker
     global_batch = args.batch_size * num_workers
     total = nd.zeros(1, ctx=contexts[0])   # summed on the engine, read once: no sync per step
-    for step in range(steps):
+    first = state.batch
+    for step in range(first, steps):
         rows = order[step * args.batch_size:(step + 1) * args.batch_size]
         data = gluon.utils.split_and_load(nd.array(x[rows]), contexts, even_split=False)
         label = gluon.utils.split_and_load(nd.array(y[rows]), contexts, even_split=False)
@@ -141,7 +144,9 @@ def train_epoch(net, trainer, loss_fn, x, y, args, contexts, rng, num_workers) -
         trainer.step(global_batch)   # gradients are summed over workers and contexts
         for loss in losses:
             total += loss.sum().as_in_context(contexts[0])
-    return float(total.asscalar()), steps * args.batch_size
+        state.batch = step + 1
+        state.commit()
+    return float(total.asscalar()), (steps - first) * args.batch_size
 
 
 def updates_on_store(kv) -> bool:
@@ -204,18 +209,22 @@ def main(argv=None) -> int:
     rng = np.random.RandomState(args.seed + kv.rank)    # each worker shuffles its shard its own way
     metrics_key = EXTRA_KEYS                             # [loss sum, samples] per epoch
     kv.init(metrics_key, nd.zeros(2, dtype=np.float64))
+    # where to resume: a worker that takes a departed one's place in an elastic job
+    # (launch.py --min-workers N --max-restarts K) starts at the others' next commit
+    state = kvstore_byteps.elastic.State(kv, trainer, epoch=1, batch=0)
     try:
-        for epoch in range(1, args.epochs + 1):
-            tic = time.perf_counter()
+        while state.epoch <= args.epochs:
+            epoch, tic = state.epoch, time.perf_counter()
             loss_sum, seen = train_epoch(net, trainer, loss_fn, x_mine, y_mine, args, contexts,
-                                         rng, kv.num_workers)
+                                         rng, kv.num_workers, state)
             if on_store:     # a push is an update of the weights: no sums through the store
                 loss_total, seen_total = loss_sum, seen
             else:
                 loss_total, seen_total = global_sum(kv, metrics_key, [loss_sum, seen])
             say(kv, "epoch %d/%d  train loss %.4f  test accuracy %.4f  (%.2f s)"
-                % (epoch, args.epochs, loss_total / seen_total,
+                % (epoch, args.epochs, loss_total / max(seen_total, 1),
                    accuracy(net, x_test, y_test, contexts[0]), time.perf_counter() - tic))
+            state.epoch, state.batch = epoch + 1, 0
     except kvstore_byteps.TrainingOver:
         pass                 # backup workers: the others finished the job's training
     # async and backup workers: every worker reads the servers' final weights (sync: no-op)

@@ -86,6 +86,15 @@ class ServerCommand(enum.IntEnum):
     #: WAITING_SHOWN of them, or empty (synchronous rounds only: other modes' rounds do not
     #: wait for one worker)
     BYTEPS_WAITING = 105
+    #: ours, elastic workers, to server rank 0: a worker's State.commit(), body
+    #: ``b"<n>\n<state JSON>"``, answered with the workers that join there (serving/joins.py)
+    BYTEPS_COMMIT = 106
+    #: ours, elastic workers, to server rank 0: a late worker asks to join, answered with the
+    #: commit it joins at and its state, or empty while the others have not reached one
+    BYTEPS_JOIN = 107
+    #: ours, elastic workers, to every server: the late worker joins the rounds from the
+    #: next one on (the others wait in the join barrier meanwhile)
+    BYTEPS_ADMIT = 108
 
 
 #: how many waiting rounds a server names in its answer to BYTEPS_WAITING

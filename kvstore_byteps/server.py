@@ -60,8 +60,8 @@ def run_server(config: Config) -> int:
             if node.id == postoffice.my_id:
                 server.key_begin = postoffice.server_key_ranges()[postoffice.my_rank].begin
                 server.begin_recovery(epoch, time.monotonic() + config.start_timeout)
-        postoffice.on_recovery(restarted)
-        postoffice.on_departure(lambda node: server.depart(node.id))
+        postoffice.roster.recovery.add(restarted)
+        postoffice.roster.departure.add(lambda node: server.depart(node.id))
         postoffice.start()
         # requests come only after the start-up barrier, which needs this server: safe to set
         server.key_begin = postoffice.server_key_ranges()[postoffice.my_rank].begin

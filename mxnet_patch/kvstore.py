@@ -314,6 +314,16 @@ class KVStoreBytePS(KVStore):
             for target in _as_list(arrays):
                 held.copyto(target)
 
+    def reread(self, params):
+        """The servers' current values of ``params``' keys, ``(key, arrays)`` pairs, into
+        the arrays (an elastic job's late worker, once it joined: the servers' weights)."""
+        for key, arrays in params:
+            ikey = self._initialised_key(key)
+            held = self._push_results[ikey]
+            held[:] = self._engine.read(ikey, held.shape, held.dtype)
+            for target in _as_list(arrays):
+                held.copyto(target)
+
     # ------------------------------------------------------------------ the rest of the API
     def set_optimizer(self, optimizer):
         """The optimizer, where the training mode takes it (see the mode's class)."""

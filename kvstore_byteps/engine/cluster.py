@@ -13,9 +13,11 @@ from ..errors import ConfigError, KVStoreBytePSError
 from ..mxproto import Presence, RequestType, ServerCommand, encode_cmd
 from ..van.kv import open_worker
 from ..van.runtime.postoffice import Postoffice
-from ..van.wire.message import ALL_GROUP, SERVER_GROUP, WORKER_GROUP, id_to_rank
+from ..van.wire.message import (ALL_GROUP, SERVER_GROUP, WORKER_GROUP, id_to_rank,
+                                server_rank_to_id)
 from . import sizing
 from .fusion import BUCKET_INDEX
+from .joins import JoinPort, Joins
 from .layout import server_kind
 from .modes import tell_presence
 from .partition import decode_ps_key
@@ -43,6 +45,8 @@ class Cluster:
         #: bytes a second rank 0 measured to the servers when it sized the partitions
         self.link_rate: Optional[float] = None
         self._finished = False           # finish_training ran (its barrier passed)
+        #: elastic joins (engine/joins.py; set at join)
+        self.joins: Optional[Joins] = None
         #: the workers' barriers, watched for the others waiting for this worker's pushes
         self.barriers = WorkerBarriers(BarrierPort(
             lambda: self.rank, self._waiting_rounds,
@@ -55,7 +59,14 @@ class Cluster:
         size). Returns the servers' kind."""
         config = self.config
         self.po.start()
-        self.po.barrier(ALL_GROUP)
+        self.joins = Joins(JoinPort(self._ask_first, self._tell_all, self._join_barrier,
+                                    config.request_timeout),
+                           late=self.po.joined, enabled=config.elastic)
+        if self.po.joined:
+            log.warning("worker rank %d takes a departed worker's place in a running job: it "
+                        "joins at the others' next State.commit()", self.po.my_rank)
+        else:       # (a late worker's start-up barrier was passed long ago)
+            self.po.barrier(ALL_GROUP)
         self.kv = open_worker(self.po)
         self.rank, self.num_workers = self.po.my_rank, self.po.num_workers
         # our servers check that they train as this worker does; MXNet's ignore the body
@@ -80,7 +91,8 @@ class Cluster:
         different server keys, and waited for each other until BYTEPS_REQUEST_TIMEOUT)."""
         config = self.config
         layout = sizing.agree_on_layout(
-            self.rank, self.po.num_servers, self.command, self.link_test,
+            None if self.po.joined else self.rank, self.po.num_servers, self.command,
+            self.link_test,
             lambda: self.po.barrier(WORKER_GROUP, timeout=config.request_timeout),
             None if config.size_partitions_by_link else config.partition_bytes,
             config.fusion_bytes)
@@ -120,9 +132,24 @@ class Cluster:
     def barrier(self, what: str = "in a barrier of the workers (kv._barrier)") -> None:
         """Wait for every worker (``what`` it waits in, for messages). With backup workers, the
         servers' rounds do not wait for this worker's pushes meanwhile (the others may still be
-        training)."""
+        training). A late worker's barriers before it joined pass at once: the others passed
+        theirs long ago."""
+        if self.joins is not None and self.joins.joining:
+            log.debug("worker rank %d, joining: %s passes at once", self.rank, what)
+            return
+        self._barrier(what, "")
+
+    def declare_barrier(self, what: str) -> None:
+        """The workers' pairing of a key's init (``what``: which). In elastic jobs its own
+        kind: the workers that took a departed one's place are no members (they read the
+        keys the others declared long ago without it, and never initialise one)."""
+        if self.po.joined:
+            return
+        self._barrier(what, "declare" if self.config.elastic else "")
+
+    def _barrier(self, what: str, kind: str) -> None:
         tell_presence(self.mode, self.command, Presence.AWAY)
-        self.barriers.wait(what, self.config.request_timeout)   # watched: engine/stuck.py
+        self.barriers.wait(what, self.config.request_timeout, kind=kind)   # engine/stuck.py
         tell_presence(self.mode, self.command, Presence.BACK)
 
     def _waiting_rounds(self) -> List[Waiting]:
@@ -145,6 +172,8 @@ class Cluster:
         Then a barrier: no worker may push before the servers have the optimizer (a round may
         close without rank 0's push; every worker calls this, as gluon and Module do).
         Blocking."""
+        if self.po.joined:      # the servers run the others' optimizer already
+            return
         if self.leads():
             self.command(ServerCommand.CONTROLLER, body, "setting the optimizer")
             if multi_precision:
@@ -193,8 +222,23 @@ class Cluster:
 
     def leads(self) -> bool:
         """Whether this worker does rank 0's part now: it is rank 0, or the lowest rank
-        still in an elastic job whose lower ranks left."""
-        return self.rank == id_to_rank(min(self.po.group_ids(WORKER_GROUP)))
+        still in an elastic job whose lower ranks left (never a late worker, which takes
+        no part in what was set up before it came)."""
+        late = self.po.roster.late
+        ranks = [i for i in self.po.group_ids(WORKER_GROUP) if i not in late]
+        return not self.po.joined and bool(ranks) and self.rank == id_to_rank(min(ranks))
+
+    # -- elastic joins (engine/joins.py) ------------------------------------------------------
+    def _ask_first(self, head: ServerCommand, body: bytes, what: str) -> bytes:
+        request = self.kv.command(head, body, servers=[server_rank_to_id(0)])
+        self.wait(request, what)
+        return bytes(next(iter(request.bodies.values())))
+
+    def _tell_all(self, head: ServerCommand, body: bytes, what: str) -> None:
+        self.command(head, body, what)
+
+    def _join_barrier(self, within: float) -> None:
+        self.barriers.wait("in the join barrier (a late worker joins)", within, kind="join")
 
     def leave(self, within: float, ending: Optional[str]) -> None:
         """MXNet's exit sequence: the shutdown barrier (Barrier(4); ``within`` seconds;

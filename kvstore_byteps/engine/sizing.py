@@ -35,7 +35,7 @@ SIZES = (384000, 768000, 1536000, Config.partition_bytes)
 SMALL_BODY, LARGE_BODY, TRIES = 65536, 1048576, 2
 
 
-def agree_on_layout(rank: int, servers: int, command: Callable,
+def agree_on_layout(rank: Optional[int], servers: int, command: Callable,
                     link_test: Callable[[bytes], None], barrier: Callable[[], None],
                     partition_bytes: Optional[int], fusion_bytes: int) -> dict:
     """The workers' agreement at start: rank 0 leaves its layout with the servers, the others
@@ -44,7 +44,10 @@ def agree_on_layout(rank: int, servers: int, command: Callable,
     waiting; ``rate`` is what it measured), ``row_range_bytes`` (from the partition size) and
     ``fusion_bytes`` (every worker must fuse as rank
     0 does: the caller compares). ``command(head, body, what)`` sends a command to every
-    server and returns the answered request. Returns the layout's dict."""
+    server and returns the answered request. Returns the layout's dict. ``rank`` None: a
+    late worker of an elastic job, which reads the layout without a barrier."""
+    if rank is None:
+        return decode_layout(_read_layout(command))
     if rank == 0:
         rate = measure_rate(link_test, servers) if partition_bytes is None else None
         chosen = partition_bytes or partition_bytes_for(rate)

@@ -102,15 +102,15 @@ class WorkerEngine:
                        else Unrecoverable(self.kv, self.rank, reason, self._note_failure))
         if self.mode.summed and kind is ServerKind.BYTEPS:     # rounds wait for every worker
             cluster.barriers.watch()
-        self.po.on_recovery(lambda node, epoch: self.kv.post(
+        self.po.roster.recovery.add(lambda node, epoch: self.kv.post(
             lambda: self.keeper.recover(node, epoch)))
-        if self.rank == 0:
+        if self.rank == 0 and not self.po.joined:     # (a late worker's servers know)
             cluster.command(ServerCommand.SYNC_MODE, b"", "kSyncMode")
         self.tracer = Tracer.from_config(config, self.rank)
         self.rounds = Rounds(self.kv, self.dialect, self.tracer, self.keeper,
                              pulls_ride(config, self.dialect), self._task_finished)
         self.values = KeyValues(self.kv, self.rank, self.mode, self.dialect, self.layouts,
-                                ValuesPort(wait=cluster.wait, barrier=cluster.barrier,
+                                ValuesPort(wait=cluster.wait, barrier=cluster.declare_barrier,
                                            declare=lambda layout: self.fusion.declare(layout),
                                            keep=self.keeper.keep, name_of=self.tracer.name_of,
                                            note_failure=self._note_failure,
@@ -190,6 +190,12 @@ class WorkerEngine:
     def barrier(self, what: str = "in a barrier of the workers (kv._barrier)") -> None:
         """Wait for every worker (:meth:`.cluster.Cluster.barrier`). Blocking."""
         self.cluster.barrier(what)
+
+    @property
+    def joins(self):
+        """Elastic joins: this worker's commits, its own join if it came late
+        (:mod:`.joins`)."""
+        return self.cluster.joins
 
     def finish_training(self) -> bool:
         """This worker trains no more (:meth:`.cluster.Cluster.finish_training`): True where

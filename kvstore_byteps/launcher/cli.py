@@ -208,6 +208,10 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                         "by a signal, crashed) leaves the job, which goes on while at least N "
                         "workers are left; a worker's own exit status still ends the job "
                         "(sets BYTEPS_MIN_WORKERS on every node; docs/usage.md)")
+    p.add_argument("--max-restarts", type=_positive(int), default=0, metavar="K",
+                   help="with --min-workers: a lost worker is started again, at most K times, "
+                        "and takes its place back at the others' next State.commit() "
+                        "(kvstore_byteps.elastic; docs/usage.md)")
     p.add_argument("--dry-run", action="store_true", help="print the nodes, start none")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD",
                    help="the worker program and its arguments")
@@ -276,6 +280,9 @@ def _check_elastic(p: argparse.ArgumentParser, args: argparse.Namespace, environ
     except ValueError:
         p.error("%s=%r is not a number of workers" % (Env.MIN_WORKERS, given))
     if not args.min_workers:
+        if args.max_restarts:
+            p.error("--max-restarts restarts the lost workers of an elastic job: give "
+                    "--min-workers too")
         return
     if args.min_workers > args.num_workers:
         p.error("%s%d is more than the job's %d workers"

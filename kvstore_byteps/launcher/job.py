@@ -5,8 +5,11 @@ Every node runs under ``kvstore_byteps.launcher.guard`` with a pipe from us as i
 how a node's command line becomes a local process: directly, inside a network namespace, or
 through ssh. The first node that fails stops the job and its exit status becomes ours; so do
 Ctrl-C, SIGTERM, SIGHUP and the timeout. With elastic workers (``min_workers``), a worker that
-is lost (killed by a signal) leaves the job instead while at least that many workers are left.
+is lost (killed by a signal) leaves the job instead while at least that many workers are left;
+with ``max_restarts`` K, it is started again (at most K times per worker; the restarted process
+has ``BYTEPS_RESTART_COUNT`` set) and takes its place back at the others' next commit.
 """
+import dataclasses
 import os
 import shlex
 import signal
@@ -28,6 +31,11 @@ EXIT_TIMEOUT = 124
 #: ssh's status when the connection to a remote node dropped (its host is gone)
 EXIT_CONNECTION_LOST = 255
 POLL_INTERVAL_S = 0.05
+#: the variable a restarted worker finds its restart's number in (1, 2, ...)
+RESTART_COUNT = "BYTEPS_RESTART_COUNT"
+#: how long restarted workers may still run once the others finished (they had not joined:
+#: a worker that joined passes the others' shutdown barrier with them)
+UNJOINED_GRACE_S = 5.0
 #: How long nodes get to exit after we close their pipes and SIGTERM them (the guard itself waits
 #: 3 s before its SIGKILL), before we SIGKILL what is left.
 STOP_GRACE_S = 5.0
@@ -132,7 +140,9 @@ class _Child:
         except OSError as exc:
             raise LaunchError("cannot start %s (%s): %s"
                               % (spec.label, shlex.join(argv), exc)) from None
-        self.log = open(os.path.join(log_dir, log_file_name(spec)), "wb") if log_dir else None
+        # (a restarted worker's output goes on in the same log file)
+        mode = "ab" if RESTART_COUNT in spec.env else "wb"
+        self.log = open(os.path.join(log_dir, log_file_name(spec)), mode) if log_dir else None
         prefix = "[%s] " % spec.label if spec.prefixed else ""
         self.outputs = [OutputCopy(self.proc.stdout, prefix, sys.stdout.buffer, self.log),
                         OutputCopy(self.proc.stderr, prefix, sys.stderr.buffer, self.log)]
@@ -167,10 +177,12 @@ class Job:
     def __init__(self, specs: Sequence[ProcSpec], starter: Optional[NodeStarter] = None,
                  timeout: Optional[float] = None, grace: float = 30.0,
                  base_env: Optional[Mapping[str, str]] = None, log_dir: Optional[str] = None,
-                 log: IO[str] = sys.stderr, min_workers: int = 0):
+                 log: IO[str] = sys.stderr, min_workers: int = 0, max_restarts: int = 0):
         self._specs, self._timeout, self._grace = list(specs), timeout, grace
-        self._min_workers = min_workers
+        self._min_workers, self._max_restarts = min_workers, max_restarts
         self._lost: List[_Child] = []    # workers that failed and left an elastic job
+        self._restarted: List[_Child] = []   # failed workers started again (elastic)
+        self._unjoined: List[_Child] = []    # restarted ones stopped: the job was over
         self._starter = starter or NodeStarter()
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._log_dir = log_dir
@@ -208,7 +220,7 @@ class Job:
 
     def _supervise(self) -> int:
         started = time.monotonic()
-        workers_done_at = None
+        workers_done_at = finished_at = None
         # The linger rule is about workers this launch started: a launch of only a scheduler
         # or only servers (bpslaunch by role) has none, and its nodes end by themselves.
         has_workers = any(c.spec.role is Role.WORKER for c in self._children)
@@ -218,7 +230,8 @@ class Job:
                 self._log("received %s; stopping all processes" % signal.Signals(self._signal).name)
                 return 128 + self._signal
             failed = next((c for c in self._children if c.proc.poll() not in (None, 0)
-                           and c not in self._lost), None)
+                           and c not in self._lost and c not in self._restarted
+                           and c not in self._unjoined), None)
             if failed is not None and self._killed_with_us(failed):
                 continue       # our own stop signal came with it: say that instead
             if failed is not None:
@@ -235,6 +248,7 @@ class Job:
             running = [c for c in self._children if c.running]
             if not running:
                 return 0
+            finished_at = self._stop_unjoined(running, now, finished_at)
             if has_workers and not any(c.spec.role is Role.WORKER for c in running):
                 workers_done_at = workers_done_at or now
                 if now - workers_done_at > self._grace:
@@ -260,8 +274,11 @@ class Job:
                 or not (code > 128 or code == EXIT_CONNECTION_LOST)):
             return None
         self._lost.append(failed)
-        workers = sum(1 for c in self._children if c.spec.role is Role.WORKER)
+        workers = sum(1 for c in self._children if c.spec.role is Role.WORKER
+                      and c not in self._restarted)
         left = workers - len(self._lost)
+        if left >= self._min_workers and self._restart(failed):
+            return True
         if left >= self._min_workers:
             self._log("%s %s; the job goes on with %d of %d workers (--min-workers %d)"
                       % (failed.spec.label, describe_exit(failed.proc.returncode), left,
@@ -272,6 +289,44 @@ class Job:
         self._log("%s: %d of %d workers left, fewer than --min-workers %d; stopping all "
                   "processes" % (lost, left, workers, self._min_workers))
         return False
+
+    def _restart(self, failed: "_Child") -> bool:
+        """Start the lost worker ``failed`` again if it has restarts left (said, with why)."""
+        done = int(failed.spec.env.get(RESTART_COUNT, 0))
+        if done >= self._max_restarts:
+            if self._max_restarts:
+                self._log("%s %s; not restarted: it was restarted %d times (--max-restarts)"
+                          % (failed.spec.label, describe_exit(failed.proc.returncode), done))
+            return False
+        spec = dataclasses.replace(failed.spec, env={**failed.spec.env,
+                                                     RESTART_COUNT: str(done + 1)})
+        self._log("%s %s; restarting it (restart %d of %d); it takes its place back at the "
+                  "others' next commit" % (failed.spec.label,
+                                           describe_exit(failed.proc.returncode), done + 1,
+                                           self._max_restarts))
+        self._lost.remove(failed)
+        self._restarted.append(failed)
+        self._children.append(_Child(spec, self._starter, self._base_env, self._log_dir))
+        return True
+
+    def _stop_unjoined(self, running: List[_Child], now: float,
+                       since: Optional[float]) -> Optional[float]:
+        """Restarted workers still running UNJOINED_GRACE_S after every other worker
+        finished (exit 0) never joined: the job's training was over. They are stopped, and
+        their exit is no failure. Returns since when that is so (None: it is not)."""
+        workers = [c for c in running if c.spec.role is Role.WORKER]
+        if (not workers or any(RESTART_COUNT not in c.spec.env for c in workers)
+                or not any(c.spec.role is Role.WORKER and c.proc.returncode == 0
+                           for c in self._children)):
+            return None
+        if since is None or now - since < UNJOINED_GRACE_S:
+            return since or now
+        self._log("%s: restarted, had not joined when the other workers finished the job; "
+                  "stopping it" % _labels(workers))
+        for child in workers:
+            self._unjoined.append(child)
+            child.close_pipe()
+        return None
 
     def _killed_with_us(self, failed: "_Child") -> bool:
         """Whether ``failed`` was killed by a signal that reached us too: a Ctrl-C goes to

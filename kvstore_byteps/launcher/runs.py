@@ -36,7 +36,8 @@ def say(text: str) -> None:
 
 def run_job(args, specs, starter: NodeStarter) -> int:
     return Job(specs, starter=starter, timeout=args.timeout, grace=args.grace,
-               log_dir=args.log_dir, min_workers=getattr(args, "min_workers", 0)).run()
+               log_dir=args.log_dir, min_workers=getattr(args, "min_workers", 0),
+               max_restarts=getattr(args, "max_restarts", 0) or 0).run()
 
 
 def read_hostfile(path: str) -> List[Host]:

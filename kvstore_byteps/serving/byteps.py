@@ -42,6 +42,7 @@ from .compressed import COMPRESSED_HEADS, CompressedPath
 from .datapath import Answers, DataPath
 from .dist import KVStoreDistServer
 from .keys import KeyTable, check_matches
+from .joins import JOIN_COMMANDS, JoinBoard
 from .layout_board import LayoutBoard
 from .protocol import parse_dense
 from .recovery_filter import NoRecovery, RecoveryFilter
@@ -58,7 +59,7 @@ _BYTEPS_HEADS = frozenset(encode_cmd(RequestType.BYTEPS, dtype)
                           for dtype in SERVER_DTYPES.values())
 #: the workers' commands about themselves, which the data path may answer
 _WORKER_COMMANDS = (ServerCommand.BYTEPS_ABSENT, ServerCommand.BYTEPS_STALE,
-                    ServerCommand.BYTEPS_WAITING)
+                    ServerCommand.BYTEPS_WAITING) + JOIN_COMMANDS
 
 
 #: each training mode's data path, built with (answers, mode, pacing: see SummedRounds)
@@ -105,6 +106,8 @@ class BytePSServer(KVStoreDistServer):
         self.layout = LayoutBoard()
         #: a dist_byteps worker probed this server (MXNet's workers never do)
         self._probed = False
+        #: elastic workers' joins (server rank 0's is the one asked)
+        self.joins = JoinBoard()
 
     @classmethod
     def from_config(cls, config: Config, num_workers: int,
@@ -207,8 +210,11 @@ class BytePSServer(KVStoreDistServer):
         head = req.meta.head
         if head in _WORKER_COMMANDS and self.is_worker(req.sender):
             try:
-                answer = self.path.worker_command(head, req.sender,
-                                                  bytes(req.meta.body or b""), self.keys.all())
+                body = bytes(req.meta.body or b"")
+                answer = (self.joins.handle(head, req.sender, body,
+                                            lambda s: self.path.admit(s, self.keys.all()))
+                          if head in JOIN_COMMANDS else
+                          self.path.worker_command(head, req.sender, body, self.keys.all()))
             except ProtocolError as exc:
                 self.refuse(req, server, str(exc))
                 return

@@ -175,6 +175,13 @@ class DataPath:
         raise ProtocolError("worker %d left, but this training mode has no elastic workers"
                             % sender)
 
+    def admit(self, sender: int, keys) -> None:
+        """A late worker took the departed worker ``sender``'s place (elastic workers), the
+        others between rounds: it takes part in every key's rounds from the next on (the
+        server's :class:`.rounds.Departed` no longer holds it)."""
+        raise ProtocolError("worker %d joins, but this training mode has no elastic workers"
+                            % sender)
+
     def close(self, keys) -> None:
         """The server closes (its summing threads are stopped)."""
 

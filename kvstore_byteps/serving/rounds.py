@@ -46,6 +46,10 @@ class Departed:
         if sender not in self.ids:
             self.ids = self.ids | {sender}
 
+    def readmit(self, sender: int) -> None:
+        """A late worker took ``sender``'s place (it is being admitted to every round)."""
+        self.ids = self.ids - {sender}
+
 
 class FailedRound(NamedTuple):
     """A round's answer when its ``finish`` (the servers' optimizer) failed: every pull of the
@@ -177,6 +181,22 @@ class KeyRounds:
                 if slot.round >= 0 and not slot.complete and slot.summed:
                     due.append(slot.round)
             return due
+
+    def admit(self, sender: int) -> int:
+        """A late worker takes the departed worker ``sender``'s place (the server's
+        :class:`Departed` readmitted it) while the others are between rounds: they wait in
+        the ``join`` barrier with every round they pushed answered (serving/joins.py). From
+        their next round on it pushes and pulls as they do. Returns that round."""
+        with self._lock:
+            gone = self._departed.ids
+            r = max((p for s, p in self._pushed.items() if s != sender and s not in gone),
+                    default=0)
+            before = self._answered.get(sender, 0)
+            for slot in self._slots:     # it counts among the answers due now: as answered
+                if 0 <= slot.round < r and before <= slot.round:
+                    slot.answered += 1
+            self._pushed[sender] = self._pulled[sender] = self._answered[sender] = r
+            return r
 
     def begin_push(self, sender: int, claimed_round: Optional[int] = None) -> int:
         """Register ``sender``'s next push; return its round. ProtocolError if out of order."""

@@ -71,6 +71,12 @@ class SummedRounds(DataPath):
             for r in key.rounds.depart(sender):
                 self._answers.submit(key.thread, lambda k=key, r=r: self._close_without(k, r))
 
+    def admit(self, sender: int, keys) -> None:
+        """A late worker in the departed ``sender``'s place joins every key's next round."""
+        self._answers.departed.readmit(sender)
+        for key in keys:
+            key.rounds.admit(sender)
+
     def _close_without(self, key, r: int) -> None:
         """Summing thread: round ``r`` of ``key`` closes if no push it waits for is due."""
         tokens, answer = key.rounds.recheck(r, self._finish(key))

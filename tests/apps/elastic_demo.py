@@ -32,7 +32,9 @@ def dying_step(step, kill_step):
 
 if __name__ == "__main__":
     kill_ranks, kill_step = sys.argv[1].split(","), int(sys.argv[2])
-    if os.environ.get("DMLC_WORKER_ID") in kill_ranks:
+    # (a restarted worker, launch.py --max-restarts, trains on)
+    if (os.environ.get("DMLC_WORKER_ID") in kill_ranks
+            and not os.environ.get("BYTEPS_RESTART_COUNT")):
         gluon.Trainer.step = dying_step(gluon.Trainer.step, kill_step)
     sys.argv = [DEMO] + sys.argv[3:]
     runpy.run_path(DEMO, run_name="__main__")

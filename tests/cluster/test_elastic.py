@@ -67,21 +67,55 @@ def test_the_others_finish_with_identical_parameters_when_a_worker_is_killed(
         assert accuracy > 0.85, out
 
 
+def test_a_killed_worker_restarts_and_takes_its_place_back(spawn):
+    """launch.py --max-restarts 1: rank 2 killed mid-epoch starts again, joins at the others'
+    next commit (the demo's State.commit() after every step) and the job ends with four
+    workers holding identical parameters."""
+    status, out = elastic_demo(spawn, "2", 25, "--max-restarts", "1", epochs=80)
+    assert status == 0, out
+    assert ("[launch] worker 2 was killed by SIGKILL; restarting it (restart 1 of 1)" in out), out
+    joined = re.search(r"joined the job at the other workers' commit (\d+) .* after asking, "
+                       r"(\S+) s after this process started", out)
+    assert joined and int(joined.group(1)) > 25 and float(joined.group(2)) < 30, out
+    assert out.count("parameters identical on all 4 workers") == 1, out
+
+
 def stand_in(role, rank, how=None):
     """A node that exits 0 after a while (workers first, one after the other), or as ``how``
-    says: ``kill`` (SIGKILL) or a status."""
+    says: ``kill`` (SIGKILL), ``kill-once`` (SIGKILL unless it was restarted), ``linger`` (a
+    restarted one sleeps a minute) or a status."""
     delay = {Role.SCHEDULER: 1.0, Role.SERVER: 1.0, Role.WORKER: 0.1 + 0.2 * rank}[role]
-    end = ("os.kill(os.getpid(), signal.SIGKILL)" if how == "kill"
-           else "sys.exit(%d)" % (how or 0))
+    restarted = "os.environ.get('BYTEPS_RESTART_COUNT')"
+    end = {"kill": "os.kill(os.getpid(), signal.SIGKILL)",
+           "kill-once": "%s or os.kill(os.getpid(), signal.SIGKILL)" % restarted,
+           "linger": "time.sleep(60 if %s else 0); os.kill(os.getpid(), signal.SIGKILL)"
+                     % restarted}.get(how) or "sys.exit(%d)" % (how or 0)
     argv = (sys.executable, "-c", "import os, signal, sys, time; time.sleep(%g); %s"
             % (delay, end))
     return ProcSpec(role=role, rank=rank if role is not Role.SCHEDULER else None, argv=argv,
                     env={})
 
 
-def job(workers, log):
+def job(workers, log, restarts=0):
     return Job([stand_in(Role.SCHEDULER, 0), stand_in(Role.SERVER, 0)] + [
-        stand_in(Role.WORKER, r, how) for r, how in enumerate(workers)], min_workers=2, log=log)
+        stand_in(Role.WORKER, r, how) for r, how in enumerate(workers)], min_workers=2, log=log,
+        max_restarts=restarts)
+
+
+def test_the_launcher_restarts_a_lost_worker_at_most_k_times():
+    log = io.StringIO()
+    assert job([None, "kill-once", None], log, restarts=1).run() == 0
+    assert ("worker 1 was killed by SIGKILL; restarting it (restart 1 of 1)"
+            in log.getvalue()), log.getvalue()
+    log = io.StringIO()          # killed again: no restart left, the job goes on without it
+    assert job([None, "kill", None], log, restarts=1).run() == 0
+    assert "not restarted: it was restarted 1 times (--max-restarts)" in log.getvalue()
+    assert "the job goes on with 2 of 3 workers" in log.getvalue(), log.getvalue()
+    # a restarted worker still running once the others finished had not joined: stopped
+    log = io.StringIO()
+    assert job([None, "linger", None], log, restarts=1).run() == 0
+    assert ("worker 1: restarted, had not joined when the other workers finished the job; "
+            "stopping it" in log.getvalue()), log.getvalue()
 
 
 def test_the_launcher_lets_lost_workers_leave_until_too_few_are_left():

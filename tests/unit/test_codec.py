@@ -152,6 +152,9 @@ def test_an_extension_tag_written_overlong_is_found():
     # field 112 (worker_left), true: its tag 896 is the first whose second byte is 0x07
     data = encode_meta(Meta(head=6, timestamp=5)) + bytes([0x80, 0x87, 0x00, 1])
     assert decode_meta(data).extra == {"worker_left": True}
+    # field 113 (worker_joined), true: tag 904, first byte 0x88
+    data = encode_meta(Meta(head=6, timestamp=5)) + bytes([0x88, 0x87, 0x00, 1])
+    assert decode_meta(data).extra == {"worker_joined": True}
 
 
 def test_a_data_meta_without_extensions_decodes_without_them():

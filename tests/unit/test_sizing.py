@@ -115,12 +115,13 @@ class FakeCluster:
         self.barriers += 1
 
 
-def _engine(rank, cluster):
-    """A worker's cluster life (engine/cluster.py) over the fake cluster."""
+def _engine(rank, cluster, joined=False):
+    """A worker's cluster life (engine/cluster.py) over the fake cluster (``joined``: a late
+    worker of an elastic job)."""
     from kvstore_byteps.engine.cluster import Cluster
     engine = Cluster(Config(num_servers=cluster.servers, van_type=VanType.ZMQ,  # no socket
                             size_partitions_by_link=True),
-                     type("Postoffice", (), {"num_servers": cluster.servers,
+                     type("Postoffice", (), {"num_servers": cluster.servers, "joined": joined,
                                              "barrier": cluster.barrier})(), str)
     engine.rank, engine.command, engine.link_test = rank, cluster.command, cluster.link_test
     return engine
@@ -141,6 +142,10 @@ def test_rank_0_measures_and_leaves_the_size_the_others_read_it_after_the_barrie
     assert other.agree_on_layout()["partition_bytes"] == 765952 and other.link_rate == 60e6
     assert cluster.sent[-1] == ("BYTEPS_LAYOUT", 0) and cluster.barriers == 2
     assert len(cluster.tests) == 2 * sizing.TRIES      # rank 0's only
+    # a worker that took a departed one's place (elastic) reads it: no barrier, no test
+    late = _engine(0, cluster, joined=True)
+    assert late.agree_on_layout()["partition_bytes"] == 765952
+    assert cluster.barriers == 2 and len(cluster.tests) == 2 * sizing.TRIES
 
 
 def test_servers_holding_different_layouts_are_an_error():

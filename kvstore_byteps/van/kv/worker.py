@@ -155,9 +155,10 @@ class KVWorker:
             raise
         return push, pull
 
-    def command(self, head: int, body: bytes = b"", callback=None) -> Request:
-        """A SimpleApp command to every server (e.g. MXNet's kSyncMode = 3)."""
-        servers = self.po.group_ids(2)
+    def command(self, head: int, body: bytes = b"", callback=None, servers=None) -> Request:
+        """A SimpleApp command to every server (e.g. MXNet's kSyncMode = 3), or to the node
+        ids ``servers``."""
+        servers = self.po.group_ids(2) if servers is None else list(servers)
         request = self._requests.new("command %d" % head, servers, callback)
         with self.send_lock:
             for server in servers:

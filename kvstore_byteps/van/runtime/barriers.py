@@ -10,6 +10,12 @@ backup-workers job ended, at exit, would otherwise pair its finish and shutdown 
 the barrier the others ended their loop with, and everyone waited. Only workers' barriers
 excuse anyone; releases go to the nodes that asked. Upstream nodes send no kind: their
 barriers count as the program's own, as ps-lite counts them.
+
+Elastic jobs add two kinds. ``join``: the workers and a worker taking a departed one's place
+pass it together at a ``State.commit()`` (kvstore_byteps/elastic.py); ``declare``: their
+pairing of a key's init. ``members_of(group, kind)`` names each barrier's members: a joining
+worker is a member of the ``join`` barrier only, and one that joined late of no ``declare``
+barrier (it reads the keys the others declared without pairing).
 """
 from typing import Dict, Iterable, List, Set, Tuple
 
@@ -18,8 +24,10 @@ from ..wire.message import WORKER_GROUP
 __all__ = ["BARRIER_KINDS", "BarrierBook"]
 
 #: a worker's barriers: "" the program's own (kv._barrier, init's pairing); "finish" its
-#: finish_training (asynchronous training, backup workers); "shutdown" its exit's
-BARRIER_KINDS = ("", "finish", "shutdown")
+#: finish_training (asynchronous training, backup workers); "shutdown" its exit's; "join"
+#: and "declare": elastic jobs' (see the module)
+#: elastic jobs' admission of a worker taking a departed one's place
+BARRIER_KINDS = ("", "finish", "shutdown", "join", "declare")
 
 
 class BarrierBook:
@@ -33,7 +41,7 @@ class BarrierBook:
     def arrive(self, group: int, kind: str, sender: int, app: Tuple[int, int],
                members_of) -> List[Tuple[int, int, Tuple[int, int]]]:
         """``sender`` waits in barrier ``(group, kind)`` (a repeated request counts once);
-        ``members_of(group)`` lists a group's nodes. The releases due now: ``(node, group,
+        ``members_of(group, kind)`` lists a barrier's nodes. The releases due now: ``(node, group,
         (app, customer))``, in each group's order."""
         if kind == "shutdown":
             self._leaving.add(sender)
@@ -51,10 +59,11 @@ class BarrierBook:
 
     def _complete(self, members_of) -> List[Tuple[int, int, Tuple[int, int]]]:
         finishing = set(self._waiting.get((WORKER_GROUP, "finish"), ()))
-        excused = {"": finishing | self._leaving, "finish": self._leaving, "shutdown": set()}
+        excused = {"": finishing | self._leaving, "finish": self._leaving, "shutdown": set(),
+                   "join": set(), "declare": finishing | self._leaving}
         releases = []
         for (group, kind), waiting in self._waiting.items():
-            members: Iterable[int] = members_of(group)
+            members: Iterable[int] = members_of(group, kind)
             passed = waiting | (excused[kind] if group == WORKER_GROUP else set())
             if not waiting or not set(members) <= passed:
                 continue

@@ -33,6 +33,9 @@ Rules (docs/pslite-wire.md §3), kept in the order the protocol runs:
   full node list, its own entry flagged ``is_recovery`` and the meta's ``epoch`` (how many times
   that id was restarted); every other node gets an ADD_NODE carrying just that entry, and
   reconnects. Our workers then rebuild the server's rounds (serving/recovery.py).
+* Elastic workers (departures.py): a lost worker leaves (``worker_left`` notices); a late worker
+  takes a departed one's id: its ADD_NODE answer and every other node's notice carry its entry
+  with ``worker_joined`` set.
 """
 import dataclasses
 import threading
@@ -65,6 +68,8 @@ class Ready:
     my_node: Node
     nodes: List[Node]
     epoch: int = 0
+    #: this worker took a departed worker's place in a running elastic job
+    joined: bool = False
 
 
 @dataclasses.dataclass
@@ -105,6 +110,14 @@ class NodeLeft:
 
 
 @dataclasses.dataclass
+class NodeJoined:
+    """``node``, a late worker of an elastic job, took a departed worker's id (its address is
+    new): connect to it; it takes part in rounds once it passed the ``join`` barrier."""
+
+    node: Node
+
+
+@dataclasses.dataclass
 class Fail:
     """This node cannot go on (the cluster did not form in time, the scheduler's answer is
     unusable): the receive loop stops with ``error``, which start() and every wait raise."""
@@ -120,8 +133,8 @@ class Refused:
 
 
 #: every action the machines return; the postoffice carries out each by its handler
-ACTIONS = (Connect, Send, Ready, NodeRecovered, ReleaseBarrier, Stop, NodeDead, NodeLeft, Fail,
-           Refused)
+ACTIONS = (Connect, Send, Ready, NodeRecovered, ReleaseBarrier, Stop, NodeDead, NodeLeft,
+           NodeJoined, Fail, Refused)
 
 
 def on_terminate(msg: Message, me: Node) -> List:
@@ -208,6 +221,6 @@ def terminate_message(my_id: int) -> Message:
 
 
 __all__ = ["Connect", "Send", "Ready", "NodeRecovered", "ReleaseBarrier", "Stop", "NodeDead",
-           "NodeLeft", "Fail", "Refused", "ACTIONS", "on_terminate", "VanClock", "control_message",
+           "NodeLeft", "NodeJoined", "Fail", "Refused", "ACTIONS", "on_terminate", "VanClock", "control_message",
            "group_members", "barrier_request", "barrier_post", "abort_request",
            "terminate_message"]

@@ -10,9 +10,9 @@ from typing import List, Optional, Tuple
 
 from ...config import Role
 from ...errors import ClusterStartError, JobAbortedError
-from .membership import (Connect, Fail, NodeDead, NodeLeft, NodeRecovered, Ready, Refused,
-                         ReleaseBarrier, Send, VanClock, barrier_request, control_message,
-                         on_terminate)
+from .membership import (Connect, Fail, NodeDead, NodeJoined, NodeLeft, NodeRecovered, Ready,
+                         Refused, ReleaseBarrier, Send, VanClock, barrier_request,
+                         control_message, on_terminate)
 from ..wire.message import SCHEDULER_ID, ControlCommand, Message, Node
 
 
@@ -135,7 +135,9 @@ class NodeMembership:
             return [Fail(ClusterStartError("%s: the scheduler's node list does not contain "
                                            "this node" % self.my_node.describe()))]
         self.my_node = dataclasses.replace(self.my_node, id=mine[0].id)
-        epoch = int((msg.meta.extra or {}).get("epoch", 0)) if mine[0].is_recovery else 0
+        extra = msg.meta.extra or {}
+        epoch = int(extra.get("epoch", 0)) if mine[0].is_recovery else 0
+        joined = bool(extra.get("worker_joined")) and mine[0].is_recovery
         self.nodes = list(nodes)
         actions: List = []
         connected = set()
@@ -148,15 +150,17 @@ class NodeMembership:
         if self.heartbeat_interval > 0:
             self.next_heartbeat = now + self.heartbeat_interval
             self.last_heartbeat_reply = now
-        actions.append(Ready(self.my_node, self.nodes, epoch))
+        actions.append(Ready(self.my_node, self.nodes, 0 if joined else epoch, joined))
         return actions
 
     def _on_recovery_notice(self, msg: Message) -> List:
-        """The scheduler says a restarted server took over a dead one's id: reconnect to it."""
+        """The scheduler says a restarted server took over a dead one's id, or a late worker a
+        departed one's: reconnect to it."""
         if msg.meta.sender != SCHEDULER_ID:
             return [Refused("ignored an ADD_NODE from node %s: only the scheduler announces "
                             "nodes" % msg.meta.sender)]
         epoch = int((msg.meta.extra or {}).get("epoch", 0))
+        joined = bool((msg.meta.extra or {}).get("worker_joined"))
         known = {node.id for node in self.nodes}
         actions: List = []
         for node in msg.meta.control.nodes:
@@ -165,7 +169,11 @@ class NodeMembership:
             self.nodes = [node if n.id == node.id else n for n in self.nodes]
             if node.role != self.my_node.role:
                 actions.append(Connect(node))
-            actions.append(NodeRecovered(node, epoch))
+            if joined:      # a late worker in a departed one's place (elastic workers)
+                self.left = [n for n in self.left if n.id != node.id]
+                actions.append(NodeJoined(node))
+            else:
+                actions.append(NodeRecovered(node, epoch))
         return actions
 
 

@@ -25,11 +25,10 @@ from ...logs import PeerLog
 from .customer import HandlerThread, InlineHandler, MixedHandler
 from .lifecycle import BarrierWaits, Lifecycle
 from .link import Link
-from .hooks import Hooks
-from .membership import (Connect, Fail, NodeDead, NodeLeft, NodeRecovered, Ready, Refused,
-                         ReleaseBarrier,
-                         Send, Stop, abort_request, barrier_post, group_members,
-                         terminate_message)
+from .roster import Roster
+from .membership import (Connect, Fail, NodeDead, NodeJoined, NodeLeft, NodeRecovered, Ready,
+                         Refused, ReleaseBarrier, Send, Stop, abort_request, barrier_post,
+                         group_members, terminate_message)
 from .node_membership import NodeMembership
 from .scheduler_membership import SchedulerMembership
 from ..registry import make_van
@@ -65,7 +64,7 @@ class Postoffice:
         self.config = config
         self.van = van if van is not None else make_van(config)
         self.my_node: Optional[Node] = None
-        self.nodes: List[Node] = []
+        self.roster = Roster()
         self.membership = None
         self._peer_log = PeerLog(log)
         self._customers = CustomerTable(config.role is Role.WORKER, self._peer_log)
@@ -79,17 +78,24 @@ class Postoffice:
         self._thread_lock = threading.Lock()
         self._stop_called = False
         self._finalized = False
-        self._member_ids: frozenset = frozenset()   # looked up per request: a set
         self._tick_hooks: List[Callable[[float], None]] = []
         self._next_tick = 0.0
-        self._recovery_hooks = Hooks("recovery")      # (node, epoch): a server restarted
-        self._departure_hooks = Hooks("departure")    # (node): a worker left (elastic)
-        #: workers that left the job (elastic workers, BYTEPS_MIN_WORKERS)
-        self.left: frozenset = frozenset()
         #: > 0: this node is a restarted server, the epoch-th one to take over its id
         self.recovery_epoch = 0
+        #: this worker took a departed worker's place in a running elastic job
+        self.joined = False
 
     # ------------------------------------------------------------------ properties
+    @property
+    def nodes(self) -> List[Node]:
+        """The cluster's nodes, as the scheduler announced them and changed them since."""
+        return self.roster.nodes
+
+    @property
+    def left(self) -> frozenset:
+        """The ids of the workers that left the job (elastic workers)."""
+        return self.roster.left
+
     @functools.cached_property
     def landing(self) -> Landing:
         """Where data frames land: the van's receive-into-place calls, all the KV layer needs
@@ -279,25 +285,25 @@ class Postoffice:
         return True
 
     def _become_ready(self, action: Ready, peer) -> bool:
-        self.my_node, self.nodes = action.my_node, action.nodes
-        self.recovery_epoch = action.epoch
-        self._member_ids = frozenset(node.id for node in action.nodes)
+        self.my_node = action.my_node
+        self.recovery_epoch, self.joined = action.epoch, action.joined
+        self.roster.formed(action.nodes)
         if self.config.resend:
             self._link.start_resending(self.my_node.id, self.config.resend_timeout_ms)
         self.van.on_nodes(self.nodes)
         self.van.on_ready()
         if action.epoch:     # before any request reaches the restarted server's app
-            self._recovery_hooks.run(self.my_node, action.epoch)
+            self.roster.recovery.run(self.my_node, action.epoch)
         self._lifecycle.ready.set()
         self._customers.release_held()
         return True
 
     def _node_recovered(self, action: NodeRecovered, peer) -> bool:
-        self.nodes = [action.node if n.id == action.node.id else n for n in self.nodes]
+        self.roster.replaced(action.node)
         self.van.on_nodes(self.nodes)
         log.warning("%s: %s restarted and rejoined (restart %d of that node id)",
                     self.my_node.describe(), action.node.describe_rank(), action.epoch)
-        self._recovery_hooks.run(action.node, action.epoch)
+        self.roster.recovery.run(action.node, action.epoch)
         return True
 
     def _release_barrier(self, action: ReleaseBarrier, peer) -> bool:
@@ -308,12 +314,17 @@ class Postoffice:
         return False
 
     def _node_left(self, action: NodeLeft, peer) -> bool:
-        self.left = self.left | {action.node.id}
-        self._member_ids = self._member_ids - {action.node.id}   # its late requests dropped
         log.warning("%s: %s left the job (%s); going on with %d workers (BYTEPS_MIN_WORKERS=%d)",
                     self.my_node.describe(), action.node.describe_rank(), action.reason,
                     action.workers, self.config.min_workers)
-        self._departure_hooks.run(action.node)
+        self.roster.depart(action.node)     # its late requests dropped from now on
+        return True
+
+    def _node_joined(self, action: NodeJoined, peer) -> bool:
+        log.warning("%s: %s took a departed worker's place in the job", self.my_node.describe(),
+                    action.node.describe_rank())
+        self.roster.arrive(action.node)
+        self.van.on_nodes(self.nodes)
         return True
 
     def _node_dead(self, action: NodeDead, peer) -> bool:
@@ -336,7 +347,8 @@ class Postoffice:
     #: membership's action type -> the method that carries it out
     _ACTIONS = {Connect: _connect, Send: _send, Ready: _become_ready,
                 NodeRecovered: _node_recovered, ReleaseBarrier: _release_barrier, Stop: _stop,
-                NodeDead: _node_dead, NodeLeft: _node_left, Fail: _fail, Refused: _refused}
+                NodeDead: _node_dead, NodeLeft: _node_left, NodeJoined: _node_joined, Fail: _fail,
+                Refused: _refused}
 
     # ------------------------------------------------------------------ apps
     def register_handler(self, app_id: int, customer_id: int,
@@ -357,24 +369,12 @@ class Postoffice:
 
     def is_member(self, node_id: int) -> bool:
         """Whether ``node_id`` is a node of the cluster as the scheduler announced it."""
-        return node_id in self._member_ids
+        return node_id in self.roster.member_ids
 
     def on_failure(self, hook: Callable[[BaseException], None]) -> None:
         """Call ``hook(error)`` once if the receive loop ends with an error (a dead node, a
         broken van): the KV layer fails every pending request with it."""
         self._lifecycle.on_failure(hook)
-
-    def on_recovery(self, hook: Callable[[Node, int], None]) -> None:
-        """Call ``hook(node, epoch)`` on the receive thread when a restarted server took over
-        ``node.id`` for the ``epoch``-th time: another node (already connected to; the KV
-        layer recovers what the dead one held), or this one, as it becomes ready and before
-        any data message is handed on. Register before :meth:`start`."""
-        self._recovery_hooks.add(hook)
-
-    def on_departure(self, hook: Callable[[Node], None]) -> None:
-        """Call ``hook(node)`` on the receive thread when worker ``node`` left the job
-        (elastic workers): rounds and waits on it must stop waiting."""
-        self._departure_hooks.add(hook)
 
     def on_tick(self, hook: Callable[[float], None]) -> None:
         """Call ``hook(monotonic now)`` on the receive thread at every tick (every 50 ms):

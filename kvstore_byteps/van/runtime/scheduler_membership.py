@@ -1,7 +1,7 @@
 """The scheduler's side of cluster membership (the rules: membership.py): it numbers the nodes
 as they register, counts barriers, answers and watches heartbeats, declares silent nodes dead,
-passes a node's reason to end the job on to every node, and gives a restarted server the id of
-the one it replaces. Pure: ``handle(message, now)`` and ``tick(now)`` answer with membership's
+passes a node's reason to end the job on to every node, gives a restarted server the id of
+the one it replaces and, in elastic jobs, a late worker a departed one's (departures.py). Pure: ``handle(message, now)`` and ``tick(now)`` answer with membership's
 actions, which the postoffice carries out.
 """
 import dataclasses
@@ -10,8 +10,9 @@ from typing import Dict, List, Optional, Tuple
 from ...config import Role
 from ...errors import ClusterStartError, JobAbortedError
 from .barriers import BARRIER_KINDS, BarrierBook
-from .departures import Departures
-from .membership import (Connect, Fail, NodeDead, NodeLeft, NodeRecovered, Ready, Refused,
+from .departures import ARRIVAL_WAIT_S, Departures
+from .membership import (Connect, Fail, NodeDead, NodeJoined, NodeLeft, NodeRecovered, Ready,
+                         Refused,
                          ReleaseBarrier, Send, VanClock, control_message, group_members,
                          on_terminate)
 from ..wire.message import (K_EMPTY, SCHEDULER_ID, SERVER_GROUP, WORKER_GROUP, ControlCommand,
@@ -123,6 +124,8 @@ class SchedulerMembership:
             self.dead[node_id] = node
             actions += self._tell_everyone(node, "dead_node")
             actions.append(NodeDead(node, self.departures.why_the_job_ends(node, reason)))
+        if self.departures.arrivals:        # (after the departures just noticed)
+            actions += self._place_arrivals(now)
         return actions
 
     def peer_closed(self, node_id: int, now: float) -> List:
@@ -137,10 +140,15 @@ class SchedulerMembership:
             return []
         return self._leave(node, "its connection to the scheduler closed")
 
-    def _members(self, group: int) -> List[int]:
-        """The ids of ``group``'s nodes, without the workers that left (elastic workers)."""
+    def _members(self, group: int, kind: str = "") -> List[int]:
+        """The ids of ``group``'s nodes, without the workers that left (elastic workers), nor
+        those joining but in the ``join`` barrier (``kind``)."""
         return self.departures.present(group_members(group, self.num_workers,
-                                                     self.num_servers))
+                                                     self.num_servers), kind)
+
+    def _in_job(self) -> List[int]:
+        """Every server and worker still in the job, joining workers too: who hears notices."""
+        return self._members(WORKER_GROUP | SERVER_GROUP, "join")
 
     def _tell_everyone(self, node: Node, notice_field: str) -> List:
         """A notice about ``node`` (a HEARTBEAT with ``notice_field`` set) to every node
@@ -149,8 +157,7 @@ class SchedulerMembership:
         notice.meta.extra = {notice_field: True}
         return [Send(dataclasses.replace(notice, meta=dataclasses.replace(
                     notice.meta, recver=other, timestamp=self.clock.tick())))
-                for other in self._members(WORKER_GROUP | SERVER_GROUP)
-                if other not in self.dead and other != node.id]
+                for other in self._in_job() if other not in self.dead and other != node.id]
 
     def _leave(self, node: Node, reason: str) -> List:
         """Elastic workers: the lost worker ``node`` leaves; everyone is told, and the barriers
@@ -205,9 +212,12 @@ class SchedulerMembership:
     def _on_late_add_node(self, msg: Message, now: float) -> List:
         nodes = msg.meta.control.nodes
         node = nodes[0] if len(nodes) == 1 else None
+        if node is not None and node.role == Role.WORKER and self.departures.min_workers > 0:
+            return self._on_late_worker(node, now)
         if node is None or node.role != Role.SERVER:
             return [Refused("ignored an ADD_NODE after the cluster formed (%s): only a restarted "
-                            "server may join late" % ", ".join(n.describe() for n in nodes))]
+                            "server, or a worker of an elastic job (BYTEPS_MIN_WORKERS), may "
+                            "join late" % ", ".join(n.describe() for n in nodes))]
         if not node.heartbeat_ms:
             return [Refused("ignored the restarted server at %s: it does not heartbeat, so it "
                             "is not a kvstore-byteps server (upstream MXNet servers cannot "
@@ -267,19 +277,71 @@ class SchedulerMembership:
         actions.append(NodeRecovered(new, epoch))
         return actions
 
+    # -- elastic workers: a late worker takes a departed one's place ------------------------
+    def _on_late_worker(self, node: Node, now: float) -> List:
+        if not node.heartbeat_ms:
+            return [Refused("ignored the late worker at %s: it does not heartbeat, so it is "
+                            "not a kvstore-byteps worker (upstream MXNet workers cannot join a "
+                            "running job)" % node.address)]
+        arrivals = self.departures.arrivals
+        arrivals[:] = [(n, t) for n, t in arrivals if n.address != node.address]
+        arrivals.append((node, now))
+        return self._place_arrivals(now)
+
+    def _place_arrivals(self, now: float) -> List:
+        """Seat each late worker in a departed one's place; one that finds none within the
+        heartbeat timeout + ARRIVAL_WAIT_S is refused."""
+        actions: List = []
+        waiting, self.departures.arrivals = self.departures.arrivals, []
+        for node, since in waiting:
+            node_id = self.departures.seat(node)
+            if node_id is not None:
+                actions += self._seat(node, node_id, now)
+            elif now - since > self.heartbeat_timeout + ARRIVAL_WAIT_S:
+                actions.append(Refused("ignored the late worker at %s: %s"
+                                       % (node.address, self.departures.describe_full())))
+            else:
+                self.departures.arrivals.append((node, since))
+        return actions
+
+    def _seat(self, node: Node, node_id: int, now: float) -> List:
+        """``node`` takes the departed worker ``node_id``'s place: it gets the node list and
+        the notices of the other departures; every other node hears of it and connects."""
+        new = dataclasses.replace(node, id=node_id, is_recovery=True)
+        self.nodes = [new if n.id == node_id else n for n in self.nodes]
+        self.last_heartbeat[node_id] = now
+        welcome = control_message(ControlCommand.ADD_NODE, node_id, self.clock.tick(),
+                                  nodes=self.nodes + [self.my_node])
+        welcome.meta.extra = {"worker_joined": True}
+        actions: List = [Connect(new), Send(welcome)]
+        for gone in self.departures.left.values():
+            notice = control_message(ControlCommand.HEARTBEAT, node_id, self.clock.tick(),
+                                     nodes=[gone])
+            notice.meta.extra = {"worker_left": True}
+            actions.append(Send(notice))
+        for other in self._in_job():
+            if other not in self.dead and other != node_id:
+                notice = control_message(ControlCommand.ADD_NODE, other, self.clock.tick(),
+                                         nodes=[new])
+                notice.meta.extra = {"worker_joined": True}
+                actions.append(Send(notice))
+        return actions + [NodeJoined(new)]
+
     def _on_barrier(self, msg: Message) -> List:
         """A barrier request: counted by group and kind (:mod:`.barriers`)."""
         group = msg.meta.control.barrier_group
-        members = self._members(group)
         sender = msg.meta.sender
-        if sender not in members:
-            # a stranger (or a forged id) must not complete anyone's barrier
-            return [Refused("ignored a barrier request of group %d from node %s, which is not "
-                            "one of its members %s" % (group, sender, members))]
         kind = str((msg.meta.extra or {}).get("barrier_kind", ""))
         if kind not in BARRIER_KINDS:
             return [Refused("ignored a barrier request of an unknown kind %r from node %s"
                             % (kind, sender))]
+        members = self._members(group, kind)
+        if sender not in members:
+            # a stranger (or a forged id) must not complete anyone's barrier
+            return [Refused("ignored a barrier request of group %d from node %s, which is not "
+                            "one of its members %s" % (group, sender, members))]
+        if kind == "join":      # a joining worker is a member like the others from here on
+            self.departures.joined(sender)
         return self._barrier_releases(self.barriers.arrive(
             group, kind, sender, (msg.meta.app_id, msg.meta.customer_id), self._members))
 
@@ -306,7 +368,7 @@ class SchedulerMembership:
                                 int(msg.meta.extra.get("abort_status") or 1))
         self.aborting = (error, now + ABORT_GRACE_S)
         actions: List = []
-        for node_id in self._members(WORKER_GROUP | SERVER_GROUP):
+        for node_id in self._in_job():
             if node_id not in self.dead:
                 actions.append(Send(self._abort_notice(node_id, str(error), error.status)))
         return actions + [Refused(str(error))]

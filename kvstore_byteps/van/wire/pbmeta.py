@@ -76,6 +76,9 @@ _META_FIELDS = [
     # the scheduler's notice that the worker in control.node left an elastic job (on a
     # HEARTBEAT; BYTEPS_MIN_WORKERS): the job goes on without it
     ("worker_left", 112, _F.TYPE_BOOL, _F.LABEL_OPTIONAL, {}),
+    # on an ADD_NODE after the cluster formed: the worker in control.node took a departed
+    # worker's id in an elastic job (to it: the node list it joins with)
+    ("worker_joined", 113, _F.TYPE_BOOL, _F.LABEL_OPTIONAL, {}),
 ]
 
 

@@ -1,0 +1,101 @@
+"""A worker's side of elastic joins (the servers' side: serving/joins.py; the program's:
+kvstore_byteps/elastic.py). Knows nothing of MXNet; talks to the job through a small port.
+
+Every worker still training reports each ``State.commit()`` to server rank 0 and hears who
+joins there. Where somebody does, each finishes its pending operations (every round it pushed
+answered) and passes the ``join`` barrier twice with the late workers: between the two, each
+late worker takes its place in every key's rounds (``BYTEPS_ADMIT``), while nobody pushes.
+A late worker (the scheduler seated it in a departed one's place) is *joining* from its start
+until then: its barriers pass at once (nobody else is in them), its keys are read, never
+initialised, and it asks server rank 0 to join until the others reach a commit."""
+import logging
+import os
+import time
+from typing import Callable, List, NamedTuple, Tuple
+
+from ..errors import DeadlineError
+from ..mxproto import ServerCommand
+
+__all__ = ["JoinPort", "Joins"]
+
+log = logging.getLogger(__name__)
+
+#: how often a late worker asks to join
+ASK_EVERY_S = 0.05
+
+
+def _uptime() -> str:
+    """``4.2 s after this process started`` (Linux's /proc), or empty."""
+    try:
+        with open("/proc/self/stat") as f:
+            started = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            now = float(f.read().split()[0])
+        return "%.1f s after this process started" % (now - started / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return ""
+
+
+class JoinPort(NamedTuple):
+    """What elastic joins need of the worker."""
+    ask_first: Callable[[ServerCommand, bytes, str], bytes]   # a command to server rank 0
+    tell_all: Callable[[ServerCommand, bytes, str], None]     # a command to every server
+    join_barrier: Callable[[float], None]   # the workers' join barrier (within seconds)
+    timeout: float                          # BYTEPS_REQUEST_TIMEOUT
+
+
+class Joins:
+    """This worker's commits, and its own join if it started late."""
+
+    def __init__(self, port: JoinPort, late: bool, enabled: bool):
+        """``enabled``: an elastic job (else commits do nothing)."""
+        self._port = port
+        self.enabled = enabled
+        #: a late worker that has not joined yet: its barriers pass, its keys are read
+        self.joining = late
+        self.commits = 0
+
+    def commit(self, state: bytes, settle: Callable[[], None]) -> List[int]:
+        """The program's ``n``-th commit with its ``state`` (JSON): the late workers' node
+        ids that joined here (after the join barriers), or []. ``settle()`` waits for this
+        worker's pending operations (MXNet's ``waitall``). Blocking."""
+        if self.joining:
+            raise RuntimeError("a late worker commits only after it joined (create its "
+                               "kvstore_byteps.elastic.State before the training loop)")
+        self.commits += 1
+        answer = self._port.ask_first(ServerCommand.BYTEPS_COMMIT,
+                                      b"%d\n%s" % (self.commits, state), "reporting a commit")
+        joiners = [int(j) for j in bytes(answer).split(b",") if j]
+        if joiners:
+            log.info("workers %s join at commit %d", joiners, self.commits)
+            settle()
+            self._port.join_barrier(self._port.timeout)     # every round answered
+            self._port.join_barrier(self._port.timeout)     # the late ones are in the rounds
+        return joiners
+
+    def join(self) -> Tuple[int, bytes]:
+        """A late worker joins at the others' next commit: ``(n, state)``, that commit's
+        number and state. Blocking: DeadlineError if none comes within the timeout."""
+        started = time.monotonic()
+        deadline = started + self._port.timeout
+        while True:
+            answer = bytes(self._port.ask_first(ServerCommand.BYTEPS_JOIN, b"",
+                                                "asking to join"))
+            if answer:
+                break
+            if time.monotonic() > deadline:
+                raise DeadlineError(
+                    "this late worker waited %.0f s (BYTEPS_REQUEST_TIMEOUT) to join, for the "
+                    "other workers' next State.commit(): do they call it, every step or "
+                    "epoch?" % self._port.timeout)
+            time.sleep(ASK_EVERY_S)
+        head, _, state = answer.partition(b"\n")
+        self._port.join_barrier(self._port.timeout)
+        self._port.tell_all(ServerCommand.BYTEPS_ADMIT, b"", "joining the rounds")
+        self._port.join_barrier(self._port.timeout)
+        self.joining = False
+        self.commits = int(head)
+        log.warning("joined the job at the other workers' commit %d (%s), %.1f s after asking, "
+                    "%s", self.commits, state.decode("utf-8", "replace")[:80],
+                    time.monotonic() - started, _uptime())
+        return self.commits, state

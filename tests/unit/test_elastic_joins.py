@@ -1,0 +1,199 @@
+"""Elastic workers, a worker taking a departed one's place (the parts without a network): the
+scheduler seats a late worker in a departed place and counts it in the join barrier only
+until it passed it (never in the others' key-pairing barriers); a node follows the notices;
+server rank 0's join board decides one set of joiners per commit; a key's rounds admit the late
+worker between rounds; the worker's side commits, joins and fails on a deadline. Real
+processes: tests/cluster/test_elastic.py."""
+import numpy as np
+import pytest
+
+from kvstore_byteps.config import Role
+from kvstore_byteps.engine.joins import JoinPort, Joins
+from kvstore_byteps.errors import DeadlineError, ProtocolError
+from kvstore_byteps.mxproto import ServerCommand
+from kvstore_byteps.serving.joins import JoinBoard
+from kvstore_byteps.serving.rounds import Departed, KeyRounds
+from kvstore_byteps.van.runtime.departures import ARRIVAL_WAIT_S
+from kvstore_byteps.van.runtime.membership import (NodeJoined, NodeLeft, Ready, Refused,
+                                                   VanClock, barrier_request, control_message)
+from kvstore_byteps.van.runtime.node_membership import NodeMembership
+from kvstore_byteps.van.wire.message import ControlCommand, Control, Message, Meta
+
+from tests.unit.test_elastic import (elastic_scheduler, from_sender, keep_alive, node,
+                                     push_round, sends, worker_id)
+
+F32 = np.float32
+
+
+def late_worker(port, rank_hint=None):
+    n = node(Role.WORKER, port)
+    n.rank_hint = rank_hint
+    return Message(Meta(control=Control(cmd=ControlCommand.ADD_NODE, nodes=[n]), request=True))
+
+
+def lose(sched, rank, now):
+    """Worker ``rank``'s connection closes: it leaves."""
+    return sched.peer_closed(worker_id(rank), now)
+
+
+def barrier(sched, rank, now, kind="", group=4):
+    return sends(sched.handle(from_sender(barrier_request(group, 0, VanClock(), kind),
+                                          worker_id(rank)), now))
+
+
+def test_a_late_worker_takes_its_ranks_departed_place_and_joins_in_the_join_barrier():
+    sched = elastic_scheduler(workers=4, min_workers=2)
+    lose(sched, 1, 11.0)
+    lose(sched, 2, 11.5)
+    assert sched.departures.left.keys() == {11, 13}
+    actions = sched.handle(late_worker(3002, rank_hint=2), 12.0)
+    [joined] = [a for a in actions if isinstance(a, NodeJoined)]
+    assert joined.node.id == 13 and joined.node.port == 3002      # its own rank's place
+    welcome, *rest = sends(actions)
+    assert welcome.meta.recver == 13 and welcome.meta.extra == {"worker_joined": True}
+    assert [n.id for n in welcome.meta.control.nodes][-1] == 1     # the node list, scheduler last
+    # it hears of the other departure; every other node hears of it and connects
+    assert [(m.meta.recver, m.meta.extra) for m in rest[:1]] == [(13, {"worker_left": True})]
+    assert sorted(m.meta.recver for m in rest[1:]) == [8, 9, 15]
+    assert all(m.meta.control.nodes[0].id == 13 and m.meta.extra == {"worker_joined": True}
+               for m in rest[1:])
+    # joining: no barrier of the others waits for it ...
+    assert barrier(sched, 0, 13.0) == []
+    assert sorted(m.meta.recver for m in barrier(sched, 3, 13.0)) == [9, 15]
+    # ... but the join barrier does, and from there on it is a member like the others
+    assert barrier(sched, 0, 14.0, "join") == [] and barrier(sched, 3, 14.0, "join") == []
+    assert sorted(m.meta.recver for m in barrier(sched, 2, 14.0, "join")) == [9, 13, 15]
+    assert barrier(sched, 0, 15.0) == [] and barrier(sched, 3, 15.0) == []
+    assert sorted(m.meta.recver for m in barrier(sched, 2, 15.0)) == [9, 13, 15]
+    # the others pair their key inits without it (it reads the keys, never initialises)
+    assert barrier(sched, 0, 16.0, "declare") == []
+    assert sorted(m.meta.recver for m in barrier(sched, 3, 16.0, "declare")) == [9, 15]
+    # a second late worker, with no rank of its own, takes the place that is left
+    [second] = [a for a in sched.handle(late_worker(3005), 17.0) if isinstance(a, NodeJoined)]
+    assert second.node.id == 11 and not sched.departures.left
+
+
+def test_a_late_worker_waits_for_a_departure_then_is_refused_naming_why():
+    sched = elastic_scheduler(workers=4, min_workers=3, timeout=5.0)
+    assert sched.handle(late_worker(3002, rank_hint=2), 12.0) == []    # nobody left yet
+    keep_alive(sched, 16.0, silent=(worker_id(2),))
+    actions = sched.tick(17.5)           # worker 2's heartbeats stopped: it leaves, and is
+    assert [a.node.id for a in actions if isinstance(a, NodeLeft)] == [13]   # replaced
+    assert [a.node.port for a in actions if isinstance(a, NodeJoined)] == [3002]
+    # a fifth worker finds no place: the job does not grow
+    assert sched.handle(late_worker(3004), 18.0) == []
+    keep_alive(sched, 18.0 + 5.0 + ARRIVAL_WAIT_S)
+    [refused] = [a for a in sched.tick(18.5 + 5.0 + ARRIVAL_WAIT_S) if isinstance(a, Refused)]
+    assert "does not grow beyond DMLC_NUM_WORKER=4" in refused.reason
+    plain = elastic_scheduler(workers=4, min_workers=0)
+    [refused] = plain.handle(late_worker(3002), 12.0)
+    assert isinstance(refused, Refused) and "elastic job" in refused.reason
+
+
+def test_a_joining_worker_that_is_lost_leaves_even_at_the_minimum():
+    sched = elastic_scheduler(workers=4, min_workers=3)
+    lose(sched, 2, 11.0)
+    sched.handle(late_worker(3002, rank_hint=2), 12.0)
+    barrier(sched, 0, 13.0, "join")
+    barrier(sched, 1, 13.0, "join")
+    assert barrier(sched, 3, 13.0, "join") == []        # waits for the joining worker
+    actions = lose(sched, 2, 14.0)                      # 3 left: it may, it was joining
+    assert [a.node.id for a in actions if isinstance(a, NodeLeft)] == [13]
+    releases = [m for m in sends(actions) if m.meta.control.cmd == ControlCommand.BARRIER]
+    assert sorted(m.meta.recver for m in releases) == [9, 11, 15]
+
+
+def test_a_node_follows_a_late_workers_arrival_and_a_late_worker_knows_it_is_one():
+    worker = NodeMembership(node(Role.WORKER, 4000), node(Role.SCHEDULER, 9091), 10.0, 1.0)
+    worker.my_node = node(Role.WORKER, 1000, 9)
+    worker.nodes = [node(Role.WORKER, 1000 + r, worker_id(r)) for r in range(4)]
+    worker.ready = True
+    gone = control_message(ControlCommand.HEARTBEAT, 9, nodes=[node(Role.WORKER, 1002, 13)])
+    gone.meta.extra = {"worker_left": True}
+    worker.handle(from_sender(gone, 1), 0.0)
+    new = node(Role.WORKER, 3002, 13)
+    new.is_recovery = True
+    notice = control_message(ControlCommand.ADD_NODE, 9, nodes=[new])
+    notice.meta.extra = {"worker_joined": True}
+    [joined] = worker.handle(from_sender(notice, 1), 0.0)
+    assert isinstance(joined, NodeJoined) and joined.node.port == 3002 and worker.left == []
+    # the late worker itself: its entry in the node list, flagged
+    late = NodeMembership(node(Role.WORKER, 3002), node(Role.SCHEDULER, 9091), 10.0)
+    welcome = control_message(ControlCommand.ADD_NODE, 13, nodes=[new, node(Role.SERVER, 2000, 8)])
+    welcome.meta.extra = {"worker_joined": True}
+    [ready] = [a for a in late.handle(from_sender(welcome, 1), 0.0) if isinstance(a, Ready)]
+    assert ready.joined and ready.epoch == 0 and ready.my_node.id == 13
+
+
+def test_the_join_board_gives_every_worker_of_a_commit_the_same_joiners():
+    board = JoinBoard()
+    assert board.commit(9, b"1\n{\"batch\": 1}") == b""         # nobody waits
+    assert board.join(13) == b""                                # worker 13 asks to join
+    assert board.commit(11, b"1\n{\"batch\": 1}") == b""        # commit 1 was decided without
+    assert board.commit(11, b"2\n{\"batch\": 2}") == b"13"      # the first report of 2 decides
+    assert board.commit(9, b"2\n{\"batch\": 2}") == b"13"       # ... for everyone
+    assert board.join(13) == b"2\n{\"batch\": 2}"
+    assert board.commit(9, b"3\n{}") == b""                     # it joined: decided once
+    with pytest.raises(ProtocolError, match="no number and JSON"):
+        board.commit(9, b"x\n{}")
+    admitted = []
+    assert board.handle(ServerCommand.BYTEPS_ADMIT, 13, b"", admitted.append) == b""
+    assert admitted == [13]
+
+
+def test_a_key_admits_a_late_worker_between_rounds_from_the_next_round_on():
+    departed = Departed()
+    rounds = KeyRounds(1, 3, 2, F32, departed)
+    values = {s: np.full(2, 10.0 ** s, F32) for s in range(3)}
+    push_round(rounds, [0, 1, 2], values)                       # round 0, everyone
+    departed.add(2)
+    rounds.depart(2)
+    for _ in range(3):                                          # rounds 1-3 without worker 2
+        answered, answer = push_round(rounds, [0, 1], values)
+        assert answer.tolist() == pytest.approx([11 * 3 / 2] * 2)
+    departed.readmit(2)
+    assert rounds.admit(2) == 4
+    for _ in range(3):          # rounds 4-6: all three again, unscaled; the slots turn over
+        answered, answer = push_round(rounds, [2, 0, 1], values)
+        assert len(answered) == 3 and answer.tolist() == [111.0, 111.0]
+
+
+class FakeServers:
+    """Server rank 0's join board and the workers' barrier, as a JoinPort sees them."""
+
+    def __init__(self, answers=()):
+        self.board, self.calls, self._answers = JoinBoard(), [], list(answers)
+
+    def port(self, sender, timeout=1.0):
+        def ask(head, body, what):
+            self.calls.append((sender, head.name))
+            if self._answers:
+                return self._answers.pop(0)
+            return self.board.handle(head, sender, body, lambda s: None)
+        return JoinPort(ask, lambda head, body, what: self.calls.append((sender, head.name)),
+                        lambda within: self.calls.append((sender, "join barrier")), timeout)
+
+
+def test_a_worker_commits_and_settles_into_the_join_barriers_only_where_somebody_joins():
+    servers = FakeServers()
+    joins = Joins(servers.port(9), late=False, enabled=True)
+    settled = []
+    assert joins.commit(b"{}", lambda: settled.append(1)) == [] and not settled
+    late = Joins(servers.port(13), late=True, enabled=True)
+    with pytest.raises(RuntimeError, match="only after it joined"):
+        late.commit(b"{}", lambda: None)
+    servers.board.join(13)                   # (its first ask, as late.join() makes it)
+    assert joins.commit(b"{\"batch\": 2}", lambda: settled.append(1)) == [13]
+    assert settled == [1]
+    assert servers.calls[-2:] == [(9, "join barrier"), (9, "join barrier")]
+    n, state = late.join()
+    assert (n, state) == (2, b"{\"batch\": 2}") and not late.joining and late.commits == 2
+    assert servers.calls[-3:] == [(13, "join barrier"), (13, "BYTEPS_ADMIT"),
+                                  (13, "join barrier")]     # admitted while nobody pushes
+
+
+def test_a_late_worker_that_nobody_commits_for_fails_naming_what_it_waited_for():
+    joins = Joins(FakeServers(answers=[b""] * 1000).port(13, timeout=0.2), late=True,
+                  enabled=True)
+    with pytest.raises(DeadlineError, match="next State.commit"):
+        joins.join()
