@@ -16,6 +16,11 @@ resume::
             state.commit()
         state.epoch, state.batch = state.epoch + 1, 0
 
+With BytePS's or Horovod's API (``import kvstore_byteps.mxnet as bps``, ``kvstore_byteps.horovod
+as hvd``): ``State(trainer=trainer, epoch=0, batch=0)`` after ``init()``; a late worker's
+``broadcast_parameters`` and DistributedTrainer's first-step broadcast are skipped (the others
+did theirs long ago): the state hands it the parameters.
+
 On the workers that started with the job, ``State`` only holds the fields, and
 :meth:`~State.commit` reports them to server rank 0 and hears who joins there (the late
 workers then enter every key's rounds at once with the others; see engine/joins.py). On a
@@ -24,24 +29,35 @@ fields and the servers' current weights (the trainer's parameters): its next ste
 others' next step. Where the store is not ours, or the job not elastic, ``State`` is a
 plain holder and ``commit`` does nothing.
 
-The weights come from the servers: the job must update on them (the servers' optimizer:
-``update_on_kvstore``, MXNet's default for a distributed store). A commit costs a round trip
-to server rank 0 (and, where somebody joins, waiting for this worker's pending operations):
-commit every step for the quickest joins, or every few steps.
+The weights come from the servers where they update (the servers' optimizer:
+``update_on_kvstore``, MXNet's default for a distributed store); where the workers update
+(``MXNET_UPDATE_ON_KVSTORE=0``), the lowest-ranked worker hands its parameters and optimizer
+state over through server rank 0 (kvstore_byteps/handover.py): give every worker's State the
+trainer. A commit costs a round trip to server rank 0 (and, where somebody joins, waiting for
+this worker's pending operations): commit every step for the quickest joins, or every few.
 """
 import json
+import logging
 from typing import List
 
+from . import handover
+
 __all__ = ["State"]
+
+log = logging.getLogger(__name__)
 
 
 class State:
     """The fields a worker resumes from in an elastic job (see the module)."""
 
-    def __init__(self, kv, trainer=None, **fields):
-        """``kv``: the store; ``trainer``: the gluon Trainer whose parameters a late worker
-        reads from the servers; ``fields``: JSON values (epoch, batch, ...), set as
-        attributes."""
+    def __init__(self, kv=None, trainer=None, **fields):
+        """``kv``: the store (None: BytePS's or Horovod's API's, ``kvstore_byteps.mxnet`` or
+        ``.horovod``, after ``init()``); ``trainer``: the gluon Trainer (their
+        DistributedTrainer too) whose parameters a late worker takes; ``fields``: JSON
+        values (epoch, batch, ...), set as attributes."""
+        if kv is None:
+            from mxnet_patch.collective import COLLECTIVE
+            kv = COLLECTIVE.kv
         self._kv, self._trainer = kv, trainer
         self._names = sorted(fields)
         self.__dict__.update(fields)
@@ -59,23 +75,44 @@ class State:
         if joins is None:
             return []
         import mxnet as mx
-        return joins.commit(self._encoded(), mx.nd.waitall)
+        trainer = self._trainer
+        workers_update = (trainer is not None and trainer._kv_initialized
+                          and not trainer._update_on_kvstore)
+        return joins.commit(self._encoded(), mx.nd.waitall,
+                            (lambda: handover.of_trainer(trainer)) if workers_update else None)
 
     def _encoded(self) -> bytes:
         return json.dumps({name: getattr(self, name) for name in self._names}).encode()
 
     def _join(self, joins) -> None:
         trainer = self._trainer
+        if trainer is None:
+            log.warning("this worker takes a departed one's place, but its State has no "
+                        "trainer: its parameters are its own until the trainer reads them "
+                        "(pass the trainer: State(kv, trainer, ...))")
         ready = trainer is not None and _set_up(trainer)
-        _, state = joins.join()
+        _, state, given = joins.join()
         committed = json.loads(state or b"{}")
         self.__dict__.update({name: committed[name] for name in self._names
                               if name in committed})
         if ready:
-            self._kv.reread([(i, p.list_data()) for i, p in enumerate(trainer._params)])
-        elif trainer is not None:
-            _first_step_without_gradients(trainer)
+            self._take(given)
+        if trainer is not None:
+            _first_step_after(trainer, None if ready else self._take, given)
         self.joined_late = True
+
+    def _take(self, given: bytes) -> None:
+        """The job's parameters into the set-up trainer: the servers' weights, or where the
+        workers update, those the leading worker handed over (``given``)."""
+        trainer = self._trainer
+        if trainer._update_on_kvstore:
+            self._kv.reread([(i, p.list_data()) for i, p in enumerate(trainer._params)])
+        elif given:
+            handover.to_trainer(trainer, given)
+        else:
+            raise RuntimeError("this worker takes a departed one's place where the workers "
+                               "update, but nobody handed it the parameters: give the other "
+                               "workers' State the trainer too")
 
 
 def _joins(kv):
@@ -88,34 +125,34 @@ def _joins(kv):
 def _set_up(trainer) -> bool:
     """A late worker's trainer sets up its store now (its keys read, its optimizer already
     the servers'), before its first step computes gradients: whether it could (a parameter
-    whose initialisation is deferred to the first forward pass has no shape yet). The
-    servers must hold the weights."""
+    whose initialisation is deferred to the first forward pass has no shape yet)."""
     if any(p._deferred_init for p in trainer._params):
         return False
     if not trainer._kv_initialized:
         trainer._init_kvstore()
     if trainer._params_to_init:
         trainer._init_params()
-    if not trainer._update_on_kvstore:
-        raise NotImplementedError(
-            "a late worker reads the weights from the servers, but this trainer updates on the "
-            "workers (update_on_kvstore=False, MXNET_UPDATE_ON_KVSTORE=0): the workers' "
-            "weights cannot reach it yet; train with the servers' optimizer to let workers "
-            "rejoin")
     return True
 
 
-def _first_step_without_gradients(trainer) -> None:
-    """A late worker whose parameters could not be set up before its first forward pass
-    computes its first gradients on their initial values, not on the job's weights: its
-    first step pushes zeros instead (the step reads the servers' weights as it sets up the
-    store; the others' gradients make the round), then the trainer steps as ever."""
+def _first_step_after(trainer, take, given: bytes) -> None:
+    """A late worker's first step. Its optimizer's gradient scale is the step's, as the
+    step itself sets it (gluon takes a store set up before the first step for a change of
+    batch size). Where ``take`` is given, its parameters could not be set up before its
+    first forward pass, which computed its first gradients on their initial values, not on
+    the job's: the step sets the trainer up, takes the job's parameters (``take(given)``)
+    and pushes zeros instead of those gradients (the others' make the round, which updates
+    the job's parameters here as on every worker). Then the trainer steps as ever."""
     step = trainer.step
 
-    def first_step(*args, **kwargs):
+    def first_step(batch_size, *args, **kwargs):
         del trainer.step        # the class's own from now on
-        for param in trainer._params:
-            if param.grad_req != "null":
-                param.zero_grad()
-        return step(*args, **kwargs)
+        trainer._optimizer.rescale_grad = trainer._scale / batch_size
+        if take is not None:
+            _set_up(trainer)
+            take(given)
+            for param in trainer._params:
+                if param.grad_req != "null":
+                    param.zero_grad()
+        return step(batch_size, *args, **kwargs)
     trainer.step = first_step

@@ -95,6 +95,10 @@ class ServerCommand(enum.IntEnum):
     #: ours, elastic workers, to every server: the late worker joins the rounds from the
     #: next one on (the others wait in the join barrier meanwhile)
     BYTEPS_ADMIT = 108
+    #: ours, elastic workers, to server rank 0, where the workers update (summation only):
+    #: the leading worker leaves its parameters and optimizer state for the late ones,
+    #: ``b"<n>\n<kvstore_byteps/handover.py's bytes>"``; ``b"<n>"`` asks for them
+    BYTEPS_HANDOVER = 109
 
 
 #: how many waiting rounds a server names in its answer to BYTEPS_WAITING

@@ -161,6 +161,13 @@ class Collective:
         if kv is not group:
             kv.close()
 
+    def joining(self) -> bool:
+        """Whether this process took a departed worker's place in an elastic job and has
+        not joined yet (kvstore_byteps.elastic.State joins it): its start-up broadcasts are
+        no-ops, the others passed theirs long ago."""
+        joins = getattr(getattr(self._kv, "_engine", None), "joins", None)
+        return bool(joins is not None and joins.joining)
+
     @property
     def kv(self):
         """The store (a local member's link to its root); ValueError before init()."""

@@ -60,7 +60,7 @@ class Cluster:
         config = self.config
         self.po.start()
         self.joins = Joins(JoinPort(self._ask_first, self._tell_all, self._join_barrier,
-                                    config.request_timeout),
+                                    self.leads, config.request_timeout),
                            late=self.po.joined, enabled=config.elastic)
         if self.po.joined:
             log.warning("worker rank %d takes a departed worker's place in a running job: it "

@@ -11,7 +11,7 @@ initialised, and it asks server rank 0 to join until the others reach a commit."
 import logging
 import os
 import time
-from typing import Callable, List, NamedTuple, Tuple
+from typing import Callable, List, NamedTuple, Optional, Tuple
 
 from ..errors import DeadlineError
 from ..mxproto import ServerCommand
@@ -41,6 +41,7 @@ class JoinPort(NamedTuple):
     ask_first: Callable[[ServerCommand, bytes, str], bytes]   # a command to server rank 0
     tell_all: Callable[[ServerCommand, bytes, str], None]     # a command to every server
     join_barrier: Callable[[float], None]   # the workers' join barrier (within seconds)
+    leads: Callable[[], bool]               # whether this worker hands its parameters over
     timeout: float                          # BYTEPS_REQUEST_TIMEOUT
 
 
@@ -54,11 +55,16 @@ class Joins:
         #: a late worker that has not joined yet: its barriers pass, its keys are read
         self.joining = late
         self.commits = 0
+        #: called where somebody joins, every round answered (the gradient buckets go off)
+        self.hooks: List[Callable[[], None]] = []
 
-    def commit(self, state: bytes, settle: Callable[[], None]) -> List[int]:
+    def commit(self, state: bytes, settle: Callable[[], None],
+               handover: Optional[Callable[[], bytes]] = None) -> List[int]:
         """The program's ``n``-th commit with its ``state`` (JSON): the late workers' node
         ids that joined here (after the join barriers), or []. ``settle()`` waits for this
-        worker's pending operations (MXNet's ``waitall``). Blocking."""
+        worker's pending operations (MXNet's ``waitall``); ``handover()``, where the
+        workers update, this worker's parameters and optimizer state (the leading worker
+        leaves them for the joiners, kvstore_byteps/handover.py). Blocking."""
         if self.joining:
             raise RuntimeError("a late worker commits only after it joined (create its "
                                "kvstore_byteps.elastic.State before the training loop)")
@@ -67,15 +73,22 @@ class Joins:
                                       b"%d\n%s" % (self.commits, state), "reporting a commit")
         joiners = [int(j) for j in bytes(answer).split(b",") if j]
         if joiners:
-            log.info("workers %s join at commit %d", joiners, self.commits)
+            log.warning("node(s) %s join the job at this commit (%d)", joiners, self.commits)
             settle()
+            for hook in self.hooks:
+                hook()
+            if handover is not None and self._port.leads():
+                self._port.ask_first(ServerCommand.BYTEPS_HANDOVER,
+                                     b"%d\n%s" % (self.commits, handover()),
+                                     "leaving the parameters for the joining workers")
             self._port.join_barrier(self._port.timeout)     # every round answered
             self._port.join_barrier(self._port.timeout)     # the late ones are in the rounds
         return joiners
 
-    def join(self) -> Tuple[int, bytes]:
-        """A late worker joins at the others' next commit: ``(n, state)``, that commit's
-        number and state. Blocking: DeadlineError if none comes within the timeout."""
+    def join(self) -> Tuple[int, bytes, bytes]:
+        """A late worker joins at the others' next commit: ``(n, state, handover)``, that
+        commit's number and state and the leading worker's parameters (empty where the
+        servers hold the weights). Blocking: DeadlineError if none comes in the timeout."""
         started = time.monotonic()
         deadline = started + self._port.timeout
         while True:
@@ -91,6 +104,8 @@ class Joins:
             time.sleep(ASK_EVERY_S)
         head, _, state = answer.partition(b"\n")
         self._port.join_barrier(self._port.timeout)
+        handover = bytes(self._port.ask_first(ServerCommand.BYTEPS_HANDOVER, head,
+                                              "reading the parameters left for it"))
         self._port.tell_all(ServerCommand.BYTEPS_ADMIT, b"", "joining the rounds")
         self._port.join_barrier(self._port.timeout)
         self.joining = False
@@ -98,4 +113,4 @@ class Joins:
         log.warning("joined the job at the other workers' commit %d (%s), %.1f s after asking, "
                     "%s", self.commits, state.decode("utf-8", "replace")[:80],
                     time.monotonic() - started, _uptime())
-        return self.commits, state
+        return self.commits, state, handover

@@ -120,8 +120,10 @@ class WorkerEngine:
             request_timeout=config.request_timeout, pulls_follow=kind is ServerKind.BYTEPS))
         # a bucket is one partition: at most the partition size
         self.fusion = Fusion(self._fusion_port(), min(config.fusion_bytes, config.partition_bytes)
-                             if fuses(self.mode, self.dialect) else 0, config.fusion_timeout,
-                             self._waiting)
+                             if fuses(self.mode, self.dialect) and not self.po.joined else 0,
+                             config.fusion_timeout, self._waiting)
+        # a late worker cannot learn the others' buckets: nobody fuses once one joined
+        self.joins.hooks.append(lambda: self.fusion.disable("a worker joined the job"))
         log.info("worker rank %d of %d talks to %s servers", self.rank, self.num_workers,
                  self.dialect.kind.value)
         if self.rank == 0:

@@ -136,8 +136,9 @@ def _broadcast_after_init(param, root_rank, name):
 def broadcast_parameters(params, root_rank=0, prefix=None):
     """Broadcast a dict of NDArrays or Parameters, or a gluon ParameterDict, from
     ``root_rank``; a parameter whose initialisation is deferred is broadcast right after it
-    is initialised."""
-    if size() == 1:
+    is initialised. A process that takes a departed worker's place in an elastic job skips
+    it: its kvstore_byteps.elastic.State hands it the others' parameters."""
+    if size() == 1 or COLLECTIVE.joining():
         return
     prefix = prefix or ""
     if not isinstance(params, (dict, mx.gluon.ParameterDict)):

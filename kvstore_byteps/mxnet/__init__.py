@@ -117,6 +117,9 @@ def broadcast_parameters(params, root_rank=0):
                         "the first training step.")
     if not isinstance(params, dict):
         raise ValueError("Invalid params of type: %s" % type(params))
+    if COLLECTIVE.joining():    # a late worker of an elastic job: its State hands them over
+        _broadcasts += len(params)      # (the names the others gave them)
+        return
     tensors = [tensor for _, tensor in sorted(params.items())]
     if COLLECTIVE.asynchronous:
         _check_async_root(root_rank)
@@ -261,6 +264,9 @@ class DistributedTrainer(mx.gluon.Trainer):
         super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
         self._bps_size = size()
         self.root_rank = root_rank
+        #: made by a late worker of an elastic job: no first-step broadcast (the others did
+        #: theirs long ago; its kvstore_byteps.elastic.State hands it their parameters)
+        self._late = COLLECTIVE.joining()
         for param in self._params:
             if param._data is not None and len(param.list_ctx()) > 1:
                 raise ValueError("DistributedTrainer: parameter %s lives on %d devices; run "
@@ -299,6 +305,8 @@ class DistributedTrainer(mx.gluon.Trainer):
         for param in self._params_to_init:
             if param._deferred_init:
                 deferred.append(param)
+                continue
+            if self._late:
                 continue
             data = param._check_and_get(param._data, list)[0]
             if self._asynchronous:

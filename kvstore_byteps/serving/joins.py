@@ -11,6 +11,15 @@ answer, so every worker learns the same joiners at the same step; those then fin
 step's rounds, and pass the ``join`` barrier with the joiners, which are answered commit n's
 number and state (the first report's) and meanwhile told every server to take them into the
 rounds (``BYTEPS_ADMIT``): from the next round on, they push and pull like the others.
+
+Reports of one commit may come far apart: a program's thread runs ahead of MXNet's engine, by
+hundreds of steps where it reads no array (a Horovod-style loop did: commit 1596 on one worker
+as another reported 1397). So the board never forgets a decision that somebody joins at (one
+per join), and a commit below the highest decided without one was decided for nobody: only
+the fastest worker's first report of a new commit decides. Where
+the workers update (the servers only sum), the leading worker leaves its parameters and
+optimizer state here before the first join barrier (``BYTEPS_HANDOVER``), and the joiners read
+them after it.
 """
 import json
 import threading
@@ -23,10 +32,8 @@ __all__ = ["JOIN_COMMANDS", "JoinBoard"]
 
 #: the commands of elastic workers' joins
 JOIN_COMMANDS = (ServerCommand.BYTEPS_COMMIT, ServerCommand.BYTEPS_JOIN,
-                 ServerCommand.BYTEPS_ADMIT)
+                 ServerCommand.BYTEPS_ADMIT, ServerCommand.BYTEPS_HANDOVER)
 
-#: how many commits' decisions are kept (a slow worker's report may come a few commits late)
-KEPT_COMMITS = 8
 
 
 class JoinBoard:
@@ -35,8 +42,11 @@ class JoinBoard:
     def __init__(self):
         self._lock = threading.Lock()
         self._waiting: Set[int] = set()
-        self._decided: Dict[int, Tuple[int, ...]] = {}    # commit -> who joins there
-        self._states: Dict[int, bytes] = {}               # commit -> the state committed
+        self._highest = -1                                # the highest commit decided
+        #: commit -> who joins there, with the state committed (commits where somebody does)
+        self._decided: Dict[int, Tuple[Tuple[int, ...], bytes]] = {}
+        self._handovers: Dict[int, bytes] = {}            # commit -> the leader's parameters
+        self._asked: Set[Tuple[int, int]] = set()         # (commit, joiner) that read them
 
     def handle(self, head: ServerCommand, sender: int, body: bytes,
                admit: Callable[[int], None]) -> bytes:
@@ -46,6 +56,8 @@ class JoinBoard:
             return self.commit(sender, body)
         if head == ServerCommand.BYTEPS_JOIN:
             return self.join(sender)
+        if head == ServerCommand.BYTEPS_HANDOVER:
+            return self.handover(sender, body)
         admit(sender)
         return b""
 
@@ -60,22 +72,41 @@ class JoinBoard:
             raise ProtocolError("node %d reported a commit that is no number and JSON state: "
                                 "%r" % (sender, bytes(body[:80]))) from exc
         with self._lock:
-            joiners = self._decided.get(n)
-            if joiners is None:
-                joiners = self._decided[n] = tuple(sorted(self._waiting))
-                self._waiting.clear()
-                for old in [c for c in self._decided if c <= n - KEPT_COMMITS]:
-                    del self._decided[old]
-                    self._states.pop(old, None)
-            self._states.setdefault(n, state)
+            if n > self._highest:           # the first report of a new commit decides
+                self._highest = n
+                if self._waiting:
+                    self._decided[n] = (tuple(sorted(self._waiting)), bytes(state))
+                    self._waiting.clear()
+            joiners = self._decided.get(n, ((), b""))[0]
         return b",".join(b"%d" % j for j in joiners)
+
+    def handover(self, sender: int, body: bytes) -> bytes:
+        """``b"<n>\n<bytes>"``: the leading worker's parameters for those joining at commit
+        n; ``b"<n>"``: a joiner asks for them, and they are forgotten (empty: none were
+        left, the servers hold the weights)."""
+        head, newline, blob = bytes(body).partition(b"\n")
+        try:
+            n = int(head)
+        except ValueError as exc:
+            raise ProtocolError("node %d sent a hand-over without its commit number"
+                                % sender) from exc
+        with self._lock:
+            if newline:
+                self._handovers[n] = blob
+                return b""
+            joiners = self._decided.get(n, ((), b""))[0]
+            given = self._handovers.get(n, b"")
+            self._asked.add((n, sender))
+            if all((n, j) in self._asked for j in joiners):     # every joiner has them
+                self._handovers.pop(n, None)
+            return given
 
     def join(self, sender: int) -> bytes:
         """A joining worker's ask: ``b"<n>\\n<state JSON>"`` once the others decided at
         commit n that it joins; empty while it waits (it asks again)."""
         with self._lock:
-            for n, joiners in self._decided.items():
-                if sender in joiners and n in self._states:
-                    return b"%d\n%s" % (n, self._states[n])
+            for n, (joiners, state) in self._decided.items():
+                if sender in joiners:
+                    return b"%d\n%s" % (n, state)
             self._waiting.add(sender)
             return b""

@@ -334,8 +334,11 @@ class KeyRounds:
 
     def waiting_for(self, sender: int) -> Optional[Tuple[int, List[int]]]:
         """``(round, the senders that pushed it)`` if other workers pushed a round ``sender``
-        has not (it cannot complete without ``sender``'s push), else None."""
+        has not (it cannot complete without ``sender``'s push), else None (also where
+        ``sender`` left the job, or has not joined its rounds yet: none waits for it)."""
         with self._lock:
+            if sender in self._departed.ids:
+                return None
             r = self._pushed.get(sender, 0)
             ahead = sorted(s for s, pushed in self._pushed.items() if pushed > r)
         return (r, ahead) if ahead else None

@@ -67,13 +67,19 @@ def test_the_others_finish_with_identical_parameters_when_a_worker_is_killed(
         assert accuracy > 0.85, out
 
 
-def test_a_killed_worker_restarts_and_takes_its_place_back(spawn):
-    """launch.py --max-restarts 1: rank 2 killed mid-epoch starts again, joins at the others'
-    next commit (the demo's State.commit() after every step) and the job ends with four
-    workers holding identical parameters."""
-    status, out = elastic_demo(spawn, "2", 25, "--max-restarts", "1", epochs=80)
+@pytest.mark.parametrize("kill_rank,options", [
+    (2, ()),                                                    # the servers hold the weights
+    (0, ("--env", "MXNET_UPDATE_ON_KVSTORE=0")),    # rank 1 hands them over (and the buckets)
+], ids=["servers-update-rank2", "workers-update-rank0"])
+def test_a_killed_worker_restarts_and_takes_its_place_back(spawn, kill_rank, options):
+    """launch.py --max-restarts 1: a worker killed mid-epoch starts again, joins at the
+    others' next commit (the demo's State.commit() after every step) and the job ends with
+    four workers holding identical parameters (momentum too, where the workers update)."""
+    status, out = elastic_demo(spawn, str(kill_rank), 25, "--max-restarts", "1", *options,
+                               epochs=100)
     assert status == 0, out
-    assert ("[launch] worker 2 was killed by SIGKILL; restarting it (restart 1 of 1)" in out), out
+    assert ("[launch] worker %d was killed by SIGKILL; restarting it (restart 1 of 1)"
+            % kill_rank in out), out
     joined = re.search(r"joined the job at the other workers' commit (\d+) .* after asking, "
                        r"(\S+) s after this process started", out)
     assert joined and int(joined.group(1)) > 25 and float(joined.group(2)) < 30, out
