@@ -62,12 +62,17 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="gradient compression, gluon.Trainer's compression_params as JSON, "
                              "e.g. '{\"compressor\": \"onebit\", \"ef\": \"vanilla\", "
                              "\"scaling\": true}'")
+    parser.add_argument("--commit-every", type=int, default=100, metavar="STEPS",
+                        help="elastic jobs (launch.py --min-workers): a worker that takes a "
+                             "departed one's place joins at the others' next commit, made at "
+                             "the end of every epoch and every STEPS steps (a commit costs a "
+                             "message to a server; default %(default)s)")
     parser.add_argument("--save-params", metavar="FILE",
                         help="rank 0 saves the trained parameters here (gluon's format), e.g. to "
                              "compare runs on different clusters")
     args = parser.parse_args(argv)
-    if args.epochs < 1 or args.batch_size < 1 or args.contexts < 1:
-        parser.error("--epochs, --batch-size and --contexts must be positive")
+    if min(args.epochs, args.batch_size, args.contexts, args.commit_every) < 1:
+        parser.error("--epochs, --batch-size, --contexts and --commit-every must be positive")
     return args
 
 
@@ -126,9 +131,9 @@ def accuracy(net, x, y, ctx) -> float:
 
 
 def train_epoch(net, trainer, loss_fn, x, y, args, contexts, rng, num_workers, state) -> tuple:
-    """One pass over this worker's shard, from step ``state.batch`` on (a worker that took a
-    departed one's place in an elastic job resumes mid-epoch); returns (sum of losses, samples
-    seen). ``state.commit()`` after every step: where a worker joins (elastic jobs)."""
+    """One pass over this worker's shard, from step ``state.batch`` on (where a worker that
+    took a departed one's place in an elastic job resumes); returns (sum of losses, samples
+    seen). ``state.commit()`` every ``--commit-every`` steps: where a worker joins."""
     order = rng.permutation(len(x))
     steps = len(x) // args.batch_size          # the same on every worker
     global_batch = args.batch_size * num_workers
@@ -145,7 +150,8 @@ def train_epoch(net, trainer, loss_fn, x, y, args, contexts, rng, num_workers, s
         for loss in losses:
             total += loss.sum().as_in_context(contexts[0])
         state.batch = step + 1
-        state.commit()
+        if state.batch % args.commit_every == 0:
+            state.commit()
     return float(total.asscalar()), (steps - first) * args.batch_size
 
 
@@ -225,6 +231,7 @@ def main(argv=None) -> int:
                 % (epoch, args.epochs, loss_total / max(seen_total, 1),
                    accuracy(net, x_test, y_test, contexts[0]), time.perf_counter() - tic))
             state.epoch, state.batch = epoch + 1, 0
+            state.commit()
     except kvstore_byteps.TrainingOver:
         pass                 # backup workers: the others finished the job's training
     # async and backup workers: every worker reads the servers' final weights (sync: no-op)

@@ -38,9 +38,11 @@ this worker's pending operations): commit every step for the quickest joins, or 
 """
 import json
 import logging
+import threading
 from typing import List
 
 from . import handover
+from .errors import DeadlineError
 
 __all__ = ["State"]
 
@@ -63,6 +65,7 @@ class State:
         self.__dict__.update(fields)
         #: this worker took a departed one's place and resumed from the others' commit
         self.joined_late = False
+        self._fence = None      # the engine's progress at the last commit
         joins = _joins(kv)
         if joins is not None and joins.joining:
             self._join(joins)
@@ -70,16 +73,23 @@ class State:
     def commit(self) -> List[int]:
         """Report the fields (every worker, at the same points of its loop); returns the
         node ids of the late workers that joined here (they are in the rounds from the next
-        step on), usually []. Blocking: a round trip to server rank 0."""
+        step on), usually []. Waits until MXNet's engine finished the steps before the last
+        commit (a program's thread may otherwise run hundreds of steps ahead of it, and a
+        late worker would wait for all of them); the report itself is answered by the next
+        commit, so the step waits for no round trip."""
         joins = _joins(self._kv)
         if joins is None:
             return []
         import mxnet as mx
+        if self._fence is not None:
+            self._fence.wait()
         trainer = self._trainer
         workers_update = (trainer is not None and trainer._kv_initialized
                           and not trainer._update_on_kvstore)
-        return joins.commit(self._encoded(), mx.nd.waitall,
-                            (lambda: handover.of_trainer(trainer)) if workers_update else None)
+        joined = joins.commit(self._encoded(), mx.nd.waitall,
+                              (lambda: handover.of_trainer(trainer)) if workers_update else None)
+        self._fence = _Fence(_parameters(trainer), joins.timeout)
+        return joined
 
     def _encoded(self) -> bytes:
         return json.dumps({name: getattr(self, name) for name in self._names}).encode()
@@ -113,6 +123,35 @@ class State:
             raise RuntimeError("this worker takes a departed one's place where the workers "
                                "update, but nobody handed it the parameters: give the other "
                                "workers' State the trainer too")
+
+
+class _Fence:
+    """An operation of MXNet's engine after every write of ``arrays`` issued before it: where
+    the engine is at a commit (the trainer's parameters: the step's last writes)."""
+
+    def __init__(self, arrays, timeout: float):
+        self._done, self._timeout = threading.Event(), timeout
+        if not arrays:
+            self._done.set()
+            return
+        from mxnet_patch.engine_async import push_async
+
+        def reached(done):
+            self._done.set()
+            done()
+        push_async(reached, const_arrays=arrays, name="kvstore_byteps_commit", inline=True)
+
+    def wait(self) -> None:
+        if not self._done.wait(self._timeout):
+            raise DeadlineError("the steps before the last State.commit() did not finish "
+                                "within %.0f s (BYTEPS_REQUEST_TIMEOUT)" % self._timeout)
+
+
+def _parameters(trainer) -> list:
+    """The trainer's parameters' arrays (every device), those initialised."""
+    if trainer is None:
+        return []
+    return [array for p in trainer._params if p._data is not None for array in p.list_data()]
 
 
 def _joins(kv):

@@ -59,8 +59,8 @@ class Cluster:
         size). Returns the servers' kind."""
         config = self.config
         self.po.start()
-        self.joins = Joins(JoinPort(self._ask_first, self._tell_all, self._join_barrier,
-                                    self.leads, config.request_timeout),
+        self.joins = Joins(JoinPort(self._send_first, self.wait_bodies, self._tell_all,
+                                    self._join_barrier, self.leads, config.request_timeout),
                            late=self.po.joined, enabled=config.elastic)
         if self.po.joined:
             log.warning("worker rank %d takes a departed worker's place in a running job: it "
@@ -229,8 +229,11 @@ class Cluster:
         return not self.po.joined and bool(ranks) and self.rank == id_to_rank(min(ranks))
 
     # -- elastic joins (engine/joins.py) ------------------------------------------------------
-    def _ask_first(self, head: ServerCommand, body: bytes, what: str) -> bytes:
-        request = self.kv.command(head, body, servers=[server_rank_to_id(0)])
+    def _send_first(self, head: ServerCommand, body: bytes):
+        return self.kv.command(head, body, servers=[server_rank_to_id(0)])
+
+    def wait_bodies(self, request, what: str) -> bytes:
+        """A command to one server: its answer's body, waited for."""
         self.wait(request, what)
         return bytes(next(iter(request.bodies.values())))
 
@@ -244,6 +247,8 @@ class Cluster:
         """MXNet's exit sequence: the shutdown barrier (Barrier(4); ``within`` seconds;
         ``ending``: why this worker leaves early, :mod:`.stuck`), kStopServer from rank 0,
         Barrier(7). (Rank 0, or the lowest rank still in an elastic job.)"""
+        if self.joins is not None and ending is None:
+            self.joins.finish()
         self.barriers.wait("in the shutdown barrier", within, cause=ending, kind="shutdown")
         if self.leads():
             self.command(ServerCommand.STOP_SERVER, b"", "kStopServer")

@@ -1,19 +1,20 @@
 """A worker's side of elastic joins (the servers' side: serving/joins.py; the program's:
 kvstore_byteps/elastic.py). Knows nothing of MXNet; talks to the job through a small port.
 
-Every worker still training reports each ``State.commit()`` to server rank 0 and hears who
-joins there. Where somebody does, each finishes its pending operations (every round it pushed
-answered) and passes the ``join`` barrier twice with the late workers: between the two, each
-late worker takes its place in every key's rounds (``BYTEPS_ADMIT``), while nobody pushes.
+Every worker still training reports each ``State.commit()`` to server rank 0, and at its next
+commit reads who joins there (a report costs the step no round trip). Where somebody does,
+each finishes its pending operations (every round it pushed answered) and passes the ``join``
+barrier twice with the late workers: between the two, each late worker takes its place in
+every key's rounds (``BYTEPS_ADMIT``), while nobody pushes.
 A late worker (the scheduler seated it in a departed one's place) is *joining* from its start
 until then: its barriers pass at once (nobody else is in them), its keys are read, never
 initialised, and it asks server rank 0 to join until the others reach a commit."""
 import logging
 import os
 import time
-from typing import Callable, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 
-from ..errors import DeadlineError
+from ..errors import DeadlineError, KVStoreBytePSError
 from ..mxproto import ServerCommand
 
 __all__ = ["JoinPort", "Joins"]
@@ -38,7 +39,8 @@ def _uptime() -> str:
 
 class JoinPort(NamedTuple):
     """What elastic joins need of the worker."""
-    ask_first: Callable[[ServerCommand, bytes, str], bytes]   # a command to server rank 0
+    send_first: Callable[[ServerCommand, bytes], Any]    # a command to server rank 0: request
+    answer: Callable[[Any, str], bytes]                  # a request's answer (waited for)
     tell_all: Callable[[ServerCommand, bytes, str], None]     # a command to every server
     join_barrier: Callable[[float], None]   # the workers' join barrier (within seconds)
     leads: Callable[[], bool]               # whether this worker hands its parameters over
@@ -52,9 +54,11 @@ class Joins:
         """``enabled``: an elastic job (else commits do nothing)."""
         self._port = port
         self.enabled = enabled
+        self.timeout = port.timeout
         #: a late worker that has not joined yet: its barriers pass, its keys are read
         self.joining = late
         self.commits = 0
+        self._report = None         # the last commit's report, its answer read at the next
         #: called where somebody joins, every round answered (the gradient buckets go off)
         self.hooks: List[Callable[[], None]] = []
 
@@ -69,21 +73,42 @@ class Joins:
             raise RuntimeError("a late worker commits only after it joined (create its "
                                "kvstore_byteps.elastic.State before the training loop)")
         self.commits += 1
-        answer = self._port.ask_first(ServerCommand.BYTEPS_COMMIT,
-                                      b"%d\n%s" % (self.commits, state), "reporting a commit")
-        joiners = [int(j) for j in bytes(answer).split(b",") if j]
+        report = self._port.send_first(ServerCommand.BYTEPS_COMMIT,
+                                       b"%d\n%s" % (self.commits, state))
+        joiners = self._joiners()       # decided at the last commit: they join here
+        self._report = report
         if joiners:
             log.warning("node(s) %s join the job at this commit (%d)", joiners, self.commits)
             settle()
             for hook in self.hooks:
                 hook()
             if handover is not None and self._port.leads():
-                self._port.ask_first(ServerCommand.BYTEPS_HANDOVER,
+                self._ask_first(ServerCommand.BYTEPS_HANDOVER,
                                      b"%d\n%s" % (self.commits, handover()),
                                      "leaving the parameters for the joining workers")
             self._port.join_barrier(self._port.timeout)     # every round answered
             self._port.join_barrier(self._port.timeout)     # the late ones are in the rounds
         return joiners
+
+    def _joiners(self) -> List[int]:
+        """Who joins now: the answer to the last commit's report (none before the first)."""
+        report, self._report = self._report, None
+        if report is None:
+            return []
+        answer = self._port.answer(report, "reporting a commit")
+        return [int(j) for j in bytes(answer).split(b",") if j]
+
+    def finish(self) -> None:
+        """The program commits no more: the last report's answer is read (nobody can join
+        after the last commit; a late worker waiting is stopped with the job)."""
+        if self._report is not None:
+            try:
+                self._joiners()
+            except KVStoreBytePSError as exc:     # the job ends anyway
+                log.debug("the last commit's report was not answered: %s", exc)
+
+    def _ask_first(self, head: ServerCommand, body: bytes, what: str) -> bytes:
+        return self._port.answer(self._port.send_first(head, body), what)
 
     def join(self) -> Tuple[int, bytes, bytes]:
         """A late worker joins at the others' next commit: ``(n, state, handover)``, that
@@ -92,8 +117,7 @@ class Joins:
         started = time.monotonic()
         deadline = started + self._port.timeout
         while True:
-            answer = bytes(self._port.ask_first(ServerCommand.BYTEPS_JOIN, b"",
-                                                "asking to join"))
+            answer = bytes(self._ask_first(ServerCommand.BYTEPS_JOIN, b"", "asking to join"))
             if answer:
                 break
             if time.monotonic() > deadline:
@@ -104,12 +128,15 @@ class Joins:
             time.sleep(ASK_EVERY_S)
         head, _, state = answer.partition(b"\n")
         self._port.join_barrier(self._port.timeout)
-        handover = bytes(self._port.ask_first(ServerCommand.BYTEPS_HANDOVER, head,
-                                              "reading the parameters left for it"))
+        handover = bytes(self._ask_first(ServerCommand.BYTEPS_HANDOVER, head,
+                                         "reading the parameters left for it"))
         self._port.tell_all(ServerCommand.BYTEPS_ADMIT, b"", "joining the rounds")
         self._port.join_barrier(self._port.timeout)
         self.joining = False
         self.commits = int(head)
+        # its own report of the commit it joins at: whoever joins at the next, it learns too
+        self._report = self._port.send_first(ServerCommand.BYTEPS_COMMIT,
+                                             b"%d\n%s" % (self.commits, state))
         log.warning("joined the job at the other workers' commit %d (%s), %.1f s after asking, "
                     "%s", self.commits, state.decode("utf-8", "replace")[:80],
                     time.monotonic() - started, _uptime())

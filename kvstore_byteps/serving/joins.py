@@ -5,21 +5,21 @@ A worker that took a departed one's place (the scheduler seated it, departures.p
 to join (``BYTEPS_JOIN``), and asks again until it is answered. Every worker still training
 calls ``State.commit()`` at the same points of its loop, the n-th time at the same step on
 every worker (synchronous training keeps them in step); each commit reports here
-(``BYTEPS_COMMIT``, body ``n`` and the worker's state, JSON). The first report of commit n
-decides who joins there: the workers waiting then. Every report of commit n gets that same
-answer, so every worker learns the same joiners at the same step; those then finish their
-step's rounds, and pass the ``join`` barrier with the joiners, which are answered commit n's
-number and state (the first report's) and meanwhile told every server to take them into the
-rounds (``BYTEPS_ADMIT``): from the next round on, they push and pull like the others.
+(``BYTEPS_COMMIT``, body ``n`` and the worker's state, JSON) without waiting for the answer,
+which it reads at its next commit: a report costs the step no round trip. The first report of
+commit m decides who joins: the workers waiting then. Every report of m gets that answer, so
+every worker learns the same joiners, at commit m + 1: there they finish their step's rounds
+and pass the ``join`` barrier with the joiners, which are answered m + 1 and the state of its
+first report, and meanwhile tell every server to take them into the rounds
+(``BYTEPS_ADMIT``): from the next round on, they push and pull like the others.
 
 Reports of one commit may come far apart: a program's thread runs ahead of MXNet's engine, by
 hundreds of steps where it reads no array (a Horovod-style loop did: commit 1596 on one worker
 as another reported 1397). So the board never forgets a decision that somebody joins at (one
 per join), and a commit below the highest decided without one was decided for nobody: only
-the fastest worker's first report of a new commit decides. Where
-the workers update (the servers only sum), the leading worker leaves its parameters and
-optimizer state here before the first join barrier (``BYTEPS_HANDOVER``), and the joiners read
-them after it.
+the fastest worker's first report of a new commit decides. Where the workers update (the
+servers only sum), the leading worker leaves its parameters and optimizer state here before
+the first join barrier (``BYTEPS_HANDOVER``), and the joiners read them after it.
 """
 import json
 import threading
@@ -43,8 +43,9 @@ class JoinBoard:
         self._lock = threading.Lock()
         self._waiting: Set[int] = set()
         self._highest = -1                                # the highest commit decided
-        #: commit -> who joins there, with the state committed (commits where somebody does)
-        self._decided: Dict[int, Tuple[Tuple[int, ...], bytes]] = {}
+        #: commit m -> who joins at m + 1 (only commits where somebody does)
+        self._decided: Dict[int, Tuple[int, ...]] = {}
+        self._resume: Dict[int, bytes] = {}       # m + 1 -> its first report's state
         self._handovers: Dict[int, bytes] = {}            # commit -> the leader's parameters
         self._asked: Set[Tuple[int, int]] = set()         # (commit, joiner) that read them
 
@@ -63,7 +64,7 @@ class JoinBoard:
 
     def commit(self, sender: int, body: bytes) -> bytes:
         """A worker's report of its commit (``b"<n>\\n<state JSON>"``): answered with who
-        joins at it, ``b"<id>,<id>"`` (empty: nobody)."""
+        joins at its next, ``b"<id>,<id>"`` (empty: nobody)."""
         head, _, state = bytes(body).partition(b"\n")
         try:
             n = int(head)
@@ -75,9 +76,11 @@ class JoinBoard:
             if n > self._highest:           # the first report of a new commit decides
                 self._highest = n
                 if self._waiting:
-                    self._decided[n] = (tuple(sorted(self._waiting)), bytes(state))
+                    self._decided[n] = tuple(sorted(self._waiting))
                     self._waiting.clear()
-            joiners = self._decided.get(n, ((), b""))[0]
+                if n - 1 in self._decided:  # where they join: the state they resume from
+                    self._resume[n] = bytes(state)
+            joiners = self._decided.get(n, ())
         return b",".join(b"%d" % j for j in joiners)
 
     def handover(self, sender: int, body: bytes) -> bytes:
@@ -94,7 +97,7 @@ class JoinBoard:
             if newline:
                 self._handovers[n] = blob
                 return b""
-            joiners = self._decided.get(n, ((), b""))[0]
+            joiners = self._decided.get(n - 1, ())
             given = self._handovers.get(n, b"")
             self._asked.add((n, sender))
             if all((n, j) in self._asked for j in joiners):     # every joiner has them
@@ -102,11 +105,13 @@ class JoinBoard:
             return given
 
     def join(self, sender: int) -> bytes:
-        """A joining worker's ask: ``b"<n>\\n<state JSON>"`` once the others decided at
-        commit n that it joins; empty while it waits (it asks again)."""
+        """A joining worker's ask: ``b"<n>\\n<state JSON>"`` once it joins at commit n
+        (decided at n - 1, and somebody reported n); empty while it waits (it asks again)."""
         with self._lock:
-            for n, (joiners, state) in self._decided.items():
+            for m, joiners in self._decided.items():
                 if sender in joiners:
-                    return b"%d\n%s" % (n, state)
+                    if m + 1 in self._resume:
+                        return b"%d\n%s" % (m + 1, self._resume[m + 1])
+                    return b""
             self._waiting.add(sender)
             return b""

@@ -10,6 +10,7 @@ status of its own ends the job, and so does the loss of more workers than the mi
 by hand; the scheduler's side is unit-tested). Parts without a network:
 tests/unit/test_elastic.py."""
 import io
+import os
 import re
 import subprocess
 import sys
@@ -84,6 +85,28 @@ def test_a_killed_worker_restarts_and_takes_its_place_back(spawn, kill_rank, opt
                        r"(\S+) s after this process started", out)
     assert joined and int(joined.group(1)) > 25 and float(joined.group(2)) < 30, out
     assert out.count("parameters identical on all 4 workers") == 1, out
+
+
+@pytest.mark.parametrize("style,defer", [("bps", "1")])     # ("hvd", "0"): run by hand
+def test_a_collective_style_worker_restarts_and_takes_its_place_back(spawn, style, defer):
+    """BytePS's (and Horovod's) DistributedTrainer (the workers update, with momentum): rank
+    1 killed at step 50 restarts, skips the start-up broadcasts, takes rank 0's parameters
+    and optimizer state at the others' next commit (its first forward pass, deferred, still
+    computes on its initial weights: its first step pushes zeros); all four end with the same
+    parameters."""
+    argv = [sys.executable, LAUNCH, "-n", "4", "-s", "2", "--min-workers", "3",
+            "--max-restarts", "1", "--timeout", "120", sys.executable,
+            "%s/elastic_collective.py" % APPS]
+    env = dict(os.environ, STYLE=style, DEFER=defer, KILL_STEP="50", KILL_RANK="1",
+               STEPS="3000")
+    proc = spawn(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                 text=True)
+    out, _ = proc.communicate(timeout=140)
+    assert proc.returncode == 0, out
+    digests = re.findall(r"DIGEST (\d) (\w+) joined_late=(\w+)", out)
+    assert sorted(rank for rank, _, _ in digests) == ["0", "1", "2", "3"], out
+    assert len({digest for _, digest, _ in digests}) == 1, out
+    assert [rank for rank, _, late in digests if late == "True"] == ["1"], out
 
 
 def stand_in(role, rank, how=None):

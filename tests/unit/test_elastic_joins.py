@@ -131,9 +131,10 @@ def test_the_join_board_gives_every_worker_of_a_commit_the_same_joiners():
     assert board.join(13) == b""                                # worker 13 asks to join
     assert board.commit(11, b"1\n{\"batch\": 1}") == b""        # commit 1 was decided without
     assert board.commit(11, b"2\n{\"batch\": 2}") == b"13"      # the first report of 2 decides
-    assert board.commit(9, b"2\n{\"batch\": 2}") == b"13"       # ... for everyone
-    assert board.join(13) == b"2\n{\"batch\": 2}"
-    assert board.commit(9, b"3\n{}") == b""                     # it joined: decided once
+    assert board.commit(9, b"2\n{\"batch\": 2}") == b"13"       # ... for everyone: they
+    assert board.join(13) == b""                 # learn it at commit 3, where it joins
+    assert board.commit(9, b"3\n{\"batch\": 3}") == b""        # it joined: decided once
+    assert board.join(13) == b"3\n{\"batch\": 3}"               # it resumes from commit 3
     # a program's thread runs ahead of MXNet's engine: reports of one commit come far apart,
     # and one below the highest decided is answered as it was decided, whoever waits now
     for n in range(4, 200):
@@ -141,6 +142,10 @@ def test_the_join_board_gives_every_worker_of_a_commit_the_same_joiners():
     assert board.join(15) == b""
     assert board.commit(11, b"3\n{}") == b"" and board.commit(11, b"150\n{}") == b""
     assert board.commit(9, b"200\n{}") == b"15" and board.commit(11, b"200\n{}") == b"15"
+    # the leading worker's parameters for those joining at 201, until each read them
+    board.commit(9, b"201\n{}")
+    assert board.handover(9, b"201\nweights") == b""
+    assert board.handover(15, b"201") == b"weights" and board.handover(15, b"201") == b""
     with pytest.raises(ProtocolError, match="no number and JSON"):
         board.commit(9, b"x\n{}")
     admitted = []
@@ -170,18 +175,20 @@ def test_a_key_admits_a_late_worker_between_rounds_from_the_next_round_on():
 
 
 class FakeServers:
-    """Server rank 0's join board and the workers' barrier, as a JoinPort sees them."""
+    """Server rank 0's join board and the workers' barrier, as a JoinPort sees them (a
+    request is answered when sent; its answer read later)."""
 
     def __init__(self, answers=()):
         self.board, self.calls, self._answers = JoinBoard(), [], list(answers)
 
     def port(self, sender, timeout=1.0):
-        def ask(head, body, what):
+        def send(head, body):
             self.calls.append((sender, head.name))
             if self._answers:
                 return self._answers.pop(0)
             return self.board.handle(head, sender, body, lambda s: None)
-        return JoinPort(ask, lambda head, body, what: self.calls.append((sender, head.name)),
+        return JoinPort(send, lambda answer, what: answer,
+                        lambda head, body, what: self.calls.append((sender, head.name)),
                         lambda within: self.calls.append((sender, "join barrier")),
                         lambda: sender == 9, timeout)
 
@@ -195,16 +202,19 @@ def test_a_worker_commits_and_settles_into_the_join_barriers_only_where_somebody
     with pytest.raises(RuntimeError, match="only after it joined"):
         late.commit(b"{}", lambda: None)
     servers.board.join(13)                   # (its first ask, as late.join() makes it)
-    assert joins.commit(b"{\"batch\": 2}", lambda: settled.append(1),
-                        lambda: b"parameters") == [13]
+    assert joins.commit(b"{\"batch\": 2}", lambda: settled.append(1)) == []   # decided at 2
+    assert joins.commit(b"{\"batch\": 3}", lambda: settled.append(1),
+                        lambda: b"parameters") == [13]      # ... they join at 3
     assert settled == [1]
-    assert servers.calls[-3:] == [(9, "BYTEPS_HANDOVER"), (9, "join barrier"),
-                                  (9, "join barrier")]      # the leader leaves its parameters
+    assert servers.calls[-4:] == [(9, "BYTEPS_COMMIT"), (9, "BYTEPS_HANDOVER"),
+                                  (9, "join barrier"), (9, "join barrier")]   # its parameters
     n, state, handover = late.join()
-    assert (n, state, handover) == (2, b"{\"batch\": 2}", b"parameters")
-    assert not late.joining and late.commits == 2
-    assert servers.calls[-4:] == [(13, "join barrier"), (13, "BYTEPS_HANDOVER"),
-                                  (13, "BYTEPS_ADMIT"), (13, "join barrier")]   # nobody pushes
+    assert (n, state, handover) == (3, b"{\"batch\": 3}", b"parameters")
+    assert not late.joining and late.commits == 3
+    assert servers.calls[-5:] == [(13, "join barrier"), (13, "BYTEPS_HANDOVER"),
+                                  (13, "BYTEPS_ADMIT"), (13, "join barrier"),   # nobody pushes
+                                  (13, "BYTEPS_COMMIT")]    # its report of 3: it hears of 4
+    assert late.commit(b"{}", lambda: None) == [] and joins.commit(b"{}", lambda: None) == []
 
 
 def test_a_late_worker_that_nobody_commits_for_fails_naming_what_it_waited_for():
