@@ -10,7 +10,10 @@ rate; ``benchmarks/_elastic_worker.py`` times its steps) on 4 workers x 2 server
 * ``killed``: worker ``--kill-rank`` is killed with SIGKILL as it enters step ``--kill-step``
   (mid-epoch; run i at step ``--kill-step + 13 i``, a point of another epoch); the others
   train on and finish;
+* ``restarted``: the same kill under ``--max-restarts 1``: the worker starts again and takes
+  its place back at the others' next commit (the demo commits at every epoch's end);
 * ``whole``: the same job, nobody killed;
+* ``every-step``: nobody killed, the demo committing after every step (``--commit-every 1``);
 * ``off``: nobody killed, without ``--min-workers`` (elastic off).
 
 Run i initialises the parameters with the demo's ``--seed 42 + i`` (the demo is otherwise
@@ -20,10 +23,11 @@ Reported: rank 0's final test accuracy (mean and range), the job's training time
 killed jobs the time from the death to the next completed round, seen by rank 0 as its
 longest step (its step that needed the lost worker's push: from the death, at the start of
 that step, until the scheduler declared it lost and the round closed without it), against
-the median step. With ``--van auto`` (the default) the scheduler learns of the death when the
-worker's connection to it closes; with ``--van zmq``, ``PS_HEARTBEAT_TIMEOUT`` after the
-worker's last heartbeat. ``whole`` against
-``off`` is the cost of elastic when nobody leaves. A benchmark, never a test: it reports what
+the median step; for the restarted jobs, when the restarted worker joined (seconds after it
+asked, after its process started). With ``--van auto`` (the default) the scheduler learns of
+the death when the worker's connection to it closes; with ``--van zmq``,
+``PS_HEARTBEAT_TIMEOUT`` after the worker's last heartbeat. ``whole`` against ``off`` is the
+cost of elastic when nobody leaves; ``every-step`` against ``whole``, of a commit a step. A benchmark, never a test: it reports what
 it measured with the date, the commit and the load.
 """
 import argparse
@@ -43,13 +47,16 @@ ROOT = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "_elastic_worker.py")
 LAUNCH = os.path.join(ROOT, "launch.py")
 TAG = "ELASTIC_STEPS "
-KINDS = ("killed", "whole", "off")
+KINDS = ("killed", "restarted", "whole", "every-step", "off")
+JOINED = re.compile(r"joined the job at the other workers' commit \d+ .*?, (\S+) s after "
+                    r"asking, (\S+) s after this process started")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=int, default=5)
-    p.add_argument("--epochs", type=int, default=10, help="the demo's epochs (its default)")
+    p.add_argument("--epochs", type=int, default=80,
+                   help="the demo's epochs (80: about 11 s; a restarted worker starts in 4-5)")
     p.add_argument("--kill-rank", type=int, default=2)
     p.add_argument("--kill-step", type=int, default=25,
                    help="11 steps an epoch with 4 workers: 25 is in the 3rd epoch")
@@ -66,7 +73,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 def run_job(args, kind: str, run: int) -> Optional[Dict]:
     """One job's accuracy, training time and rank 0's step ends, or None (tail printed)."""
     elastic = [] if kind == "off" else ["--min-workers", "3"]
-    kill = kind == "killed"
+    if kind == "restarted":
+        elastic += ["--max-restarts", "1"]
+    kill = kind in ("killed", "restarted")
     argv = [sys.executable, LAUNCH, "-n", "4", "-s", "2", *elastic,
             "--env", "PS_HEARTBEAT_INTERVAL=%g" % args.heartbeat_interval,
             "--env", "PS_HEARTBEAT_TIMEOUT=%g" % args.heartbeat_timeout,
@@ -74,6 +83,8 @@ def run_job(args, kind: str, run: int) -> Optional[Dict]:
             "--timeout", str(args.job_timeout), sys.executable, WORKER,
             str(args.kill_rank if kill else -1), str(args.kill_step + 13 * run), "--epochs",
             str(args.epochs), "--seed", str(42 + run)]
+    if kind == "every-step":
+        argv += ["--commit-every", "1"]
     done = subprocess.run(argv, env=child_env(), cwd=ROOT, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, timeout=args.job_timeout + 60)
     out = done.stdout.decode(errors="replace")
@@ -85,13 +96,25 @@ def run_job(args, kind: str, run: int) -> Optional[Dict]:
                                            "\n".join(out.splitlines()[-12:])), flush=True)
         return None
     gaps = [b - a for a, b in zip(steps[0], steps[0][1:])]
-    return {"accuracy": float(final.group(1)), "seconds": float(final.group(2)),
-            "longest_step": max(gaps), "median_step": statistics.median(gaps)}
+    found = {"accuracy": float(final.group(1)), "seconds": float(final.group(2)),
+             "longest_step": max(gaps), "median_step": statistics.median(gaps),
+             "identical": "parameters identical on all 4 workers" in out}
+    joined = JOINED.search(out)
+    if kind == "restarted":
+        if joined is None:
+            print("restarted: the worker did not join\n%s" % "\n".join(out.splitlines()[-12:]))
+            return None
+        found.update(joined_after_asking=float(joined.group(1)),
+                     joined_after_start=float(joined.group(2)))
+    return found
 
 
 def summarise(runs: List[Dict]) -> Dict:
     accuracy = [r["accuracy"] for r in runs]
-    return {"runs": len(runs), "accuracy_mean": statistics.mean(accuracy),
+    joined = {key + "_max": max(r[key] for r in runs) for key in
+              ("joined_after_asking", "joined_after_start") if key in runs[0]}
+    return {"runs": len(runs), "accuracy_mean": statistics.mean(accuracy), **joined,
+            "identical": all(r["identical"] for r in runs),
             "accuracy_min": min(accuracy), "accuracy_max": max(accuracy),
             "seconds_mean": statistics.mean(r["seconds"] for r in runs),
             "longest_step_mean": statistics.mean(r["longest_step"] for r in runs),
@@ -110,11 +133,14 @@ def main(argv=None) -> int:
                 print("run %d %s: %s" % (run + 1, kind, result), flush=True)
     summary = {kind: summarise(runs) for kind, runs in found.items() if runs}
     for kind, row in summary.items():
-        print("%-6s accuracy %.4f (%.4f-%.4f), training %.2f s, longest step %.2f s, median "
-              "step %.3f s, %d runs" % (kind, row["accuracy_mean"], row["accuracy_min"],
-                                        row["accuracy_max"], row["seconds_mean"],
-                                        row["longest_step_mean"], row["median_step_mean"],
-                                        row["runs"]))
+        print("%-10s accuracy %.4f (%.4f-%.4f), training %.2f s, longest step %.2f s, median "
+              "step %.4f s, %d runs%s" % (kind, row["accuracy_mean"], row["accuracy_min"],
+                                          row["accuracy_max"], row["seconds_mean"],
+                                          row["longest_step_mean"], row["median_step_mean"],
+                                          row["runs"], "; joined within %.1f s of asking, "
+                                          "%.1f s of its start" % (row["joined_after_asking_max"],
+                                                                   row["joined_after_start_max"])
+                                          if "joined_after_start_max" in row else ""))
     if args.out:
         write_results(args.out, {
             "benchmark": "elastic",

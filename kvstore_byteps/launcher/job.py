@@ -268,10 +268,12 @@ class Job:
         or its program chose its exit status (``sys.exit(N)``, an uncaught error: the job
         ends as without elastic workers, and the caller says why). A worker killed by a
         signal (killed, crashed, its machine preempted) is lost; so is a remote one whose
-        connection dropped (ssh's 255)."""
+        connection dropped (ssh's 255), and a restarted one that fails in any way (it may not
+        have joined: the scheduler does not let it end the job)."""
         code = exit_status(failed.proc.returncode)
+        restarted = RESTART_COUNT in failed.spec.env    # a replacement: its failure is a loss
         if (not self._min_workers or failed.spec.role is not Role.WORKER
-                or not (code > 128 or code == EXIT_CONNECTION_LOST)):
+                or not (code > 128 or code == EXIT_CONNECTION_LOST or restarted)):
             return None
         self._lost.append(failed)
         workers = sum(1 for c in self._children if c.spec.role is Role.WORKER

@@ -97,6 +97,11 @@ def test_a_joining_worker_that_is_lost_leaves_even_at_the_minimum():
     barrier(sched, 0, 13.0, "join")
     barrier(sched, 1, 13.0, "join")
     assert barrier(sched, 3, 13.0, "join") == []        # waits for the joining worker
+    # its own failure before it joined does not end the job (it leaves, as it is lost)
+    abort = control_message(ControlCommand.HEARTBEAT, 1, request=True)
+    abort.meta.extra = {"abort": "an uncaught error"}
+    [refused] = sched.handle(from_sender(abort, 13), 13.5)
+    assert isinstance(refused, Refused) and "had not joined" in refused.reason
     actions = lose(sched, 2, 14.0)                      # 3 left: it may, it was joining
     assert [a.node.id for a in actions if isinstance(a, NodeLeft)] == [13]
     releases = [m for m in sends(actions) if m.meta.control.cmd == ControlCommand.BARRIER]

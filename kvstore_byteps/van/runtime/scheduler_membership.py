@@ -357,9 +357,11 @@ class SchedulerMembership:
         if sender not in {node.id for node in self.nodes}:
             return [Refused("ignored a request to end the job from node %s, which is not a node "
                             "of the cluster" % sender)]
-        if sender in self.departures.left:
-            return [Refused("ignored a request to end the job from node %s, which left the job "
-                            "(BYTEPS_MIN_WORKERS): %s" % (sender, msg.meta.extra["abort"]))]
+        if sender in self.departures.left or sender in self.departures.joining:
+            return [Refused("ignored a request to end the job from node %s, which %s the job "
+                            "(BYTEPS_MIN_WORKERS): %s"
+                            % (sender, "left" if sender in self.departures.left
+                               else "had not joined", msg.meta.extra["abort"]))]
         if self.aborting is not None:
             return []
         reason = str(msg.meta.extra["abort"])
