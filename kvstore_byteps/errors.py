@@ -96,6 +96,11 @@ class JobAbortedError(PeerError):
         return error
 
 
+#: the exit status of a worker that was taken for lost (elastic workers: it stalled, or its
+#: link went down, past the heartbeat timeout) and left the job while it lived on: launch.py
+#: counts it lost, and restarts it with --max-restarts (BSD's EX_TEMPFAIL: try again)
+EXIT_LEFT = 75
+
 #: a node stopped by a job another node ended exits this much later, so that the node that
 #: ended it exits first and the launchers, which name the first node that failed, name it
 EXIT_AFTER_OTHERS_END_S = 1.0

@@ -229,6 +229,11 @@ class WorkerEngine:
         """A pushpull (``fusable``) or a lone push of ``key`` is being called (the API thread,
         in the program's order): what gradient buckets learn from it (:mod:`.fusion`). Returns
         the call's ticket (None: alone), the ``ticket`` to pass to its :meth:`pushpull`."""
+        if self.joins.joining:      # its pushes would be refused: the job has not taken it in
+            raise ConfigError("worker rank %d took a departed worker's place and has not joined "
+                              "the job: create kvstore_byteps.elastic.State(kv, trainer, ...) "
+                              "before the training loop (it joins there, at the others' next "
+                              "commit)" % self.rank)
         self.cluster.barriers.called()
         return self.fusion.use(key, fusable)
 

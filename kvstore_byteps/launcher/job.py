@@ -20,6 +20,7 @@ import time
 from typing import IO, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from kvstore_byteps.config import Role
+from kvstore_byteps.errors import EXIT_LEFT
 
 from .guard import STOP_WORD
 from .procs import die_with_parent, exit_status
@@ -83,6 +84,8 @@ def describe_exit(returncode: int) -> str:
             return "was killed by %s" % signal.Signals(code - 128).name
         except ValueError:
             pass
+    if code == EXIT_LEFT:
+        return "exited with code %d (the job took it for lost: it left)" % code
     return "exited with code %d" % code
 
 
@@ -268,12 +271,13 @@ class Job:
         or its program chose its exit status (``sys.exit(N)``, an uncaught error: the job
         ends as without elastic workers, and the caller says why). A worker killed by a
         signal (killed, crashed, its machine preempted) is lost; so is a remote one whose
-        connection dropped (ssh's 255), and a restarted one that fails in any way (it may not
-        have joined: the scheduler does not let it end the job)."""
+        connection dropped (ssh's 255), one the job took for lost while it lived on (it
+        exits EXIT_LEFT), and a restarted one that fails in any way (it may not have joined:
+        the scheduler does not let it end the job)."""
         code = exit_status(failed.proc.returncode)
         restarted = RESTART_COUNT in failed.spec.env    # a replacement: its failure is a loss
         if (not self._min_workers or failed.spec.role is not Role.WORKER
-                or not (code > 128 or code == EXIT_CONNECTION_LOST or restarted)):
+                or not (code > 128 or code in (EXIT_CONNECTION_LOST, EXIT_LEFT) or restarted)):
             return None
         self._lost.append(failed)
         workers = sum(1 for c in self._children if c.spec.role is Role.WORKER
@@ -297,8 +301,9 @@ class Job:
         done = int(failed.spec.env.get(RESTART_COUNT, 0))
         if done >= self._max_restarts:
             if self._max_restarts:
-                self._log("%s %s; not restarted: it was restarted %d times (--max-restarts)"
-                          % (failed.spec.label, describe_exit(failed.proc.returncode), done))
+                self._log("%s %s; not restarted: --max-restarts %d used up"
+                          % (failed.spec.label, describe_exit(failed.proc.returncode),
+                             self._max_restarts))
             return False
         spec = dataclasses.replace(failed.spec, env={**failed.spec.env,
                                                      RESTART_COUNT: str(done + 1)})

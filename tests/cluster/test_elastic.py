@@ -112,8 +112,9 @@ def test_a_collective_style_worker_restarts_and_takes_its_place_back(spawn, styl
 def stand_in(role, rank, how=None):
     """A node that exits 0 after a while (workers first, one after the other), or as ``how``
     says: ``kill`` (SIGKILL), ``kill-once`` (SIGKILL unless it was restarted), ``linger`` (a
-    restarted one sleeps a minute), ``fail-restarted`` (killed, then restarted exits 3) or a
-    status."""
+    restarted one sleeps a minute), ``fail-restarted`` (killed, then restarted exits 3),
+    ``left-once`` (exits EXIT_LEFT, as one taken for lost while it lived on, unless restarted)
+    or a status."""
     delay = {Role.SCHEDULER: 1.0, Role.SERVER: 1.0, Role.WORKER: 0.1 + 0.2 * rank}[role]
     restarted = "os.environ.get('BYTEPS_RESTART_COUNT')"
     end = {"kill": "os.kill(os.getpid(), signal.SIGKILL)",
@@ -121,7 +122,9 @@ def stand_in(role, rank, how=None):
            "linger": "time.sleep(60 if %s else 0); os.kill(os.getpid(), signal.SIGKILL)"
                      % restarted,
            "fail-restarted": "sys.exit(3) if %s else os.kill(os.getpid(), signal.SIGKILL)"
-                             % restarted}.get(how) or "sys.exit(%d)" % (how or 0)
+                             % restarted,
+           "left-once": "sys.exit(0 if %s else 75)" % restarted}.get(how)
+    end = end or "sys.exit(%d)" % (how or 0)
     argv = (sys.executable, "-c", "import os, signal, sys, time; time.sleep(%g); %s"
             % (delay, end))
     return ProcSpec(role=role, rank=rank if role is not Role.SCHEDULER else None, argv=argv,
@@ -141,11 +144,15 @@ def test_the_launcher_restarts_a_lost_worker_at_most_k_times():
             in log.getvalue()), log.getvalue()
     log = io.StringIO()          # killed again: no restart left, the job goes on without it
     assert job([None, "kill", None], log, restarts=1).run() == 0
-    assert "not restarted: it was restarted 1 times (--max-restarts)" in log.getvalue()
+    assert "not restarted: --max-restarts 1 used up" in log.getvalue()
     assert "the job goes on with 2 of 3 workers" in log.getvalue(), log.getvalue()
     log = io.StringIO()          # a restarted worker that fails leaves again: the job goes on
     assert job([None, "fail-restarted", None], log, restarts=1).run() == 0
     assert "worker 1 exited with code 3; not restarted" in log.getvalue(), log.getvalue()
+    log = io.StringIO()          # one the job took for lost while it lived on (a stall, a link
+    assert job([None, "left-once", None], log, restarts=1).run() == 0      # down) restarts
+    assert ("worker 1 exited with code 75 (the job took it for lost: it left); restarting it"
+            in log.getvalue()), log.getvalue()
     # a restarted worker still running once the others finished had not joined: stopped
     log = io.StringIO()
     assert job([None, "linger", None], log, restarts=1).run() == 0

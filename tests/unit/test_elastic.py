@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kvstore_byteps.config import Config, Role
-from kvstore_byteps.errors import ConfigError
+from kvstore_byteps.errors import EXIT_LEFT, ConfigError
 from kvstore_byteps.serving.rounds import KeyRounds
 from kvstore_byteps.van.runtime.membership import (NodeDead, NodeLeft, VanClock,
                                                    barrier_request, control_message)
@@ -105,7 +105,11 @@ def test_a_workers_closed_connection_is_its_loss_unless_it_is_leaving_or_no_loss
     assert left.node.id == worker_id(2)
     assert left.reason == "its connection to the scheduler closed"
     assert sched.peer_closed(worker_id(2), 12.1) == []                 # once
-    assert sched.peer_closed(worker_id(1), 12.2) == []                 # 2 left would be too few
+    # 2 left would be too few: the job ends now, not at the heartbeat timeout, naming both
+    [dead] = [a for a in sched.peer_closed(worker_id(1), 12.2) if isinstance(a, NodeDead)]
+    assert dead.node.id == worker_id(1) and "fewer than BYTEPS_MIN_WORKERS=3" in dead.reason
+    assert "left before: worker rank 2" in dead.reason
+    assert sched.peer_closed(worker_id(1), 12.3) == []                 # once
     assert sched.peer_closed(8, 12.3) == []                            # servers never leave
     plain = elastic_scheduler(workers=4, min_workers=0)
     assert plain.peer_closed(worker_id(2), 12.0) == []                 # heartbeats decide
@@ -314,10 +318,17 @@ def test_the_scheduler_no_longer_listens_to_a_worker_that_left():
     sched = elastic_scheduler(workers=4, min_workers=2)
     keep_alive(sched, 14.0, silent=(worker_id(2),))
     assert [a for a in sched.tick(15.5) if isinstance(a, NodeLeft)]
-    # it was only stalled: its heartbeats are not answered and do not re-arm its watch
+    # it was only stalled: its heartbeats are answered with the notice that it left (it stops,
+    # EXIT_LEFT: launch.py --max-restarts starts it again) and do not re-arm its watch
     keep_alive(sched, 16.0)
-    assert not sends([a for a in sched.handle(from_sender(control_message(
-        ControlCommand.HEARTBEAT, 1, nodes=[sched._node(worker_id(2))]), worker_id(2)), 16.0)])
+    [told] = sends(sched.handle(from_sender(control_message(
+        ControlCommand.HEARTBEAT, 1, nodes=[sched._node(worker_id(2))]), worker_id(2)), 16.0))
+    assert told.meta.recver == worker_id(2) and told.meta.extra == {"worker_left": True}
+    assert told.meta.control.nodes[0].id == worker_id(2)
+    stalled = NodeMembership(node(Role.WORKER, 1002), node(Role.SCHEDULER, 9091), 10.0, 1.0)
+    stalled.my_node, stalled.ready = node(Role.WORKER, 1002, worker_id(2)), True
+    [stop] = stalled.handle(from_sender(told, 1), 16.1)
+    assert stop.error.status == EXIT_LEFT and "taken for lost" in str(stop.error)
     keep_alive(sched, 20.0, silent=(worker_id(2),))
     assert not [a for a in sched.tick(21.5) if isinstance(a, (NodeLeft, NodeDead))]
     # nor may it end the job

@@ -14,7 +14,7 @@ from kvstore_byteps.mxproto import ServerCommand
 from kvstore_byteps.serving.joins import JoinBoard
 from kvstore_byteps.serving.rounds import Departed, KeyRounds
 from kvstore_byteps.van.runtime.departures import ARRIVAL_WAIT_S
-from kvstore_byteps.van.runtime.membership import (NodeJoined, NodeLeft, Ready, Refused,
+from kvstore_byteps.van.runtime.membership import (NodeDead, NodeJoined, NodeLeft, Ready, Refused,
                                                    VanClock, barrier_request, control_message)
 from kvstore_byteps.van.runtime.node_membership import NodeMembership
 from kvstore_byteps.van.wire.message import ControlCommand, Control, Message, Meta
@@ -106,6 +106,16 @@ def test_a_joining_worker_that_is_lost_leaves_even_at_the_minimum():
     assert [a.node.id for a in actions if isinstance(a, NodeLeft)] == [13]
     releases = [m for m in sends(actions) if m.meta.control.cmd == ControlCommand.BARRIER]
     assert sorted(m.meta.recver for m in releases) == [9, 11, 15]
+
+
+def test_a_second_loss_while_a_restarted_worker_has_not_joined_ends_the_job_at_once():
+    sched = elastic_scheduler(workers=4, min_workers=3)
+    lose(sched, 1, 11.0)
+    sched.handle(late_worker(3001, rank_hint=1), 12.0)      # restarting: not back yet
+    [dead] = [a for a in lose(sched, 2, 12.5) if isinstance(a, NodeDead)]
+    assert dead.node.id == 13
+    assert "2 of 4 workers would be left, fewer than BYTEPS_MIN_WORKERS=3" in dead.reason
+    assert "restarting, not joined yet: worker rank 1" in dead.reason
 
 
 def test_a_node_follows_a_late_workers_arrival_and_a_late_worker_knows_it_is_one():
@@ -227,3 +237,20 @@ def test_a_late_worker_that_nobody_commits_for_fails_naming_what_it_waited_for()
                   enabled=True)
     with pytest.raises(DeadlineError, match="next State.commit"):
         joins.join()
+
+
+def test_a_node_that_did_not_run_asks_the_scheduler_again_before_taking_it_for_dead():
+    from kvstore_byteps.van.runtime.membership import Send
+    worker = NodeMembership(node(Role.WORKER, 4000), node(Role.SCHEDULER, 9091), 10.0, 1.0,
+                            heartbeat_timeout=4.0)
+    worker.my_node, worker.ready = node(Role.WORKER, 1000, 9), True
+    worker.last_heartbeat_reply, worker.next_heartbeat = 0.0, 1.0
+    worker.tick(0.5)
+    # stopped for 7 s (SIGSTOP, swapped out): its silence, not the scheduler's
+    [ask] = worker.tick(7.5)
+    assert isinstance(ask, Send) and ask.message.meta.control.cmd == ControlCommand.HEARTBEAT
+    assert worker.tick(7.6) == []
+    # ... while a scheduler silent past the timeout of a running node is dead
+    dead = [a for t in (8.0, 9.0, 10.0, 11.0, 12.0) for a in worker.tick(t)
+            if isinstance(a, NodeDead)]
+    assert [a.node.id for a in dead] == [1]

@@ -20,7 +20,7 @@ refused: a job does not grow beyond ``DMLC_NUM_WORKER`` workers.
 from typing import Dict, List, Optional, Set, Tuple
 
 from ...config import Role
-from ..wire.message import Node, worker_rank_to_id
+from ..wire.message import Node, id_to_rank, worker_rank_to_id
 
 __all__ = ["ARRIVAL_WAIT_S", "Departures"]
 
@@ -81,9 +81,13 @@ class Departures:
         if self.min_workers <= 0 or node.role is not Role.WORKER:
             return reason
         before = ", ".join(n.describe_rank() for n in self.left.values())
-        return ("%s; %d of %d workers would be left, fewer than BYTEPS_MIN_WORKERS=%d%s"
-                % (reason, self.num_workers - len(self.left) - 1, self.num_workers,
-                   self.min_workers, " (left before: %s)" % before if before else ""))
+        joining = ", ".join("worker rank %d" % id_to_rank(i) for i in self.joining
+                            if i != node.id)
+        return ("%s; %d of %d workers would be left, fewer than BYTEPS_MIN_WORKERS=%d%s%s"
+                % (reason, self.num_workers - len(self.left) - len(self.joining) - 1,
+                   self.num_workers, self.min_workers,
+                   " (left before: %s)" % before if before else "",
+                   " (restarting, not joined yet: %s)" % joining if joining else ""))
 
     def describe_full(self) -> str:
         """Why a late worker with no departed place is refused."""

@@ -9,7 +9,7 @@ import dataclasses
 from typing import List, Optional, Tuple
 
 from ...config import Role
-from ...errors import ClusterStartError, JobAbortedError
+from ...errors import EXIT_LEFT, ClusterStartError, JobAbortedError
 from .membership import (Connect, Fail, NodeDead, NodeJoined, NodeLeft, NodeRecovered, Ready,
                          Refused, ReleaseBarrier, Send, VanClock, barrier_request,
                          control_message, on_terminate)
@@ -34,6 +34,7 @@ class NodeMembership:
         self.nodes: List[Node] = []
         self.next_heartbeat = float("inf")
         self.last_heartbeat_reply: Optional[float] = None
+        self.last_tick: Optional[float] = None      # when tick last ran (a stall shows)
         #: workers that left the job (elastic workers), as the scheduler told
         self.left: List[Node] = []
 
@@ -100,6 +101,12 @@ class NodeMembership:
                     for node in nodes]
         actions: List = []
         for node in nodes:
+            if node.id == self.my_node.id and self.ready:
+                return [Fail(JobAbortedError(
+                    "%s was taken for lost (no heartbeat within PS_HEARTBEAT_TIMEOUT: it "
+                    "stalled, or its link was down) and left the job, which went on without "
+                    "it; it stops (launch.py --max-restarts starts it again, to take its place "
+                    "back)" % self.my_node.describe_rank(), EXIT_LEFT))]
             if node.id != self.my_node.id and node.id not in {n.id for n in self.left}:
                 self.left.append(node)
                 actions.append(NodeLeft(node, "lost, the scheduler says",
@@ -115,6 +122,13 @@ class NodeMembership:
                     "running and reachable, and did every node of the job start?)"
                     % (self.my_node.describe(), self.scheduler.address)))]
             return []
+        stalled = self.last_tick is not None and now - self.last_tick > self.heartbeat_interval
+        self.last_tick = now
+        if stalled and self.last_heartbeat_reply is not None and self.heartbeat_interval > 0:
+            # this node did not run (stopped, swapped out): the scheduler's silence is its
+            # own; it asks again before it takes the scheduler for dead (and hears, if it
+            # was taken for lost meanwhile, that it left the job)
+            self.last_heartbeat_reply, self.next_heartbeat = now, now
         if (self.heartbeat_timeout > 0 and self.last_heartbeat_reply is not None
                 and now - self.last_heartbeat_reply > self.heartbeat_timeout
                 and self.heartbeat_interval > 0):

@@ -136,9 +136,15 @@ class SchedulerMembership:
                 or self.barriers.leaving(node_id)):
             return []
         node = self._node(node_id)
-        if not self.departures.may_leave(node):
+        reason = "its connection to the scheduler closed"
+        if self.departures.may_leave(node):
+            return self._leave(node, reason)
+        if self.departures.min_workers <= 0 or node.role is not Role.WORKER:
             return []
-        return self._leave(node, "its connection to the scheduler closed")
+        # an elastic job that cannot do without it ends now, not at the heartbeat timeout
+        self.dead[node_id] = node
+        return self._tell_everyone(node, "dead_node") + [
+            NodeDead(node, self.departures.why_the_job_ends(node, reason))]
 
     def _members(self, group: int, kind: str = "") -> List[int]:
         """The ids of ``group``'s nodes, without the workers that left (elastic workers), nor
@@ -410,7 +416,13 @@ class SchedulerMembership:
                 return [Refused("ignored a heartbeat from %s: node %d is the restarted server "
                                 "at %s now" % (node.address, node.id,
                                                self._node(node.id).address))]
-            if node.id in self.dead or node.id in self.departures.left:   # too late
+            if node.id in self.departures.left:     # it lived on: it is told, and stops
+                notice = control_message(ControlCommand.HEARTBEAT, node.id, self.clock.tick(),
+                                         nodes=[node])
+                notice.meta.extra = {"worker_left": True}
+                replies.append(Send(notice))
+                continue
+            if node.id in self.dead:   # too late
                 continue
             self.last_heartbeat[node.id] = now
             replies.append(Send(control_message(ControlCommand.HEARTBEAT, node.id, self.clock.tick(),
