@@ -328,7 +328,7 @@ def test_the_scheduler_no_longer_listens_to_a_worker_that_left():
     stalled = NodeMembership(node(Role.WORKER, 1002), node(Role.SCHEDULER, 9091), 10.0, 1.0)
     stalled.my_node, stalled.ready = node(Role.WORKER, 1002, worker_id(2)), True
     [stop] = stalled.handle(from_sender(told, 1), 16.1)
-    assert stop.error.status == EXIT_LEFT and "taken for lost" in str(stop.error)
+    assert stop.error.status == EXIT_LEFT and "took it for lost" in str(stop.error)
     keep_alive(sched, 20.0, silent=(worker_id(2),))
     assert not [a for a in sched.tick(21.5) if isinstance(a, (NodeLeft, NodeDead))]
     # nor may it end the job

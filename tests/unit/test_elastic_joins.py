@@ -254,3 +254,15 @@ def test_a_node_that_did_not_run_asks_the_scheduler_again_before_taking_it_for_d
     dead = [a for t in (8.0, 9.0, 10.0, 11.0, 12.0) for a in worker.tick(t)
             if isinstance(a, NodeDead)]
     assert [a.node.id for a in dead] == [1]
+
+
+def test_an_elastic_worker_that_loses_the_scheduler_leaves_rather_than_ending_the_job():
+    from kvstore_byteps.errors import EXIT_LEFT
+    from kvstore_byteps.van.runtime.membership import Fail
+    worker = NodeMembership(node(Role.WORKER, 4000), node(Role.SCHEDULER, 9091), 10.0, 1.0,
+                            heartbeat_timeout=4.0, elastic=True)
+    worker.my_node, worker.ready = node(Role.WORKER, 1000, 9), True
+    worker.last_heartbeat_reply, worker.next_heartbeat = 0.0, 1.0
+    actions = [a for t in (0.5, 1.0, 2.0, 3.0, 4.0, 5.0) for a in worker.tick(t)]
+    [left] = [a for a in actions if isinstance(a, Fail)]
+    assert left.error.status == EXIT_LEFT and "its link may be down" in str(left.error)

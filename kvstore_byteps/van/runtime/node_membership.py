@@ -21,11 +21,14 @@ class NodeMembership:
 
     def __init__(self, my_node: Node, scheduler: Node, start_deadline: float,
                  heartbeat_interval: float = 0.0, clock: Optional[VanClock] = None,
-                 heartbeat_timeout: float = 0.0):
+                 heartbeat_timeout: float = 0.0, elastic: bool = False):
+        """``elastic``: a worker of an elastic job (BYTEPS_MIN_WORKERS), which leaves when it
+        loses the scheduler (its own link may be down: the job goes on without it)."""
         if heartbeat_interval > 0:    # announced in ADD_NODE: the scheduler may watch us
             my_node = dataclasses.replace(my_node, heartbeat_ms=int(heartbeat_interval * 1000))
         self.my_node = my_node
         self.heartbeat_timeout = heartbeat_timeout
+        self.elastic = elastic and my_node.role is Role.WORKER
         self.scheduler = dataclasses.replace(scheduler, id=SCHEDULER_ID, role=Role.SCHEDULER)
         self.start_deadline = start_deadline
         self.heartbeat_interval = heartbeat_interval
@@ -102,16 +105,21 @@ class NodeMembership:
         actions: List = []
         for node in nodes:
             if node.id == self.my_node.id and self.ready:
-                return [Fail(JobAbortedError(
-                    "%s was taken for lost (no heartbeat within PS_HEARTBEAT_TIMEOUT: it "
-                    "stalled, or its link was down) and left the job, which went on without "
-                    "it; it stops (launch.py --max-restarts starts it again, to take its place "
-                    "back)" % self.my_node.describe_rank(), EXIT_LEFT))]
+                return [self._left("the scheduler took it for lost (no heartbeat within "
+                                   "PS_HEARTBEAT_TIMEOUT: it stalled, or its link was down)")]
             if node.id != self.my_node.id and node.id not in {n.id for n in self.left}:
                 self.left.append(node)
                 actions.append(NodeLeft(node, "lost, the scheduler says",
                                         self.workers - len(self.left)))
         return actions
+
+    def _left(self, why: str) -> Fail:
+        """This worker of an elastic job left it (``why``): it stops with EXIT_LEFT, which
+        launch.py counts as lost (and restarts with --max-restarts)."""
+        return Fail(JobAbortedError(
+            "%s left the job, which goes on without it: %s; it stops (launch.py --max-restarts "
+            "starts it again, to take its place back)" % (self.my_node.describe_rank(), why),
+            EXIT_LEFT))
 
     def tick(self, now: float) -> List:
         if not self.ready:
@@ -133,6 +141,10 @@ class NodeMembership:
                 and now - self.last_heartbeat_reply > self.heartbeat_timeout
                 and self.heartbeat_interval > 0):
             self.last_heartbeat_reply = None     # reported once
+            if self.elastic:    # the scheduler, or this worker's link: the job goes on
+                return [self._left("it heard nothing from the scheduler for %.0f s "
+                                   "(PS_HEARTBEAT_TIMEOUT: its link may be down)"
+                                   % self.heartbeat_timeout)]
             return [NodeDead(self.scheduler, "no answer to this node's heartbeats for %.0f s"
                              % self.heartbeat_timeout)]
         if now < self.next_heartbeat:
