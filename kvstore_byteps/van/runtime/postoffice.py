@@ -177,8 +177,7 @@ class Postoffice:
         else:
             me = self.my_node = bind_node(cfg, self.van)
             self.membership = NodeMembership(me, scheduler, deadline, cfg.heartbeat_interval,
-                                             heartbeat_timeout=cfg.heartbeat_timeout,
-                                             elastic=cfg.elastic)
+                                             None, cfg.heartbeat_timeout, cfg.elastic)
         with self._thread_lock:
             if self._stop_called:
                 raise KVStoreBytePSError("this node was stopped while it started")
