@@ -59,7 +59,7 @@ class Cluster:
         size). Returns the servers' kind."""
         config = self.config
         self.po.start()
-        self.joins = Joins(JoinPort(self._send_first, self.wait_bodies, self._tell_all,
+        self.joins = Joins(JoinPort(self._send_first, self.wait_bodies, self.command,
                                     self._join_barrier, self.leads, config.request_timeout),
                            late=self.po.joined, enabled=config.elastic)
         if self.po.joined:
@@ -236,9 +236,6 @@ class Cluster:
         """A command to one server: its answer's body, waited for."""
         self.wait(request, what)
         return bytes(next(iter(request.bodies.values())))
-
-    def _tell_all(self, head: ServerCommand, body: bytes, what: str) -> None:
-        self.command(head, body, what)
 
     def _join_barrier(self, within: float) -> None:
         self.barriers.wait("in the join barrier (a late worker joins)", within, kind="join")

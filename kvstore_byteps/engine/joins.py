@@ -41,7 +41,7 @@ class JoinPort(NamedTuple):
     """What elastic joins need of the worker."""
     send_first: Callable[[ServerCommand, bytes], Any]    # a command to server rank 0: request
     answer: Callable[[Any, str], bytes]                  # a request's answer (waited for)
-    tell_all: Callable[[ServerCommand, bytes, str], None]     # a command to every server
+    tell_all: Callable[[ServerCommand, bytes, str], Any]      # a command to every server
     join_barrier: Callable[[float], None]   # the workers' join barrier (within seconds)
     leads: Callable[[], bool]               # whether this worker hands its parameters over
     timeout: float                          # BYTEPS_REQUEST_TIMEOUT
@@ -84,8 +84,8 @@ class Joins:
                 hook()
             if handover is not None and self._port.leads():
                 self._ask_first(ServerCommand.BYTEPS_HANDOVER,
-                                     b"%d\n%s" % (self.commits, handover()),
-                                     "leaving the parameters for the joining workers")
+                                b"%d\n%s" % (self.commits, handover()),
+                                "leaving the parameters for the joining workers")
             self._port.join_barrier(self._port.timeout)     # every round answered
             self._port.join_barrier(self._port.timeout)     # the late ones are in the rounds
         return joiners
