@@ -130,17 +130,20 @@ def accuracy(net, x, y, ctx) -> float:
     return float((predictions == y).mean())
 
 
-def train_epoch(net, trainer, loss_fn, x, y, args, contexts, rng, num_workers, state) -> tuple:
-    """One pass over this worker's shard, from step ``state.batch`` on (where a worker that
-    took a departed one's place in an elastic job resumes); returns (sum of losses, samples
-    seen). ``state.commit()`` every ``--commit-every`` steps: where a worker joins."""
+def train_epoch(net, trainer, loss_fn, x, y, args, contexts, rng, steps, workers,
+                state) -> tuple:
+    """One epoch of ``steps`` steps (the same on every worker) over this worker's shard, from
+    step ``state.batch`` on (where a worker that took a departed one's place in an elastic job
+    resumes); returns (sum of losses, samples seen). A global batch is ``workers`` workers'
+    (each round is scaled to that many). ``state.commit()`` every ``--commit-every`` steps:
+    where a worker joins."""
     order = rng.permutation(len(x))
-    steps = len(x) // args.batch_size          # the same on every worker
-    global_batch = args.batch_size * num_workers
+    global_batch = args.batch_size * workers
     total = nd.zeros(1, ctx=contexts[0])   # summed on the engine, read once: no sync per step
     first = state.batch
     for step in range(first, steps):
-        rows = order[step * args.batch_size:(step + 1) * args.batch_size]
+        # (a worker that joined a grown job has a smaller shard: it goes round it again)
+        rows = order[np.arange(step * args.batch_size, (step + 1) * args.batch_size) % len(x)]
         data = gluon.utils.split_and_load(nd.array(x[rows]), contexts, even_split=False)
         label = gluon.utils.split_and_load(nd.array(y[rows]), contexts, even_split=False)
         with autograd.record():
@@ -195,6 +198,10 @@ def main(argv=None) -> int:
     contexts = [mx.cpu(i) for i in range(args.contexts)]
     x_train, y_train, x_test, y_test = load_data()
     x_mine, y_mine = shard(x_train, y_train, kv.rank, kv.num_workers)
+    # an elastic job's rounds stand for its DMLC_NUM_WORKER workers, whoever is in it: the
+    # global batch and the steps of an epoch follow that, the same on every worker
+    workers = kvstore_byteps.elastic.scale_workers(kv)
+    steps = len(x_train) // workers // args.batch_size
     say(kv, "%s x %s, kvstore %s; %d training samples (%d per worker), %d test"
         % (count(kv.num_workers, "worker"), count(len(contexts), "context"), kv.type,
            len(x_train), len(x_mine), len(x_test)))
@@ -222,7 +229,7 @@ def main(argv=None) -> int:
         while state.epoch <= args.epochs:
             epoch, tic = state.epoch, time.perf_counter()
             loss_sum, seen = train_epoch(net, trainer, loss_fn, x_mine, y_mine, args, contexts,
-                                         rng, kv.num_workers, state)
+                                         rng, steps, workers, state)
             if on_store:     # a push is an update of the weights: no sums through the store
                 loss_total, seen_total = loss_sum, seen
             else:

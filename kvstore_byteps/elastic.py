@@ -44,7 +44,7 @@ from typing import List
 from . import handover
 from .errors import DeadlineError
 
-__all__ = ["State"]
+__all__ = ["State", "scale_workers"]
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +123,20 @@ class State:
             raise RuntimeError("this worker takes a departed one's place where the workers "
                                "update, but nobody handed it the parameters: give the other "
                                "workers' State the trainer too")
+
+
+def scale_workers(kv) -> int:
+    """The workers each round's sum stands for, the same on every worker: ``DMLC_NUM_WORKER``
+    in an elastic job (its servers scale every round to that many pushes, however many
+    workers are in it now; ``kv.num_workers`` follows who is), else ``kv.num_workers``.
+    Scale gradients by it (a global batch of batch x ``scale_workers(kv)``), not by
+    ``kv.num_workers``: a worker that joined a grown job reads 5 there where the others read
+    4, and where the workers update, their parameters would part."""
+    engine = getattr(kv, "_engine", None)
+    config = getattr(engine, "config", None)
+    if config is not None and config.elastic:
+        return config.num_workers
+    return kv.num_workers
 
 
 class _Fence:

@@ -64,6 +64,7 @@ class Collective:
 
     def __init__(self):
         self._kv = None
+        self._elastic_scale = 0
         self._group = None        # LocalRoot / LocalMember with several processes per host
         self._ranks = None        # (rank, size) of this process in the job
         self._names = {}          # key -> name (collisions are refused)
@@ -95,6 +96,8 @@ class Collective:
                              "(gluon.Trainer, Module.fit), not of the BytePS and Horovod APIs, "
                              "whose push_pull and allreduce sum every worker's tensor")
         self._asynchronous = config.enable_async
+        #: an elastic job's DMLC_NUM_WORKER (its sums' scale), else 0
+        self._elastic_scale = config.num_workers if config.elastic else 0
         if not self.grouped(config):        # every process is a worker of its own
             kv = mx.kv.create("dist_byteps")
             self._kv, self._ranks = kv, (kv.rank, kv.num_workers)
@@ -183,8 +186,17 @@ class Collective:
         return self._joined()[0]
 
     def size(self) -> int:
-        """Every process of the job."""
-        return self._joined()[1]
+        """Every process of the job; in an elastic job (one process a worker) those in it
+        now: it follows the workers that leave and join."""
+        ranks = self._joined()
+        return self._kv.num_workers if self._elastic_scale else ranks[1]
+
+    def scale_size(self) -> int:
+        """The processes the job's sums are scaled to, what an average divides by: size()
+        at the start, DMLC_NUM_WORKER in an elastic job (whose servers scale each round to
+        that many workers, whoever is in it), the same on every process."""
+        ranks = self._joined()
+        return self._elastic_scale or ranks[1]
 
     def _joined(self):
         """(rank, size); ValueError before init()."""

@@ -91,6 +91,7 @@ def training_fields(env: EnvReader) -> dict:
     return dict(
         training_mode=training_mode(env),
         min_workers=env.get(Env.MIN_WORKERS, parsers.nonnegative_int, 0),
+        max_workers=env.get(Env.MAX_WORKERS, parsers.nonnegative_int, 0),
         pull_with_push=env.flag(Env.PULL_WITH_PUSH, True),
         key_hash_fn=env.get(Env.KEY_HASH_FN, parsers.choice(KEY_HASH_FNS), "balanced"),
     )

@@ -81,6 +81,9 @@ class Config:
     #: many are left leaves the job, which goes on without it; 0 (default): a lost worker
     #: ends the job
     min_workers: int = 0
+    #: BYTEPS_MAX_WORKERS: an elastic job grows to this many workers (workers started later
+    #: take the seats beyond DMLC_NUM_WORKER); 0 (default): DMLC_NUM_WORKER
+    max_workers: int = 0
     #: dist_byteps workers send a round's pull along with its push (one message instead of
     #: two; README: Each pull rides along with its push)
     pull_with_push: bool = True
@@ -159,6 +162,12 @@ class Config:
         return self.min_workers > 0
 
     @property
+    def worker_seats(self) -> int:
+        """The most workers the job has at once: DMLC_NUM_WORKER, or BYTEPS_MAX_WORKERS (an
+        elastic job that grows). The seats beyond DMLC_NUM_WORKER start vacant."""
+        return max(self.num_workers, self.max_workers)
+
+    @property
     def enable_async(self) -> bool:
         """Asynchronous training (BYTEPS_ENABLE_ASYNC), as :attr:`training_mode` says."""
         return self.training_mode.asynchronous
@@ -183,7 +192,13 @@ def _check_elastic(config: Config) -> None:
     """BYTEPS_MIN_WORKERS within the job's workers, and only where a round can do without a
     worker: synchronous training on our servers, heartbeats on (how a loss is noticed)."""
     if not config.min_workers:
+        if config.max_workers:
+            raise ConfigError("%s=%d grows an elastic job: set %s too (elastic workers)"
+                              % (Env.MAX_WORKERS, config.max_workers, Env.MIN_WORKERS))
         return
+    if config.max_workers and config.max_workers < config.num_workers:
+        raise ConfigError("%s=%d is fewer than the job's workers (DMLC_NUM_WORKER=%d)"
+                          % (Env.MAX_WORKERS, config.max_workers, config.num_workers))
     if config.min_workers > config.num_workers:
         raise ConfigError("%s=%d is more than the job's workers (DMLC_NUM_WORKER=%d)"
                           % (Env.MIN_WORKERS, config.min_workers, config.num_workers))

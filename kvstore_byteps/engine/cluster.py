@@ -12,6 +12,7 @@ from ..config import Config, ServerKind
 from ..errors import ConfigError, KVStoreBytePSError
 from ..mxproto import Presence, RequestType, ServerCommand, encode_cmd
 from ..van.kv import open_worker
+from ..van.runtime.departures import seat_words
 from ..van.runtime.postoffice import Postoffice
 from ..van.wire.message import (ALL_GROUP, SERVER_GROUP, WORKER_GROUP, id_to_rank,
                                 server_rank_to_id)
@@ -41,7 +42,6 @@ class Cluster:
         self._name_of = name_of
         self.kv = None          # the KV layer's worker app (set at join)
         self.rank: Optional[int] = None
-        self.num_workers = config.num_workers
         #: bytes a second rank 0 measured to the servers when it sized the partitions
         self.link_rate: Optional[float] = None
         self._finished = False           # finish_training ran (its barrier passed)
@@ -53,6 +53,14 @@ class Cluster:
             lambda timeout, kind: self.po.barrier(WORKER_GROUP, timeout=timeout, kind=kind),
             lambda why: self.po.end_job(why), self._name_ps_key))
 
+    @property
+    def num_workers(self) -> int:
+        """The job's workers: DMLC_NUM_WORKER; in an elastic job those in it now (a worker
+        counts from when it takes its seat until it leaves)."""
+        if self.rank is None or not self.config.elastic:
+            return self.config.num_workers
+        return len(self.po.group_ids(WORKER_GROUP))
+
     def join(self) -> ServerKind:
         """Postoffice start and MXNet's start-up barrier, the KV worker, the server probe and,
         with our servers, rank 0's partition layout (:attr:`config` then has its partition
@@ -63,12 +71,13 @@ class Cluster:
                                     self._join_barrier, self.leads, config.request_timeout),
                            late=self.po.joined, enabled=config.elastic)
         if self.po.joined:
-            log.warning("worker rank %d takes a departed worker's place in a running job: it "
-                        "joins at the others' next State.commit()", self.po.my_rank)
+            log.warning("worker rank %d takes %s in a running job: it joins at the others' "
+                        "next State.commit()", self.po.my_rank,
+                        seat_words(self.po.my_id, config))
         else:       # (a late worker's start-up barrier was passed long ago)
             self.po.barrier(ALL_GROUP)
         self.kv = open_worker(self.po)
-        self.rank, self.num_workers = self.po.my_rank, self.po.num_workers
+        self.rank = self.po.my_rank
         # our servers check that they train as this worker does; MXNet's ignore the body
         probe = self.command(ServerCommand.BYTEPS_PROBE, self.mode.name.encode("utf-8"),
                              "the server probe")

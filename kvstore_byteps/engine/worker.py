@@ -70,7 +70,6 @@ class WorkerEngine:
         self.po = self.cluster.po
         self.kv = None          # the KV layer's worker app (set at start)
         self.rank: Optional[int] = None
-        self.num_workers = config.num_workers
         self.dialect: Optional[ServerDialect] = None     # the servers' (found at start)
         self.layouts: Optional[Layouts] = None
         self.tracer: Optional[Tracer] = None
@@ -94,7 +93,7 @@ class WorkerEngine:
         if config.elastic and kind is not ServerKind.BYTEPS:
             raise ConfigError("BYTEPS_MIN_WORKERS (elastic workers) needs kvstore-byteps "
                               "servers: MXNet's own servers wait for every worker's push")
-        self.kv, self.rank, self.num_workers = cluster.kv, cluster.rank, cluster.num_workers
+        self.kv, self.rank = cluster.kv, cluster.rank
         self.dialect = dialect_for(kind, config, self.po.num_servers)
         self.layouts = Layouts(self.dialect)
         reason = unrecoverable(config, self.dialect)
@@ -129,6 +128,11 @@ class WorkerEngine:
         if self.rank == 0:
             announce(config, self.describe())
         return self
+
+    @property
+    def num_workers(self) -> int:
+        """The job's workers (kv.num_workers): in an elastic job, those in it now."""
+        return self.cluster.num_workers
 
     def _fusion_port(self) -> FusionPort:
         """What the gradient buckets need of this engine (:class:`.fusion.FusionPort`)."""
@@ -230,8 +234,8 @@ class WorkerEngine:
         in the program's order): what gradient buckets learn from it (:mod:`.fusion`). Returns
         the call's ticket (None: alone), the ``ticket`` to pass to its :meth:`pushpull`."""
         if self.joins.joining:      # its pushes would be refused: the job has not taken it in
-            raise ConfigError("worker rank %d took a departed worker's place and has not joined "
-                              "the job: create kvstore_byteps.elastic.State(kv, trainer, ...) "
+            raise ConfigError("worker rank %d joined the job late and has not "
+                              "joined its rounds yet: create kvstore_byteps.elastic.State(kv, trainer, ...) "
                               "before the training loop (it joins there, at the others' next "
                               "commit)" % self.rank)
         self.cluster.barriers.called()

@@ -67,7 +67,7 @@ def _scales(average, op, prescale_factor, postscale_factor):
                          "use Average or Sum" % _OP_NAMES[op])
     if op not in (Average, Sum):
         raise ValueError("unknown reduction op %r" % (op,))
-    post = postscale_factor / size() if op == Average else postscale_factor
+    post = postscale_factor / COLLECTIVE.scale_size() if op == Average else postscale_factor
     return prescale_factor, post
 
 
@@ -138,7 +138,7 @@ def broadcast_parameters(params, root_rank=0, prefix=None):
     ``root_rank``; a parameter whose initialisation is deferred is broadcast right after it
     is initialised. A process that takes a departed worker's place in an elastic job skips
     it: its kvstore_byteps.elastic.State hands it the others' parameters."""
-    if size() == 1 or COLLECTIVE.joining():
+    if COLLECTIVE.scale_size() == 1 or COLLECTIVE.joining():
         return
     prefix = prefix or ""
     if not isinstance(params, (dict, mx.gluon.ParameterDict)):
@@ -179,11 +179,11 @@ class DistributedOptimizer(ReducingOptimizer):
 
     def __init__(self, optimizer, gradient_predivide_factor=1.0, num_groups=0):
         super().__init__(optimizer)
-        self._optimizer.rescale_grad *= gradient_predivide_factor / size()
+        self._optimizer.rescale_grad *= gradient_predivide_factor / COLLECTIVE.scale_size()
         self._gradient_predivide_factor = gradient_predivide_factor
 
     def _reduce(self, index, grad):
-        if size() == 1:
+        if COLLECTIVE.scale_size() == 1:
             return
         pairs = zip(index, grad) if isinstance(index, (tuple, list)) else [(index, grad)]
         for i, g in pairs:
@@ -208,14 +208,14 @@ class DistributedTrainer(mx.gluon.Trainer):
         elif isinstance(params, (list, tuple)):
             params = sorted(params, key=lambda p: p.name)
         super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
-        self._scale *= gradient_predivide_factor / size()
+        self._scale *= gradient_predivide_factor / COLLECTIVE.scale_size()
         self._gradient_predivide_factor = gradient_predivide_factor
         if prefix is not None and not isinstance(prefix, str):
             raise ValueError("prefix must be a str, got %r" % (prefix,))
         self._prefix = prefix or ""
 
     def _allreduce_grads(self):
-        if size() == 1:
+        if COLLECTIVE.scale_size() == 1:
             return
         for i, param in enumerate(self._params):
             if param.grad_req == "null":

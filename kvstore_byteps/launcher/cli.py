@@ -212,6 +212,10 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                    help="with --min-workers: a lost worker is started again, at most K times, "
                         "and takes its place back at the others' next State.commit() "
                         "(kvstore_byteps.elastic; docs/usage.md)")
+    p.add_argument("--max-workers", type=_positive(int), default=0, metavar="M",
+                   help="with --min-workers: the job grows to M workers: workers started by "
+                        "hand (the command is printed) take the seats beyond -n and join at "
+                        "the others' next State.commit() (sets BYTEPS_MAX_WORKERS)")
     p.add_argument("--dry-run", action="store_true", help="print the nodes, start none")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="CMD",
                    help="the worker program and its arguments")
@@ -283,7 +287,12 @@ def _check_elastic(p: argparse.ArgumentParser, args: argparse.Namespace, environ
         if args.max_restarts:
             p.error("--max-restarts restarts the lost workers of an elastic job: give "
                     "--min-workers too")
+        if args.max_workers:
+            p.error("--max-workers grows an elastic job: give --min-workers too")
         return
+    if args.max_workers and args.max_workers < args.num_workers:
+        p.error("--max-workers %d is fewer than the job's %d workers"
+                % (args.max_workers, args.num_workers))
     if args.min_workers > args.num_workers:
         p.error("%s%d is more than the job's %d workers"
                 % (named if named.endswith("=") else named + " ", args.min_workers,
@@ -297,6 +306,8 @@ def _check_elastic(p: argparse.ArgumentParser, args: argparse.Namespace, environ
                 "when one worker's process ends" % (", ".join(x.value for x in supervised),
                                                     args.launcher.value))
     args.env_all[Env.MIN_WORKERS] = str(args.min_workers)
+    if args.max_workers > args.num_workers:
+        args.env_all[Env.MAX_WORKERS] = str(args.max_workers)
 
 
 def _check_kubernetes(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -5,6 +5,7 @@ import shlex
 import sys
 from typing import List, Sequence
 
+from ..config import Env, Role
 from .job import Job, NodeStarter
 from .plan import (Host, JobShape, LaunchError, ProcSpec, SchedulerProgram, ServerProgram,
                    parse_hostfile, plan_job, scheduler_argv, server_program)
@@ -34,7 +35,22 @@ def say(text: str) -> None:
     print("[launch] " + text, file=sys.stderr, flush=True)
 
 
+def join_command(specs: Sequence[ProcSpec], rank: int) -> str:
+    """The shell command that starts one more worker, of rank ``rank``, into the job of
+    ``specs`` (a growing elastic job, ``--max-workers``): the last worker's settings but its
+    rank and local place."""
+    last = [spec for spec in specs if spec.role is Role.WORKER][-1]
+    env = {k: v for k, v in last.env.items() if not k.startswith("BYTEPS_LOCAL_")}
+    env[Env.WORKER_ID] = str(rank)
+    return " ".join(["%s=%s" % (k, shlex.quote(v)) for k, v in sorted(env.items())]
+                    + [shlex.join(last.argv)])
+
+
 def run_job(args, specs, starter: NodeStarter) -> int:
+    grows = getattr(args, "max_workers", 0) or 0
+    if grows > args.num_workers:
+        say("the job grows to %d workers (--max-workers): start one more, on this machine "
+            "or a host of the job, with: %s" % (grows, join_command(specs, args.num_workers)))
     return Job(specs, starter=starter, timeout=args.timeout, grace=args.grace,
                log_dir=args.log_dir, min_workers=getattr(args, "min_workers", 0),
                max_restarts=getattr(args, "max_restarts", 0) or 0).run()

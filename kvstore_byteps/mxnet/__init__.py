@@ -97,7 +97,7 @@ def byteps_push_pull(tensor, version=0, priority=0, name=None, is_average=True):
     if name is None:
         name = COLLECTIVE.auto_name("byteps_push_pull")
     COLLECTIVE.reduce(tensor, tensor, name, priority=priority,
-                      postscale=1.0 / size() if is_average else 1.0)
+                      postscale=1.0 / COLLECTIVE.scale_size() if is_average else 1.0)
 
 
 #: broadcast tensors are named broadcast_<n>, counting across calls (BytePS says parameter_<n>,
@@ -262,7 +262,7 @@ class DistributedTrainer(mx.gluon.Trainer):
         if isinstance(params, mx.gluon.ParameterDict):
             params = [params[key] for key in sorted(params.keys())]
         super().__init__(params, optimizer, optimizer_params=optimizer_params, kvstore=None)
-        self._bps_size = size()
+        self._bps_size = COLLECTIVE.scale_size()
         self.root_rank = root_rank
         #: made by a late worker of an elastic job: no first-step broadcast (the others did
         #: theirs long ago; its kvstore_byteps.elastic.State hands it their parameters)

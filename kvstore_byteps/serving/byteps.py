@@ -78,13 +78,14 @@ class BytePSServer(KVStoreDistServer):
                  enable_async: bool = False, backup_workers: int = 0,
                  updater_loader: Callable[[bytes], Updater] = load_mxnet_updater,
                  pacing_lead_bytes: Optional[int] = None, pacing_hold_s: float = 0.2,
-                 expect_pushes: Callable[[int, int], None] = lambda ps_key, nbytes: None):
-        super().__init__(num_workers, key_begin, updater_loader)
+                 expect_pushes: Callable[[int, int], None] = lambda ps_key, nbytes: None,
+                 seats: int = 0):
+        super().__init__(num_workers, key_begin, updater_loader, seats)
         self.summing = SumThreads(summing_threads)
         #: what the data path may do here: answer, sum, read the optimizer
         self._answers = answers = Answers(
             num_workers, self.summing, self.profiler.timed, self.send_answer, self.refuse,
-            self._answer, lambda: self.updater, self.mxnet_key, self.departed)
+            self._answer, lambda: self.updater, self.mxnet_key, self.departed, self.seats)
         #: how this server trains (the probe refuses workers that train otherwise)
         self.mode = TrainingMode.of(enable_async, backup_workers)
         #: the training mode's data path: summed rounds, or the weights kept here
@@ -119,7 +120,7 @@ class BytePSServer(KVStoreDistServer):
                    enable_async=config.enable_async, backup_workers=config.backup_workers,
                    pacing_lead_bytes=config.server_pacing_bytes or None,
                    pacing_hold_s=config.server_pacing_hold_ms / 1000.0,
-                   expect_pushes=expect_pushes)
+                   expect_pushes=expect_pushes, seats=config.worker_seats)
 
     @property
     def acks(self):

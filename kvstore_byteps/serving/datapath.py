@@ -37,13 +37,15 @@ class Answers:
 
     def __init__(self, num_workers: int, summing, timed: Callable, send_answer: Callable,
                  refuse: Callable, answer: Callable, updater: Callable, mxnet_key: Callable,
-                 departed: Optional[Departed] = None):
+                 departed: Optional[Departed] = None, seats: int = 0):
         """``send_answer(server, req, **kwargs)``, ``refuse(req, server, message)`` and
         ``answer(req, server, value)`` answer a request; ``updater()`` is the optimizer now
         (None: none set); ``timed(category, fn, describe)`` is the profiler's; ``departed``:
-        the server's workers that left the job (elastic workers)."""
+        the server's workers that left the job (elastic workers); ``seats``: the most workers
+        a growing job has (rounds are scaled to ``num_workers``)."""
         self.departed = departed or Departed()
         self.num_workers, self.summing, self.timed = num_workers, summing, timed
+        self.seats = max(seats, num_workers)
         self.send_answer, self.refuse, self.answer = send_answer, refuse, answer
         self._updater, self.mxnet_key = updater, mxnet_key
 

@@ -13,9 +13,8 @@ so it is tested with a fake responder and no sockets. Semantics (docs/pslite-wir
 * pulls are never deferred: answered at once from the store, lens in bytes (row_sparse: lens in
   elements, ``[0, unit_len, ...]``);
 * kController / kSetMultiPrecision / kStopServer / kSyncMode / kSetGradientCompression /
-  kSetProfilerParams as upstream; every command is answered after it was handled. Our
-  ``BYTEPS_PROBE`` gets an empty answer, as upstream answers commands it does not know (our
-  workers then speak MXNet's protocol); :class:`BytePSServer` answers it ``PROBE_ANSWER``.
+  kSetProfilerParams as upstream, each answered after it was handled. ``BYTEPS_PROBE`` gets
+  upstream's empty answer to an unknown command here, ``PROBE_ANSWER`` from :class:`BytePSServer`.
 
 Where upstream aborts the process on bad input (unknown key, wrong lens, unsupported dtype, a bad
 pickle ...) this server answers the request with an error and keeps serving.
@@ -54,11 +53,13 @@ class KVStoreDistServer:
     """MXNet's server semantics. ``handle_request``/``handle_command`` are thread-safe."""
 
     def __init__(self, num_workers: int, key_begin: int = 0,
-                 updater_loader: Callable[[bytes], Updater] = load_mxnet_updater):
-        """``key_begin``: start of this server's key range (ps key - key_begin = MXNet's key)."""
+                 updater_loader: Callable[[bytes], Updater] = load_mxnet_updater, seats: int = 0):
+        """``key_begin``: start of this server's key range (ps key - key_begin = MXNet's key);
+        ``seats``: BYTEPS_MAX_WORKERS (those beyond ``num_workers`` start vacant, departed)."""
         if num_workers < 1:
             raise ValueError("num_workers must be positive, got %r" % num_workers)
         self.num_workers = num_workers
+        self.seats = max(seats, num_workers)
         self.key_begin = key_begin
         self.sync_mode = False
         self.multi_precision = False
@@ -74,7 +75,7 @@ class KVStoreDistServer:
         self._lock = threading.RLock()
         self._peer_log = PeerLog(log)
         self._store = {}
-        self.departed = Departed()   # workers that left the job (elastic workers)
+        self.departed = Departed(worker_rank_to_id(r) for r in range(num_workers, self.seats))
         #: row_sparse pulls held until the round of the push they follow is done
         self._following = FollowingPulls()
         #: MXNet's server profiling (kSetProfilerParams): this server's stages, as a trace
@@ -128,7 +129,7 @@ class KVStoreDistServer:
 
     def is_worker(self, node_id: int) -> bool:
         """Whether ``node_id`` is one of the cluster's worker ids (9, 11, ...: ps-lite's)."""
-        return is_worker_id(node_id) and id_to_rank(node_id) < self.num_workers
+        return is_worker_id(node_id) and id_to_rank(node_id) < self.seats
 
     def handle_command(self, req, server) -> None:
         """A SimpleApp command; answered after it was handled (kStopServer then stops)."""
@@ -172,9 +173,8 @@ class KVStoreDistServer:
             log.error("node %s's configuration refused: %s", sender, why)
 
     def _refused_rank0(self, command: ServerCommand, error: str) -> None:
-        """MXNet's workers ignore error answers: a refused command of theirs ends the job.
-        Until it ends, the rounds' pushes are refused (see _add_to_round), so the summed
-        gradients are never stored as if they were the weights."""
+        """MXNet's workers ignore error answers: a refused command of theirs ends the job;
+        until then the rounds' pushes are refused (_add_to_round), so no sum becomes weights."""
         what = "optimizer" if command == ServerCommand.CONTROLLER else command.name
         with self._lock:
             if command == ServerCommand.CONTROLLER:
@@ -306,7 +306,7 @@ class KVStoreDistServer:
 
     def _close_if_complete(self, ps_key: int, entry: Entry) -> None:
         """Close the key's round once every worker still in the job pushed it (locked)."""
-        if not entry.round_complete(self.num_workers, self.departed.ids):
+        if not entry.round_complete(self.seats, self.departed.ids):
             return
         grad, waiting = entry.take_round(self.num_workers)
         self._close_round(ps_key, entry, grad, waiting)

@@ -39,8 +39,9 @@ class Departed:
     them: one per server, so a key made after a departure knows it too. ``ids`` is replaced,
     never changed in place (read without a lock)."""
 
-    def __init__(self):
-        self.ids: frozenset = frozenset()
+    def __init__(self, ids=()):
+        """``ids``: the workers away from the start (a growing job's vacant seats)."""
+        self.ids: frozenset = frozenset(ids)
 
     def add(self, sender: int) -> None:
         if sender not in self.ids:
@@ -93,9 +94,13 @@ class KeyRounds:
     """Sync rounds of one key: who pushed and pulled which round, and the two sum buffers."""
 
     def __init__(self, ps_key: int, num_workers: int, size: int, dtype,
-                 departed: Optional[Departed] = None):
+                 departed: Optional[Departed] = None, scale_to: int = 0):
+        """``num_workers``: the job's worker seats (elastic workers: those departed or vacant
+        push nothing); a round's sum is scaled to ``scale_to`` pushes (default: all seats)
+        when it has another number (elastic workers: some left, or the job grew)."""
         self.ps_key = ps_key
         self.num_workers = num_workers
+        self.scale_to = scale_to or num_workers
         self._size = size
         self._dtype = np.dtype(dtype)
         wide = accumulation_dtype(dtype)
@@ -263,8 +268,8 @@ class KeyRounds:
         complete sum before any pull can read it (the servers' optimizer turns it into the
         weights, in place) and returns None, or why it failed: the round's answer is then a
         :class:`FailedRound`. A round that completes with fewer pushes than workers (some
-        left the job: elastic workers) is scaled to ``num_workers`` pushes first, as backup
-        workers' rounds are.
+        left the job, or more, the job grew: elastic workers) is scaled to ``scale_to``
+        pushes first, as backup workers' rounds are.
         """
         slot = self._slots[r % 2]
         with self._lock:
@@ -301,8 +306,8 @@ class KeyRounds:
             if slot.buffer is None:
                 slot.buffer = np.empty(self._size, dtype=self._dtype)
             np.copyto(slot.buffer, slot.partial, casting="same_kind")
-        if summed < self.num_workers:       # workers left: scaled to the whole job's
-            np.multiply(slot.buffer, self.num_workers / summed, out=slot.buffer,
+        if summed != self.scale_to:       # workers left or joined: scaled to the job's
+            np.multiply(slot.buffer, self.scale_to / summed, out=slot.buffer,
                         casting="unsafe")
         failure = finish(slot.buffer) if finish is not None else None
         with self._lock:

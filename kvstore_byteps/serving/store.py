@@ -162,13 +162,14 @@ class Entry:
 
     def take_round(self, workers: int = 0) -> Tuple[Grad, list]:
         """End the round: return (merged gradient, waiting requests) and reset both. A round
-        of fewer pushes than ``workers`` (some left an elastic job) is scaled to that many,
+        of fewer or more pushes than ``workers`` (some left an elastic job, or it grew) is
+        scaled to that many,
         as the BytePS rounds are (rounds.py)."""
         merged, waiting = self.merged, self.waiting
         self.merged, self.waiting = None, []
         if self.kind is StorageKind.ROW_SPARSE:
             merged = sum_rows(merged or [], self.shape, self.round_dtype)
-        if waiting and len(waiting) < workers:
+        if waiting and workers and len(waiting) != workers:
             values = merged.data if isinstance(merged, RowSparseGrad) else merged
             np.multiply(values, workers / len(waiting), out=values, casting="unsafe")
         return merged, waiting

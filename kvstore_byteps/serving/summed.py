@@ -90,8 +90,9 @@ class SummedRounds(DataPath):
         return lambda total: self._update(key, total)
 
     def new_rounds(self, ps_key: int, values: np.ndarray) -> KeyRounds:
-        return KeyRounds(ps_key, self._answers.num_workers, values.size, values.dtype,
-                         self._answers.departed)
+        answers = self._answers
+        return KeyRounds(ps_key, answers.seats, values.size, values.dtype, answers.departed,
+                         scale_to=answers.num_workers)
 
     def push(self, req, server, key, values: np.ndarray, pull: bool, attached=None) -> None:
         """Count the push in its round; answer it (a pushpull: with the round's sum); sum."""

@@ -27,7 +27,7 @@ from kvstore_byteps.launcher.job import Job
 from kvstore_byteps.launcher.plan import ProcSpec
 from tests.support.cluster import APPS
 from tests.support.paths import REPO
-from tests.support.demo import LAUNCH
+from tests.support.demo import DEMO, LAUNCH
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -67,7 +67,8 @@ def test_the_others_finish_with_identical_parameters_when_a_worker_is_killed(
     # every worker compared its parameters with the others' (a difference raises, and a
     # raising worker ends the job for everyone); rank 0 prints the demo's lines
     if kill_rank != 0:
-        assert out.count("parameters identical on all 4 workers") == 1, out
+        # (kv.num_workers follows the membership: three now)
+        assert out.count("parameters identical on all 3 workers") == 1, out
         accuracy = float(re.search(r"final test accuracy (\S+)", out).group(1))
         assert accuracy > 0.85, out
 
@@ -180,3 +181,53 @@ def test_the_launcher_lets_lost_workers_leave_until_too_few_are_left():
     log = io.StringIO()
     assert job([None, 3, None], log).run() == 3
     assert "worker 1 (on this machine) exited with code 3; stopping all" in log.getvalue()
+
+
+def grow(spawn, program, env, started):
+    """launch.py -n 4 --max-workers 5 runs ``program``; once its output has a line with
+    ``started``, a fifth worker starts by the command the launcher printed. Returns (the
+    launcher's status and output, the fifth's status and output)."""
+    argv = [sys.executable, LAUNCH, "-n", "4", "-s", "2", "--min-workers", "3",
+            "--max-workers", "5", "--timeout", "120", sys.executable, *program]
+    proc = spawn(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                 text=True)
+    seen, command, fifth = [], None, None
+    for line in proc.stdout:            # (the launcher's --timeout bounds it)
+        seen.append(line)
+        if "start one more" in line:
+            command = line.split("with: ", 1)[1].strip()
+        if command and fifth is None and started in line:
+            fifth = spawn(["bash", "-c", command], cwd=REPO, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc.wait(timeout=30)
+    assert fifth is not None, "".join(seen)
+    fifth_out, _ = fifth.communicate(timeout=30)
+    return proc.returncode, "".join(seen), fifth.returncode, fifth_out
+
+
+def test_a_fifth_worker_started_by_hand_joins_a_running_job_and_trains(spawn):
+    """launch.py --max-workers 5: the demo (the servers update) with 4 workers; a fifth
+    started after the first epoch by the command the launcher printed takes rank 4, joins at
+    the others' next commit, trains a shard of its own and ends with the others: five
+    identical workers, kv.num_workers 5, the rounds still scaled to 4 workers."""
+    status, out, fifth_status, fifth_out = grow(
+        spawn, [DEMO, "--epochs", "60"], dict(os.environ), "] [digits] epoch 1/60")
+    assert status == 0 and fifth_status == 0, out + fifth_out
+    assert "worker rank 4 takes a new seat (the job grows to BYTEPS_MAX_WORKERS=5" in fifth_out
+    assert re.search(r"joined the job at the other workers' commit \d+", fifth_out), fifth_out
+    assert out.count("parameters identical on all 5 workers") == 1, out
+    assert float(re.search(r"final test accuracy (\S+)", out).group(1)) > 0.85, out
+
+
+def test_a_collective_style_fifth_worker_joins_with_the_others_parameters(spawn):
+    """Horovod's DistributedTrainer (the workers update, with momentum; averages divide by
+    the job's 4 workers on every worker): a fifth joins with rank 0's parameters and
+    optimizer state; all five end with the same parameters."""
+    env = dict(os.environ, STYLE="hvd", STEPS="1500")
+    status, out, fifth_status, fifth_out = grow(
+        spawn, ["%s/elastic_collective.py" % APPS], env, "[kvstore_byteps] dist_byteps:")
+    assert status == 0 and fifth_status == 0, out + fifth_out
+    digests = re.findall(r"DIGEST (\d) (\w+) joined_late=(\w+)", out + fifth_out)
+    assert sorted(rank for rank, _, _ in digests) == ["0", "1", "2", "3", "4"], out + fifth_out
+    assert len({digest for _, digest, _ in digests}) == 1, out + fifth_out
+    assert [rank for rank, _, late in digests if late == "True"] == ["4"], out + fifth_out

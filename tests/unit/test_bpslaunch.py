@@ -106,7 +106,7 @@ def test_tensor_names_become_the_same_keys_everywhere():
 
 
 def test_horovod_reductions_a_server_cannot_sum_are_refused(monkeypatch):
-    monkeypatch.setattr(hvd, "size", lambda: 4)
+    monkeypatch.setattr(hvd.COLLECTIVE, "scale_size", lambda: 4)      # an average divides by it
     assert hvd._scales(None, None, 1.0, 1.0) == (1.0, 0.25)          # Average by default
     assert hvd._scales(False, None, 2.0, 0.5) == (2.0, 0.5)          # Sum
     assert hvd._scales(None, hvd.Average, 1.0, 2.0) == (1.0, 0.5)

@@ -49,14 +49,14 @@ def test_a_late_worker_takes_its_ranks_departed_place_and_joins_in_the_join_barr
     actions = sched.handle(late_worker(3002, rank_hint=2), 12.0)
     [joined] = [a for a in actions if isinstance(a, NodeJoined)]
     assert joined.node.id == 13 and joined.node.port == 3002      # its own rank's place
-    welcome, *rest = sends(actions)
+    *others, welcome, left = sends(actions)
     assert welcome.meta.recver == 13 and welcome.meta.extra == {"worker_joined": True}
     assert [n.id for n in welcome.meta.control.nodes][-1] == 1     # the node list, scheduler last
-    # it hears of the other departure; every other node hears of it and connects
-    assert [(m.meta.recver, m.meta.extra) for m in rest[:1]] == [(13, {"worker_left": True})]
-    assert sorted(m.meta.recver for m in rest[1:]) == [8, 9, 15]
+    # it hears of the other departure; every other node hears of it (first) and connects
+    assert (left.meta.recver, left.meta.extra) == (13, {"worker_left": True})
+    assert sorted(m.meta.recver for m in others) == [8, 9, 15]
     assert all(m.meta.control.nodes[0].id == 13 and m.meta.extra == {"worker_joined": True}
-               for m in rest[1:])
+               for m in others)
     # joining: no barrier of the others waits for it ...
     assert barrier(sched, 0, 13.0) == []
     assert sorted(m.meta.recver for m in barrier(sched, 3, 13.0)) == [9, 15]

@@ -303,6 +303,7 @@ def test_a_node_ending_the_job_has_the_scheduler_tell_everyone_why_then_stop():
     assert len(failed) == 1 and isinstance(failed[0].error, JobAbortedError)
     worker = NodeMembership(node(Role.WORKER, "127.0.0.1", 4000),
                             node(Role.SCHEDULER, "127.0.0.1", 9091), 10.0)
+    worker.ready = True     # (a notice before it is ready ends its start: test_elastic_grow)
     stopped = worker.handle(from_sender(notices[1], 1), 21.0)
     assert len(stopped) == 1 and isinstance(stopped[0], Fail)
     assert isinstance(stopped[0].error, JobAbortedError) and str(stopped[0].error) == why
@@ -316,6 +317,7 @@ def test_the_exit_status_a_worker_ends_the_job_with_reaches_every_node():
     assert {m.meta.extra["abort_status"] for m in notices} == {3}
     worker = NodeMembership(node(Role.WORKER, "127.0.0.1", 4000),
                             node(Role.SCHEDULER, "127.0.0.1", 9091), 10.0)
+    worker.ready = True     # (a notice before it is ready ends its start: test_elastic_grow)
     [stopped] = worker.handle(from_sender(notices[0], 1), 21.0)
     assert stopped.error.status == 3
     [failed] = [a for a in sched.tick(20.0 + ABORT_GRACE_S) if isinstance(a, Fail)]

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from kvstore_byteps.config import Config, Role
-from kvstore_byteps.errors import JobAbortedError, ProtocolError
+from kvstore_byteps.errors import ClusterStartError, ProtocolError
 from kvstore_byteps.van.loopback.van import LoopbackNetwork, LoopbackVan
 from kvstore_byteps.van.runtime.membership import Connect, Send, control_message
 from kvstore_byteps.van.runtime.scheduler_membership import SchedulerMembership
@@ -53,7 +53,7 @@ def test_every_registered_node_stops_at_once_naming_the_node_the_scheduler_could
         assert took < START_TIMEOUT / 3, "the nodes waited %.1f s" % took
         assert isinstance(results[0], ProtocolError) and WHY in str(results[0]), results
         for result in results[1:]:       # the worker it could not reach too (over "ZeroMQ")
-            assert isinstance(result, JobAbortedError), results
+            assert isinstance(result, ClusterStartError), results
             assert ("the job cannot start: the scheduler could not connect to worker rank 1: "
                     "worker 11 at 127.0.0.1:%d speaks byteps_tcp version 2, the scheduler version "
                     "3" % (ROOT_PORT + 4)) in str(result), result

@@ -70,6 +70,8 @@ class NodeMembership:
             if msg.meta.sender != SCHEDULER_ID:
                 return [Refused("ignored a notice to end the job from node %s: only the "
                                 "scheduler passes those on" % msg.meta.sender)]
+            if not self.ready:      # its start failed: the job cannot start, or is full
+                return [Fail(ClusterStartError(str(msg.meta.extra["abort"])))]
             return [Fail(JobAbortedError(str(msg.meta.extra["abort"]),
                                          int(msg.meta.extra.get("abort_status") or 1)))]
         if cmd == ControlCommand.HEARTBEAT:
@@ -190,9 +192,13 @@ class NodeMembership:
         known = {node.id for node in self.nodes}
         actions: List = []
         for node in msg.meta.control.nodes:
-            if not node.is_recovery or node.id not in known or node.id == self.my_node.id:
+            if (not node.is_recovery or node.id == self.my_node.id
+                    or node.id not in known and not joined):
                 continue
-            self.nodes = [node if n.id == node.id else n for n in self.nodes]
+            if node.id in known:
+                self.nodes = [node if n.id == node.id else n for n in self.nodes]
+            else:           # a late worker in a vacant seat (a growing job)
+                self.nodes = self.nodes + [node]
             if node.role != self.my_node.role:
                 actions.append(Connect(node))
             if joined:      # a late worker in a departed one's place (elastic workers)

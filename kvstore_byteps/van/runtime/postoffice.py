@@ -37,6 +37,7 @@ from ..wire.message import (ALL_GROUP, CONNECTION_CLOSED, K_EMPTY, SCHEDULER_ID,
 from ..wire.keys import KeyRange, server_key_ranges
 from .netif import bind_node
 from .routing import CustomerTable
+from .departures import seat_words
 from .start_abort import tell_start_failed
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ class Postoffice:
         self._next_tick = 0.0
         #: > 0: this node is a restarted server, the epoch-th one to take over its id
         self.recovery_epoch = 0
-        #: this worker took a departed worker's place in a running elastic job
+        #: this worker took a seat in a running elastic job (a departed worker's, or new)
         self.joined = False
 
     # ------------------------------------------------------------------ properties
@@ -90,11 +91,6 @@ class Postoffice:
     def nodes(self) -> List[Node]:
         """The cluster's nodes, as the scheduler announced them and changed them since."""
         return self.roster.nodes
-
-    @property
-    def left(self) -> frozenset:
-        """The ids of the workers that left the job (elastic workers)."""
-        return self.roster.left
 
     @functools.cached_property
     def landing(self) -> Landing:
@@ -152,8 +148,8 @@ class Postoffice:
 
     def group_ids(self, group: int) -> List[int]:
         """The ids of ``group``'s nodes still in the job (elastic workers may leave)."""
-        return [i for i in group_members(group, self.num_workers, self.num_servers)
-                if i not in self.left]
+        return [i for i in group_members(group, self.config.worker_seats, self.num_servers)
+                if i not in self.roster.left]
 
     # ------------------------------------------------------------------ start
     def start(self) -> None:
@@ -170,10 +166,10 @@ class Postoffice:
                 raise ConfigError("DMLC_PS_ROOT_PORT must be set for the scheduler")
             self.van.bind(scheduler, max_retry=0)
             scheduler = self.my_node = self.van.advertise(scheduler)
-            self.membership = SchedulerMembership(scheduler, cfg.num_workers, cfg.num_servers,
-                                                  deadline,
-                                                  heartbeat_timeout=cfg.heartbeat_timeout,
-                                                  min_workers=cfg.min_workers)
+            self.membership = SchedulerMembership(
+                scheduler, cfg.num_workers, cfg.num_servers, deadline,
+                heartbeat_timeout=cfg.heartbeat_timeout, min_workers=cfg.min_workers,
+                seats=cfg.worker_seats)
         else:
             me = self.my_node = bind_node(cfg, self.van)
             self.membership = NodeMembership(me, scheduler, deadline, cfg.heartbeat_interval,
@@ -287,10 +283,10 @@ class Postoffice:
     def _become_ready(self, action: Ready, peer) -> bool:
         self.my_node = action.my_node
         self.recovery_epoch, self.joined = action.epoch, action.joined
-        self.roster.formed(action.nodes)
+        self.roster.formed(action.nodes, self.config.worker_seats)
         if self.config.resend:
             self._link.start_resending(self.my_node.id, self.config.resend_timeout_ms)
-        self.van.on_nodes(self.nodes)
+        self.van.on_nodes(self.roster.claimable())
         self.van.on_ready()
         if action.epoch:     # before any request reaches the restarted server's app
             self.roster.recovery.run(self.my_node, action.epoch)
@@ -300,7 +296,7 @@ class Postoffice:
 
     def _node_recovered(self, action: NodeRecovered, peer) -> bool:
         self.roster.replaced(action.node)
-        self.van.on_nodes(self.nodes)
+        self.van.on_nodes(self.roster.claimable())
         log.warning("%s: %s restarted and rejoined (restart %d of that node id)",
                     self.my_node.describe(), action.node.describe_rank(), action.epoch)
         self.roster.recovery.run(action.node, action.epoch)
@@ -321,10 +317,10 @@ class Postoffice:
         return True
 
     def _node_joined(self, action: NodeJoined, peer) -> bool:
-        log.warning("%s: %s took a departed worker's place in the job", self.my_node.describe(),
-                    action.node.describe_rank())
+        log.warning("%s: %s took %s in the job", self.my_node.describe(),
+                    action.node.describe_rank(), seat_words(action.node.id, self.config))
         self.roster.arrive(action.node)
-        self.van.on_nodes(self.nodes)
+        self.van.on_nodes(self.roster.claimable())
         return True
 
     def _node_dead(self, action: NodeDead, peer) -> bool:

@@ -1,10 +1,11 @@
 """Who is in the job, as one node knows it: the node list (a restarted server's or a late
 worker's new address replaces the old entry), the ids of the members, the workers that left
-an elastic job, and the KV layer's callbacks on each change. The postoffice's receive thread
+an elastic job (and the seats a growing one has not filled yet), and the KV layer's callbacks on each change. The postoffice's receive thread
 changes it; other threads read its fields, which are replaced, never changed in place."""
 from typing import List
 
-from ..wire.message import Node
+from ...config import Role
+from ..wire.message import Node, worker_rank_to_id
 from .hooks import Hooks
 
 __all__ = ["Roster"]
@@ -31,10 +32,20 @@ class Roster:
         #: ``hook(node)`` when a late worker ``node`` took a departed one's place
         self.arrival = Hooks("arrival")
 
-    def formed(self, nodes: List[Node]) -> None:
-        """The cluster as the scheduler announced it."""
+    def formed(self, nodes: List[Node], seats: int = 0) -> None:
+        """The cluster as the scheduler announced it; ``seats``: the most workers a growing
+        job has (BYTEPS_MAX_WORKERS), those of the seats not in ``nodes`` vacant (as if
+        departed)."""
         self.nodes = list(nodes)
         self.member_ids = frozenset(node.id for node in nodes)
+        self.left = frozenset(worker_rank_to_id(r) for r in range(seats)) - self.member_ids
+
+    def claimable(self) -> List[Node]:
+        """The nodes whose ids a peer may claim (byteps_tcp checks a connection's claim
+        against them), with a stand-in for each vacant seat of a growing job: its late worker
+        may connect before this node hears of it (a claim refused then lost its requests)."""
+        ids = {node.id for node in self.nodes}
+        return self.nodes + [Node(Role.WORKER, i, "", 0) for i in sorted(self.left - ids)]
 
     def replaced(self, node: Node) -> None:
         """``node`` has its id's entry now (a restarted server, a late worker)."""
@@ -48,7 +59,10 @@ class Roster:
 
     def arrive(self, node: Node) -> None:
         """A late worker ``node`` took a departed one's place; the callbacks run."""
-        self.replaced(node)
+        if any(n.id == node.id for n in self.nodes):
+            self.replaced(node)
+        else:           # a vacant seat's (a growing job)
+            self.nodes = self.nodes + [node]
         self.left = self.left - {node.id}
         self.late = self.late | {node.id}
         self.member_ids = self.member_ids | {node.id}

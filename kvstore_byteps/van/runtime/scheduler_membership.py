@@ -1,9 +1,8 @@
 """The scheduler's side of cluster membership (the rules: membership.py): it numbers the nodes
 as they register, counts barriers, answers and watches heartbeats, declares silent nodes dead,
-passes a node's reason to end the job on to every node, gives a restarted server the id of
-the one it replaces and, in elastic jobs, a late worker a departed one's (departures.py). Pure: ``handle(message, now)`` and ``tick(now)`` answer with membership's
-actions, which the postoffice carries out.
-"""
+passes a node's reason to end the job on to every node, gives a restarted server the id of the
+one it replaces and, in elastic jobs, a late worker a seat (departures.py). Pure: ``handle``
+and ``tick`` answer with membership's actions, which the postoffice carries out."""
 import dataclasses
 from typing import Dict, List, Optional, Tuple
 
@@ -68,10 +67,11 @@ class SchedulerMembership:
 
     def __init__(self, my_node: Node, num_workers: int, num_servers: int,
                  start_deadline: float, clock: Optional[VanClock] = None,
-                 heartbeat_timeout: float = 0.0, min_workers: int = 0):
+                 heartbeat_timeout: float = 0.0, min_workers: int = 0, seats: int = 0):
         self.my_node = dataclasses.replace(my_node, id=SCHEDULER_ID)
-        #: elastic workers (BYTEPS_MIN_WORKERS): the workers that left, the rule for leaving
-        self.departures = Departures(num_workers, min_workers)
+        #: elastic workers (BYTEPS_MIN_WORKERS): the workers that left, the rule for leaving;
+        #: its seats (BYTEPS_MAX_WORKERS) the most workers the job grows to
+        self.departures = Departures(num_workers, min_workers, seats)
         self.heartbeat_timeout = heartbeat_timeout
         self.dead: Dict[int, Node] = {}
         self.num_workers, self.num_servers = num_workers, num_servers
@@ -124,7 +124,7 @@ class SchedulerMembership:
             self.dead[node_id] = node
             actions += self._tell_everyone(node, "dead_node")
             actions.append(NodeDead(node, self.departures.why_the_job_ends(node, reason)))
-        if self.departures.arrivals:        # (after the departures just noticed)
+        if self.departures.arrivals and self.ready:   # (after the departures just noticed)
             actions += self._place_arrivals(now)
         return actions
 
@@ -149,7 +149,7 @@ class SchedulerMembership:
     def _members(self, group: int, kind: str = "") -> List[int]:
         """The ids of ``group``'s nodes, without the workers that left (elastic workers), nor
         those joining but in the ``join`` barrier (``kind``)."""
-        return self.departures.present(group_members(group, self.num_workers,
+        return self.departures.present(group_members(group, self.departures.seats,
                                                      self.num_servers), kind)
 
     def _in_job(self) -> List[int]:
@@ -197,6 +197,8 @@ class SchedulerMembership:
             return []       # upstream: only anonymous ADD_NODEs register
         if self.ready:
             return self._on_late_add_node(msg, now)
+        if self.departures.waits_for_a_seat(msg.meta.control.nodes, now):
+            return []       # (it asked for a rank beyond DMLC_NUM_WORKER: a growing job's)
         self.pending += [n for n in msg.meta.control.nodes if n.role != Role.SCHEDULER]
         if len(self.pending) < self.num_workers + self.num_servers:
             return []
@@ -295,8 +297,8 @@ class SchedulerMembership:
         return self._place_arrivals(now)
 
     def _place_arrivals(self, now: float) -> List:
-        """Seat each late worker in a departed one's place; one that finds none within the
-        heartbeat timeout + ARRIVAL_WAIT_S is refused."""
+        """Seat each late worker (a departed one's place, or a vacant seat); one that finds
+        none within the heartbeat timeout + ARRIVAL_WAIT_S is turned away."""
         actions: List = []
         waiting, self.departures.arrivals = self.departures.arrivals, []
         for node, since in waiting:
@@ -304,33 +306,42 @@ class SchedulerMembership:
             if node_id is not None:
                 actions += self._seat(node, node_id, now)
             elif now - since > self.heartbeat_timeout + ARRIVAL_WAIT_S:
-                actions.append(Refused("ignored the late worker at %s: %s"
-                                       % (node.address, self.departures.describe_full())))
+                actions += self._turn_away(node)
             else:
                 self.departures.arrivals.append((node, since))
         return actions
 
+    def _turn_away(self, node: Node) -> List:
+        """A late worker with no seat is told why now (under an id no seat has)."""
+        why = "the scheduler turned away the late worker at %s: %s" % (
+            node.address, self.departures.describe_full())
+        stranger = self.departures.stranger_id()
+        return [Connect(dataclasses.replace(node, id=stranger)),
+                Send(self._abort_notice(stranger, why)), Refused(why)]
+
     def _seat(self, node: Node, node_id: int, now: float) -> List:
-        """``node`` takes the departed worker ``node_id``'s place: it gets the node list and
-        the notices of the other departures; every other node hears of it and connects."""
+        """``node`` takes seat ``node_id`` (a departed worker's, or vacant): it gets the node
+        list and the notices of the departures; every other node hears of it and connects."""
         new = dataclasses.replace(node, id=node_id, is_recovery=True)
-        self.nodes = [new if n.id == node_id else n for n in self.nodes]
+        vacant = all(n.id != node_id for n in self.nodes)       # (a growing job's seat)
+        self.nodes = [new if n.id == node_id else n for n in self.nodes] + [new] * vacant
         self.last_heartbeat[node_id] = now
-        welcome = control_message(ControlCommand.ADD_NODE, node_id, self.clock.tick(),
-                                  nodes=self.nodes + [self.my_node])
-        welcome.meta.extra = {"worker_joined": True}
-        actions: List = [Connect(new), Send(welcome)]
-        for gone in self.departures.left.values():
-            notice = control_message(ControlCommand.HEARTBEAT, node_id, self.clock.tick(),
-                                     nodes=[gone])
-            notice.meta.extra = {"worker_left": True}
-            actions.append(Send(notice))
-        for other in self._in_job():
+        actions: List = []
+        for other in self._in_job():    # first: they know it before it can ask them anything
             if other not in self.dead and other != node_id:
                 notice = control_message(ControlCommand.ADD_NODE, other, self.clock.tick(),
                                          nodes=[new])
                 notice.meta.extra = {"worker_joined": True}
                 actions.append(Send(notice))
+        welcome = control_message(ControlCommand.ADD_NODE, node_id, self.clock.tick(),
+                                  nodes=self.nodes + [self.my_node])
+        welcome.meta.extra = {"worker_joined": True}
+        actions += [Connect(new), Send(welcome)]
+        for gone in self.departures.left.values():
+            notice = control_message(ControlCommand.HEARTBEAT, node_id, self.clock.tick(),
+                                     nodes=[gone])
+            notice.meta.extra = {"worker_left": True}
+            actions.append(Send(notice))
         return actions + [NodeJoined(new)]
 
     def _on_barrier(self, msg: Message) -> List:
