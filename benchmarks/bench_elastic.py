@@ -13,6 +13,9 @@ rate; ``benchmarks/_elastic_worker.py`` times its steps) on 4 workers x 2 server
 * ``restarted``: the same kill under ``--max-restarts 1``: the worker starts again and takes
   its place back at the others' next commit (the demo commits at every epoch's end);
 * ``whole``: the same job, nobody killed;
+* ``grown``: nobody killed, the job grows: ``--max-workers 5``, and after rank 0's first epoch
+  a fifth worker starts by the command the launcher prints, joins at the others' next commit
+  and trains with them (its own shard of a fifth of the data);
 * ``every-step``: nobody killed, the demo committing after every step (``--commit-every 1``);
 * ``off``: nobody killed, without ``--min-workers`` (elastic off).
 
@@ -47,7 +50,7 @@ ROOT = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "_elastic_worker.py")
 LAUNCH = os.path.join(ROOT, "launch.py")
 TAG = "ELASTIC_STEPS "
-KINDS = ("killed", "restarted", "whole", "every-step", "off")
+KINDS = ("killed", "restarted", "whole", "grown", "every-step", "off")
 JOINED = re.compile(r"joined the job at the other workers' commit \d+ .*?, (\S+) s after "
                     r"asking, (\S+) s after this process started")
 
@@ -66,6 +69,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "byteps_tcp between our nodes, a closed connection tells the scheduler at "
                    "once) or zmq (ZeroMQ does not: the heartbeat timeout)")
     p.add_argument("--job-timeout", type=float, default=300.0)
+    p.add_argument("--kinds", default=",".join(KINDS),
+                   help="the kinds of job to run, comma-separated (default: all)")
     p.add_argument("--out", help="write the results as JSON here")
     return p.parse_args(argv)
 
@@ -75,6 +80,8 @@ def run_job(args, kind: str, run: int) -> Optional[Dict]:
     elastic = [] if kind == "off" else ["--min-workers", "3"]
     if kind == "restarted":
         elastic += ["--max-restarts", "1"]
+    if kind == "grown":
+        elastic += ["--max-workers", "5"]
     kill = kind in ("killed", "restarted")
     argv = [sys.executable, LAUNCH, "-n", "4", "-s", "2", *elastic,
             "--env", "PS_HEARTBEAT_INTERVAL=%g" % args.heartbeat_interval,
@@ -85,28 +92,59 @@ def run_job(args, kind: str, run: int) -> Optional[Dict]:
             str(args.epochs), "--seed", str(42 + run)]
     if kind == "every-step":
         argv += ["--commit-every", "1"]
-    done = subprocess.run(argv, env=child_env(), cwd=ROOT, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, timeout=args.job_timeout + 60)
-    out = done.stdout.decode(errors="replace")
+    returncode, out = (grow(argv, args.job_timeout) if kind == "grown" else
+                       _ran(subprocess.run(argv, env=child_env(), cwd=ROOT,
+                                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                           timeout=args.job_timeout + 60)))
     final = re.search(r"final test accuracy (\S+) after \d+ epochs in (\S+) s", out)
     steps = [json.loads(line[line.find(TAG) + len(TAG):]) for line in out.splitlines()
              if TAG in line]
-    if done.returncode != 0 or final is None or len(steps) != 1:
-        print("%s failed (exit %d):\n%s" % (kind, done.returncode,
+    if returncode != 0 or final is None or len(steps) != 1:
+        print("%s failed (exit %d):\n%s" % (kind, returncode,
                                            "\n".join(out.splitlines()[-12:])), flush=True)
         return None
     gaps = [b - a for a, b in zip(steps[0], steps[0][1:])]
     found = {"accuracy": float(final.group(1)), "seconds": float(final.group(2)),
              "longest_step": max(gaps), "median_step": statistics.median(gaps),
-             "identical": "parameters identical on all 4 workers" in out}
+             "identical": "parameters identical on all %d workers"
+                          % (5 if kind == "grown" else 3 if kind == "killed" else 4) in out}
     joined = JOINED.search(out)
-    if kind == "restarted":
+    if kind in ("restarted", "grown"):
         if joined is None:
             print("restarted: the worker did not join\n%s" % "\n".join(out.splitlines()[-12:]))
             return None
         found.update(joined_after_asking=float(joined.group(1)),
                      joined_after_start=float(joined.group(2)))
     return found
+
+
+def _ran(done) -> tuple:
+    return done.returncode, done.stdout.decode(errors="replace")
+
+
+def grow(argv: List[str], timeout: float) -> tuple:
+    """Run the job of ``argv`` (``--max-workers 5``); after rank 0's first epoch, start a fifth
+    worker by the command the launcher printed. Returns (the job's status, both outputs)."""
+    job = subprocess.Popen(argv, env=child_env(), cwd=ROOT, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    lines, command, fifth = [], None, None
+    try:
+        for line in job.stdout:
+            lines.append(line)
+            if "start one more" in line:
+                command = line.split("with: ", 1)[1].strip()
+            if command and fifth is None and "] [digits] epoch 1/" in line:
+                fifth = subprocess.Popen(["bash", "-c", command], env=child_env(), cwd=ROOT,
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         text=True)
+        job.wait(timeout=timeout)
+        extra = fifth.communicate(timeout=60)[0] if fifth is not None else "no fifth worker\n"
+        status = job.returncode or (fifth.returncode if fifth is not None else 1)
+        return status, "".join(lines) + extra
+    finally:
+        for proc in (job, fifth):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
 
 
 def summarise(runs: List[Dict]) -> Dict:
@@ -124,9 +162,13 @@ def summarise(runs: List[Dict]) -> Dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     load_before = os.getloadavg()[0]
-    found: Dict[str, List[Dict]] = {kind: [] for kind in KINDS}
+    kinds = [kind for kind in args.kinds.split(",") if kind]
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown:
+        raise SystemExit("unknown --kinds %s (choose from %s)" % (unknown, ", ".join(KINDS)))
+    found: Dict[str, List[Dict]] = {kind: [] for kind in kinds}
     for run in range(args.runs):
-        for kind in KINDS:
+        for kind in kinds:
             result = run_job(args, kind, run)
             if result is not None:
                 found[kind].append(result)
@@ -147,7 +189,7 @@ def main(argv=None) -> int:
             "command": " ".join(["benchmarks/bench_elastic.py"] + sys.argv[1:]),
             "settings": {k: v for k, v in vars(args).items() if k != "out"},
             "runs": found, "summary": summary}, load_before)
-    return 0 if all(len(found[kind]) == args.runs for kind in KINDS) else 1
+    return 0 if all(len(found[kind]) == args.runs for kind in kinds) else 1
 
 
 if __name__ == "__main__":
