@@ -204,10 +204,10 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grace", type=_nonnegative_float, default=30.0, metavar="SECONDS",
                    help="how long scheduler and servers may take to exit after the workers")
     p.add_argument("--min-workers", type=_positive(int), metavar="N",
-                   help="elastic workers (local, ssh, netns): a worker that is lost (killed "
-                        "by a signal, crashed) leaves the job, which goes on while at least N "
-                        "workers are left; a worker's own exit status still ends the job "
-                        "(sets BYTEPS_MIN_WORKERS on every node; docs/usage.md)")
+                   help="elastic workers (local, ssh, netns, kubernetes): a worker that is "
+                        "lost (killed by a signal, crashed) leaves the job, which goes on "
+                        "while at least N workers are left; a worker's own exit status still "
+                        "ends the job (sets BYTEPS_MIN_WORKERS on every node; docs/usage.md)")
     p.add_argument("--max-restarts", type=_positive(int), default=0, metavar="K",
                    help="with --min-workers: a lost worker is started again, at most K times, "
                         "and takes its place back at the others' next State.commit() "
@@ -300,11 +300,14 @@ def _check_elastic(p: argparse.ArgumentParser, args: argparse.Namespace, environ
     if args.local_groups:
         p.error("--min-workers (elastic workers) does not take --local-groups yet: run one "
                 "process a worker")
-    supervised = (Launcher.LOCAL, Launcher.SSH, Launcher.NETNS)
+    supervised = (Launcher.LOCAL, Launcher.SSH, Launcher.NETNS, Launcher.KUBERNETES)
     if args.launcher not in supervised:
         p.error("--min-workers (elastic workers) is for --launcher %s: %s ends the whole job "
                 "when one worker's process ends" % (", ".join(x.value for x in supervised),
                                                     args.launcher.value))
+    if args.launcher is Launcher.KUBERNETES and args.max_workers:
+        p.error("--max-workers is not for --launcher kubernetes (a worker starts by hand into "
+                "the job): its workers' Job has -n pods; --max-restarts restarts them")
     args.env_all[Env.MIN_WORKERS] = str(args.min_workers)
     if args.max_workers > args.num_workers:
         args.env_all[Env.MAX_WORKERS] = str(args.max_workers)

@@ -116,14 +116,17 @@ def _job_conditions(listing: Mapping) -> Dict[str, Tuple[str, Dict[str, dict]]]:
     return jobs
 
 
-def outcome(listing: Mapping) -> Optional[Tuple[int, str]]:
+def outcome(listing: Mapping, elastic: bool = False) -> Optional[Tuple[int, str]]:
     """``(exit status, what happened)`` once the job is over, else None. Pure.
 
     The first node whose container failed (the earliest to finish) fails the job with its exit
     code; so does a container that cannot start; the workers' Job complete means success.
+    With ``elastic`` workers a worker's failure is a loss the workers' Job handles (it
+    restarts the index, or goes on without it): their Job decides (:func:`_elastic_end`).
     """
     states = pod_states(listing)
-    failed = sorted((s for s in states if s.phase == "Failed" or s.exit_code not in (None, 0)),
+    failed = sorted((s for s in states if s.phase == "Failed" or s.exit_code not in (None, 0)
+                     if not (elastic and s.role is Role.WORKER)),
                     key=lambda s: s.finished_at or "~")
     if failed:
         first = failed[0]
@@ -136,11 +139,39 @@ def outcome(listing: Mapping) -> Optional[Tuple[int, str]]:
     jobs = _job_conditions(listing)
     if "Complete" in jobs.get(Role.WORKER.name.lower(), ("", {}))[1]:
         return 0, "the workers finished"
+    if elastic:
+        return _elastic_end(jobs, states)
     for name, conditions in jobs.values():
         if "Failed" in conditions:
             return 1, "Job %s failed: %s: %s" % (name, conditions["Failed"].get("reason"),
                                                  conditions["Failed"].get("message", ""))
     return None
+
+
+def _elastic_end(jobs: Mapping, states: Sequence[PodState]) -> Optional[Tuple[int, str]]:
+    """An elastic job's end (the workers' Job not complete): the servers finished (the
+    workers passed their final barrier: restarted ones still starting never joined), or the
+    workers' Job failed: because indexes failed, by a worker's own status, or below the
+    minimum."""
+    servers = jobs.get(Role.SERVER.name.lower(), ("", {}))[1]
+    name, conditions = jobs.get(Role.WORKER.name.lower(), ("", {}))
+    lost = sorted({s.index for s in states if s.role is Role.WORKER and s.phase == "Failed"
+                   and s.index is not None})
+    what = "; lost: worker %s" % ", ".join(map(str, lost)) if lost else ""
+    if "Complete" in servers:
+        return 0, "the training is over (the servers finished)%s" % what
+    failed = conditions.get("Failed")
+    if failed is None:
+        return None
+    reason = failed.get("reason", "")
+    if reason == "FailedIndexes":       # every index ended, some failed: within the minimum
+        return 0, "the workers finished%s" % what
+    # a program's own status (FailJob) first: the Job then stopped the others (SIGTERM)
+    ended = sorted((s for s in states if s.role is Role.WORKER and s.exit_code),
+                   key=lambda s: (not 0 < s.exit_code < 128 or s.exit_code == 75,
+                                  s.finished_at or "~"))
+    code = ended[0].exit_code if ended else 1
+    return code, "Job %s failed: %s: %s%s" % (name, reason, failed.get("message", ""), what)
 
 
 def _why(state: PodState) -> str:
@@ -246,7 +277,7 @@ class LogStreams:
 
 
 def follow(kubectl: Kubectl, job_name: str, num_servers: int, num_workers: int,
-           timeout_s: Optional[float], streams: LogStreams) -> int:
+           timeout_s: Optional[float], streams: LogStreams, elastic: bool = False) -> int:
     """Poll the job until it is over, following each pod's output as it starts; the exit
     status: 0 when the workers' Job is complete, a failed node's exit code, 124 at the timeout."""
     deadline = time.monotonic() + timeout_s if timeout_s else None
@@ -269,7 +300,7 @@ def follow(kubectl: Kubectl, job_name: str, num_servers: int, num_workers: int,
             if progress != shown:
                 say("pods: " + progress)
                 shown = progress
-            result = outcome(listing)
+            result = outcome(listing, elastic)
             if result is not None:
                 code, what = result
                 say(what if code == 0 else "%s; stopping the job (exit status %d)" % (what, code))

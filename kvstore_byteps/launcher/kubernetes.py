@@ -7,6 +7,13 @@
 * Jobs ``<name>-scheduler`` (one pod), ``<name>-server`` and ``<name>-worker``, Indexed Jobs of
   S and W pods, one node per pod. ``backoffLimit: 0`` and ``restartPolicy: Never``: a
   parameter-server node cannot rejoin a running job, so a node that fails fails its Job.
+  Elastic workers (``--min-workers N``, ``--max-restarts K``) are the exception: the workers'
+  Job restarts a failed worker's index up to K times (``backoffLimitPerIndex``, Kubernetes
+  1.29+; its pod has the same index, so the same rank, and takes its place back at the
+  others' next commit), goes on while at most W - N indexes failed (``maxFailedIndexes``),
+  does not count a preempted or evicted pod (``DisruptionTarget``) and fails at once where
+  a worker's program exits with a status of its own (``podFailurePolicy``), as
+  ``launch.py``'s local supervision does.
 
 Placement: each role's :class:`Placement` (``--node-selector``, ``--cpu``, ``--memory``, each
 ``[server:|worker:]VALUE``) goes on that role's pod template only; the scheduler's pod gets the
@@ -98,6 +105,8 @@ class KubeJob:
     gpus: Optional[int] = None   # per worker: servers and the scheduler get none
     local_groups: bool = False
     timeout_s: Optional[float] = None
+    min_workers: int = 0      # elastic workers: the workers' Job restarts a failed index
+    max_restarts: int = 0
 
     def __post_init__(self):
         if len(self.name) > MAX_NAME_LENGTH or not _DNS_1035_LABEL.match(self.name):
@@ -198,7 +207,8 @@ def job_from_args(args) -> KubeJob:
         env_all=args.env_all, env_server=args.env_server, env_worker=args.env_worker,
         namespace=args.namespace, port=args.port or DEFAULT_PORT,
         servers=placements[Role.SERVER], workers=placements[Role.WORKER], gpus=args.gpus,
-        local_groups=args.local_groups, timeout_s=args.timeout)
+        local_groups=args.local_groups, timeout_s=args.timeout,
+        min_workers=args.min_workers or 0, max_restarts=args.max_restarts or 0)
 
 
 # ------------------------------------------------------------------------------- render
@@ -270,11 +280,32 @@ def _job(job: KubeJob, role: Role, pods: int, container: dict) -> dict:
             "template": {"metadata": {"labels": _labels(job, role)}, "spec": pod_spec}}
     if role is not Role.SCHEDULER:
         spec["completionMode"] = "Indexed"
+    if role is Role.WORKER and job.min_workers:
+        spec.update(_elastic_workers(job))
+        del spec["backoffLimit"]       # (the index's limit counts, not the Job's)
     if job.timeout_s:
         spec["activeDeadlineSeconds"] = math.ceil(job.timeout_s) + CLUSTER_DEADLINE_MARGIN_S
     name = "%s-%s" % (job.name, role.name.lower())
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _metadata(job, name, role),
             "spec": spec}
+
+
+#: exit statuses a worker's program chooses (sys.exit(N), an uncaught error: 1), which end an
+#: elastic job as they end any other; 75 is EXIT_LEFT (taken for lost: restarted), 128 + N a
+#: signal's (lost: restarted)
+PROGRAM_STATUSES = [code for code in range(1, 128) if code != 75]
+
+
+def _elastic_workers(job: KubeJob) -> dict:
+    """The workers' Job's settings for elastic workers (see the module)."""
+    return {"backoffLimitPerIndex": job.max_restarts,
+            "maxFailedIndexes": job.num_workers - job.min_workers,
+            "podFailurePolicy": {"rules": [
+                {"action": "Ignore",
+                 "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                {"action": "FailJob", "onExitCodes": {
+                    "containerName": Role.WORKER.name.lower(), "operator": "In",
+                    "values": PROGRAM_STATUSES}}]}}
 
 
 def _service(job: KubeJob) -> dict:
@@ -362,7 +393,7 @@ def run(args) -> int:
             % (job.name, " in namespace " + job.namespace if job.namespace else "",
                job.scheduler_host, job.name, job.num_servers, job.num_workers))
         code = cluster.follow(kubectl, job.name, job.num_servers, job.num_workers, job.timeout_s,
-                              streams)
+                              streams, elastic=bool(job.min_workers))
         # the last lines of nodes that ended (a failed worker's traceback), unless time is up
         streams.close(0 if code == EXIT_TIMEOUT else cluster.LOG_DRAIN_S)
         return code

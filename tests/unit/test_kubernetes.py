@@ -443,3 +443,62 @@ def test_progress_names_what_the_launcher_waits_for():
     assert kubectl.describe_progress(states, 2, 3) == (
         "scheduler Running; servers 2 not created yet; workers 1 Running, "
         "1 Pending (ContainerCreating), 1 not created yet")
+
+
+# ------------------------------------------------------------------ elastic workers
+ELASTIC = ["-n", "4", "-s", "2", "--min-workers", "3", "--max-restarts", "2"]
+
+
+@pytest.mark.parametrize("version", ("1.29", API_VERSIONS[-1]))   # backoffLimitPerIndex: 1.29+
+def test_elastic_workers_restart_per_index_in_valid_objects(validator, version):
+    service, jobs = by_kind(rendered(ELASTIC))
+    for obj in [service, *jobs.values()]:
+        assert validator.validate(obj, version, strict=True) == version, obj["kind"]
+    spec = jobs["worker"]["spec"]
+    assert (spec["backoffLimitPerIndex"], spec["maxFailedIndexes"]) == (2, 1)
+    assert "backoffLimit" not in spec and spec["completionMode"] == "Indexed"
+    ignore, fail = spec["podFailurePolicy"]["rules"]
+    assert ignore == {"action": "Ignore",
+                      "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    codes = fail["onExitCodes"]["values"]
+    assert fail["action"] == "FailJob" and fail["onExitCodes"]["containerName"] == "worker"
+    assert 1 in codes and 3 in codes and 75 not in codes and 137 not in codes
+    for role in ("scheduler", "server"):            # never elastic
+        assert jobs[role]["spec"]["backoffLimit"] == 0
+        assert "backoffLimitPerIndex" not in jobs[role]["spec"]
+    for role in ("scheduler", "server", "worker"):
+        assert node_env(jobs[role], index=0)["BYTEPS_MIN_WORKERS"] == "3"
+
+
+def test_elastic_jobs_end_by_the_workers_job_not_by_a_lost_worker():
+    lost = fakes.pod("digits", "worker", 2, "Failed", 137, finished_at="2026-11-28T06:00:30Z")
+    # a lost worker (killed) does not end the job: Kubernetes restarts its index
+    going = fakes.listing(*fakes.running_job("digits", 2, 4)["items"], lost)
+    assert kubectl.outcome(going, elastic=True) is None
+    assert kubectl.outcome(going)[0] == 137                      # (not elastic: it does)
+    # the servers finished: the training is over, whatever restarted pod still starts
+    over = fakes.listing(fakes.job("digits", "server", ("Complete", "True")), lost)
+    assert kubectl.outcome(over, elastic=True) == (
+        0, "the training is over (the servers finished); lost: worker 2")
+    # every index ended, one failed: within the minimum
+    within = fakes.listing(fakes.job("digits", "worker", ("Failed", "True", "FailedIndexes")),
+                           lost)
+    assert kubectl.outcome(within, elastic=True)[0] == 0
+    # below the minimum, and a program's own status (FailJob, the others then terminated)
+    below = fakes.listing(fakes.job("digits", "worker",
+                                    ("Failed", "True", "MaxFailedIndexesExceeded")), lost)
+    code, what = kubectl.outcome(below, elastic=True)
+    assert code == 137 and "MaxFailedIndexesExceeded" in what and "lost: worker 2" in what
+    own = fakes.listing(fakes.job("digits", "worker", ("Failed", "True", "PodFailurePolicy")),
+                        fakes.pod("digits", "worker", 1, "Failed", 3,
+                                  finished_at="2026-11-28T06:00:40Z"),
+                        fakes.pod("digits", "worker", 0, "Failed", 143,
+                                  finished_at="2026-11-28T06:00:41Z"))
+    assert kubectl.outcome(own, elastic=True)[0] == 3
+
+
+def test_elastic_options_on_kubernetes(capsys):
+    assert parse(ELASTIC).min_workers == 3
+    with pytest.raises(SystemExit):
+        parse(["-n", "4", "--min-workers", "3", "--max-workers", "5"])
+    assert "not for --launcher kubernetes" in capsys.readouterr().err
