@@ -42,7 +42,7 @@ import threading
 from typing import List
 
 from . import handover
-from .errors import DeadlineError
+from .errors import ConfigError, DeadlineError
 
 __all__ = ["State", "scale_workers"]
 
@@ -97,11 +97,11 @@ class State:
     def _join(self, joins) -> None:
         trainer = self._trainer
         if trainer is None:
-            log.warning("this worker takes a departed one's place, but its State has no "
-                        "trainer: its parameters are its own until the trainer reads them "
-                        "(pass the trainer: State(kv, trainer, ...))")
+            log.info("this worker joins late and its State has no trainer: its parameters "
+                     "are the servers' once its trainer or Module sets up the store (where "
+                     "the servers update; where the workers update, pass the trainer)")
         ready = trainer is not None and _set_up(trainer)
-        _, state, given = joins.join()
+        _, state, given = joins.join(self._check)
         committed = json.loads(state or b"{}")
         self.__dict__.update({name: committed[name] for name in self._names
                               if name in committed})
@@ -110,6 +110,18 @@ class State:
         if trainer is not None:
             _first_step_after(trainer, None if ready else self._take, given)
         self.joined_late = True
+
+    def _check(self, servers_update: bool) -> None:
+        """Before this late worker enters the rounds: where the workers update (the servers
+        only sum), the job's parameters come from a hand-over into a gluon Trainer; without
+        one it would train on parameters of its own (a Module's, MXNET_UPDATE_ON_KVSTORE=0)."""
+        if not servers_update and self._trainer is None:
+            raise ConfigError(
+                "this worker joins late where the workers update, but its "
+                "kvstore_byteps.elastic.State has no trainer to take the job's parameters: "
+                "pass the gluon Trainer (State(kv, trainer, ...), on every worker); Module.fit "
+                "takes a worker back only where the servers update (MXNet's default: unset "
+                "MXNET_UPDATE_ON_KVSTORE=0)")
 
     def _take(self, given: bytes) -> None:
         """The job's parameters into the set-up trainer: the servers' weights, or where the

@@ -110,10 +110,13 @@ class Joins:
     def _ask_first(self, head: ServerCommand, body: bytes, what: str) -> bytes:
         return self._port.answer(self._port.send_first(head, body), what)
 
-    def join(self) -> Tuple[int, bytes, bytes]:
+    def join(self, check: Callable[[bool], None] = lambda servers_update: None
+             ) -> Tuple[int, bytes, bytes]:
         """A late worker joins at the others' next commit: ``(n, state, handover)``, that
         commit's number and state and the leading worker's parameters (empty where the
-        servers hold the weights). Blocking: DeadlineError if none comes in the timeout."""
+        servers hold the weights). ``check(servers_update)`` runs before it enters the
+        rounds (an error there leaves it out of the job, which goes on). Blocking:
+        DeadlineError if none comes in the timeout."""
         started = time.monotonic()
         deadline = started + self._port.timeout
         while True:
@@ -126,7 +129,9 @@ class Joins:
                     "other workers' next State.commit(): do they call it, every step or "
                     "epoch?" % self._port.timeout)
             time.sleep(ASK_EVERY_S)
-        head, _, state = answer.partition(b"\n")
+        head, _, rest = answer.partition(b"\n")
+        updates, _, state = rest.partition(b"\n")
+        check(updates == b"1")
         self._port.join_barrier(self._port.timeout)
         handover = bytes(self._ask_first(ServerCommand.BYTEPS_HANDOVER, head,
                                          "reading the parameters left for it"))

@@ -234,10 +234,10 @@ class WorkerEngine:
         in the program's order): what gradient buckets learn from it (:mod:`.fusion`). Returns
         the call's ticket (None: alone), the ``ticket`` to pass to its :meth:`pushpull`."""
         if self.joins.joining:      # its pushes would be refused: the job has not taken it in
-            raise ConfigError("worker rank %d joined the job late and has not "
-                              "joined its rounds yet: create kvstore_byteps.elastic.State(kv, trainer, ...) "
-                              "before the training loop (it joins there, at the others' next "
-                              "commit)" % self.rank)
+            raise ConfigError("worker rank %d joined the job late and has not joined its "
+                              "rounds yet: create kvstore_byteps.elastic.State(kv, trainer, "
+                              "...) before the training loop (it joins there, at the others' "
+                              "next commit)" % self.rank)
         self.cluster.barriers.called()
         return self.fusion.use(key, fusable)
 

@@ -213,7 +213,8 @@ class BytePSServer(KVStoreDistServer):
             try:
                 body = bytes(req.meta.body or b"")
                 answer = (self.joins.handle(head, req.sender, body,
-                                            lambda s: self.path.admit(s, self.keys.all()))
+                                            lambda s: self.path.admit(s, self.keys.all()),
+                                            self.updater is not None)
                           if head in JOIN_COMMANDS else
                           self.path.worker_command(head, req.sender, body, self.keys.all()))
             except ProtocolError as exc:

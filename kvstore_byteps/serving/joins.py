@@ -50,13 +50,14 @@ class JoinBoard:
         self._asked: Set[Tuple[int, int]] = set()         # (commit, joiner) that read them
 
     def handle(self, head: ServerCommand, sender: int, body: bytes,
-               admit: Callable[[int], None]) -> bytes:
+               admit: Callable[[int], None], servers_update: bool = True) -> bytes:
         """One of :data:`JOIN_COMMANDS` from worker ``sender``: its answer's body.
-        ``admit(sender)`` takes the late worker into every key's rounds (BYTEPS_ADMIT)."""
+        ``admit(sender)`` takes the late worker into every key's rounds (BYTEPS_ADMIT);
+        ``servers_update``: the servers run the optimizer (they hold the weights)."""
         if head == ServerCommand.BYTEPS_COMMIT:
             return self.commit(sender, body)
         if head == ServerCommand.BYTEPS_JOIN:
-            return self.join(sender)
+            return self.join(sender, servers_update)
         if head == ServerCommand.BYTEPS_HANDOVER:
             return self.handover(sender, body)
         admit(sender)
@@ -104,14 +105,15 @@ class JoinBoard:
                 self._handovers.pop(n, None)
             return given
 
-    def join(self, sender: int) -> bytes:
-        """A joining worker's ask: ``b"<n>\\n<state JSON>"`` once it joins at commit n
-        (decided at n - 1, and somebody reported n); empty while it waits (it asks again)."""
+    def join(self, sender: int, servers_update: bool = True) -> bytes:
+        """A joining worker's ask: ``b"<n>\\n<1|0>\\n<state JSON>"`` once it joins at
+        commit n (decided at n - 1, and somebody reported n), 1 where the servers update;
+        empty while it waits (it asks again)."""
         with self._lock:
             for m, joiners in self._decided.items():
                 if sender in joiners:
                     if m + 1 in self._resume:
-                        return b"%d\n%s" % (m + 1, self._resume[m + 1])
+                        return b"%d\n%d\n%s" % (m + 1, servers_update, self._resume[m + 1])
                     return b""
             self._waiting.add(sender)
             return b""

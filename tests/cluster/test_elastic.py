@@ -9,11 +9,14 @@ status of its own ends the job, and so does the loss of more workers than the mi
 (the demo's job with two of four killed under --min-workers 3 ends with 137 naming both: run
 by hand; the scheduler's side is unit-tested). With --max-restarts 1 the killed worker starts
 again and takes its place back at the others' next commit: the demo (the servers' weights, or
-rank 1's hand-over where the workers update) and a BytePS-style DistributedTrainer
-(tests/apps/elastic_collective.py) end with four identical workers; the launcher restarts at
-most K times, counts a restarted worker's failure and exit status 75 (taken for lost while it
-lived on) as losses, and stops restarted workers that had not joined when the others finished.
-Parts without a network: tests/unit/test_elastic.py, test_elastic_joins.py, test_handover.py."""
+rank 1's hand-over where the workers update), a BytePS-style DistributedTrainer
+(tests/apps/elastic_collective.py) and Module.fit (tests/apps/elastic_module.py) end with
+four identical workers; the launcher restarts at most K times, counts a restarted worker's
+failure and exit status 75 (taken for lost while it lived on) as losses, and stops restarted
+workers that had not joined when the others finished. With --max-workers 5 a fifth worker
+started by the command the launcher prints joins the running job (the demo, a Horovod-style
+trainer): five identical workers. Parts without a network: tests/unit/test_elastic.py,
+test_elastic_joins.py, test_elastic_grow.py, test_handover.py."""
 import io
 import os
 import re
@@ -231,3 +234,22 @@ def test_a_collective_style_fifth_worker_joins_with_the_others_parameters(spawn)
     assert sorted(rank for rank, _, _ in digests) == ["0", "1", "2", "3", "4"], out + fifth_out
     assert len({digest for _, digest, _ in digests}) == 1, out + fifth_out
     assert [rank for rank, _, late in digests if late == "True"] == ["4"], out + fifth_out
+
+
+def test_a_module_fit_worker_restarts_and_takes_its_place_back(spawn):
+    """MXNet's Module.fit (the servers update, with momentum): State(kv, epoch=0) before fit,
+    committed by its epoch_end_callback, fit resumed at begin_epoch=state.epoch. Rank 2,
+    killed mid-epoch 3, restarts and joins at the others' next epoch end; all four end with
+    the same parameters."""
+    argv = [sys.executable, LAUNCH, "-n", "4", "-s", "2", "--min-workers", "3",
+            "--max-restarts", "1", "--timeout", "120", sys.executable,
+            "%s/elastic_module.py" % APPS]
+    env = dict(os.environ, KILL_EPOCH="3", EPOCHS="300")
+    proc = spawn(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                 text=True)
+    out, _ = proc.communicate(timeout=140)
+    assert proc.returncode == 0, out
+    digests = re.findall(r"DIGEST (\d) (\w+) joined_late=(\w+)", out)
+    assert sorted(rank for rank, _, _ in digests) == ["0", "1", "2", "3"], out
+    assert len({digest for _, digest, _ in digests}) == 1, out
+    assert [rank for rank, _, late in digests if late == "True"] == ["2"], out

@@ -149,7 +149,8 @@ def test_the_join_board_gives_every_worker_of_a_commit_the_same_joiners():
     assert board.commit(9, b"2\n{\"batch\": 2}") == b"13"       # ... for everyone: they
     assert board.join(13) == b""                 # learn it at commit 3, where it joins
     assert board.commit(9, b"3\n{\"batch\": 3}") == b""        # it joined: decided once
-    assert board.join(13) == b"3\n{\"batch\": 3}"               # it resumes from commit 3
+    assert board.join(13) == b"3\n1\n{\"batch\": 3}"            # it resumes from commit 3
+    assert board.join(13, servers_update=False) == b"3\n0\n{\"batch\": 3}"   # (they only sum)
     # a program's thread runs ahead of MXNet's engine: reports of one commit come far apart,
     # and one below the highest decided is answered as it was decided, whoever waits now
     for n in range(4, 200):
@@ -223,13 +224,30 @@ def test_a_worker_commits_and_settles_into_the_join_barriers_only_where_somebody
     assert settled == [1]
     assert servers.calls[-4:] == [(9, "BYTEPS_COMMIT"), (9, "BYTEPS_HANDOVER"),
                                   (9, "join barrier"), (9, "join barrier")]   # its parameters
-    n, state, handover = late.join()
-    assert (n, state, handover) == (3, b"{\"batch\": 3}", b"parameters")
+    checked = []
+    n, state, handover = late.join(checked.append)
+    assert (n, state, handover) == (3, b"{\"batch\": 3}", b"parameters") and checked == [True]
     assert not late.joining and late.commits == 3
     assert servers.calls[-5:] == [(13, "join barrier"), (13, "BYTEPS_HANDOVER"),
                                   (13, "BYTEPS_ADMIT"), (13, "join barrier"),   # nobody pushes
                                   (13, "BYTEPS_COMMIT")]    # its report of 3: it hears of 4
     assert late.commit(b"{}", lambda: None) == [] and joins.commit(b"{}", lambda: None) == []
+
+
+def test_a_late_worker_that_cannot_take_the_parameters_stays_out_of_the_rounds():
+    # where the workers update, a State without a trainer (Module.fit) has nothing to take the
+    # leader's parameters into: it fails before the join barrier, so it just leaves
+    from kvstore_byteps.elastic import State
+    from kvstore_byteps.errors import ConfigError
+    servers = FakeServers(answers=[b"3\n0\n{}"])
+    late = Joins(servers.port(13), late=True, enabled=True)
+    state = State.__new__(State)
+    state._trainer = None
+    with pytest.raises(ConfigError, match="Module.fit takes a worker back only where the "
+                                          "servers update"):
+        late.join(state._check)
+    assert (13, "join barrier") not in servers.calls and late.joining
+    state._check(True)                 # the servers hold the weights: its Module reads them
 
 
 def test_a_late_worker_that_nobody_commits_for_fails_naming_what_it_waited_for():
