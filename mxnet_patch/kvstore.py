@@ -120,7 +120,8 @@ class KVStoreBytePS(KVStore):
             rows=self._engine.sparse, init_rows=self._engine.init_rows,
             refusal=lambda: self._mode.sparse_refusal, request_timeout=config.request_timeout))
         tune_collector(config)         # BYTEPS_GC_FREEZE, BYTEPS_GC_YOUNG_THRESHOLD
-        leave_at_exit(self.close, self._engine.rank, self._engine.po)
+        leave_at_exit(self.close, self._engine.rank, self._engine.po,
+                      lambda: self._engine.joins.joining)
 
     def _mode_port(self):
         """What the store's mode object may do with it (it never holds the store)."""

@@ -56,12 +56,13 @@ def close_at_exit(close) -> None:
     atexit.register(close)
 
 
-def leave_at_exit(close, rank: int, postoffice) -> None:
+def leave_at_exit(close, rank: int, postoffice, joining=lambda: False) -> None:
     """Record the program's exit status from now on and, as the process ends, leave the job
     (:class:`LeaveAtExit`): ``close(leave_within=None, ending=None)`` closes the store,
-    ``rank`` is the worker's, ``postoffice`` its engine's (to end the job, see it aborted)."""
+    ``rank`` is the worker's, ``postoffice`` its engine's (to end the job, see it aborted);
+    ``joining()``: whether it is a late worker of an elastic job that has not joined yet."""
     exit_status.install()          # the program's sys.exit(N), for LeaveAtExit
-    close_at_exit(LeaveAtExit(close, rank, postoffice))
+    close_at_exit(LeaveAtExit(close, rank, postoffice, joining))
 
 
 class LeaveAtExit:
@@ -81,14 +82,20 @@ class LeaveAtExit:
     as usual): the others may instead be waiting for this one's next push, and would keep
     it until BYTEPS_REQUEST_TIMEOUT. Then it exits 1 (Python's status for an uncaught
     exception) and the launcher stops the job, naming this worker. A worker stopped by a
-    job that another node ended exits with that job's status."""
+    job that another node ended exits with that job's status. A late worker of an elastic job
+    that had not joined yet is in no round and no barrier: it exits 1 at once (it leaves)."""
 
-    def __init__(self, close, rank: int, postoffice):
+    def __init__(self, close, rank: int, postoffice, joining=lambda: False):
         self.close, self.rank, self.postoffice = close, rank, postoffice
+        self.joining = joining
 
     def __call__(self) -> None:
         failure = getattr(sys, "last_value", None)
         status = exit_status.requested()
+        if failure is not None and self.joining():
+            log.error("dist_byteps worker rank %s stops on an uncaught %s before it joined the "
+                      "job: it leaves", self.rank, type(failure).__name__)
+            _flush_and_exit(1)
         if failure is None and status:
             self._end_job_exiting(status)
             return

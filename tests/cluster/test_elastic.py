@@ -105,19 +105,29 @@ def test_a_collective_style_worker_restarts_and_takes_its_place_back(spawn, styl
     and optimizer state at the others' next commit (its first forward pass, deferred, still
     computes on its initial weights: its first step pushes zeros); all four end with the same
     parameters."""
-    argv = [sys.executable, LAUNCH, "-n", "4", "-s", "2", "--min-workers", "3",
-            "--max-restarts", "1", "--timeout", "120", sys.executable,
-            "%s/elastic_collective.py" % APPS]
     env = dict(os.environ, STYLE=style, DEFER=defer, KILL_STEP="50", KILL_RANK="1",
                STEPS="2500")
+    same_parameters(restarted_job(spawn, "elastic_collective.py", env), 4, late="1")
+
+
+def restarted_job(spawn, app, env):
+    """``launch.py -n 4 -s 2 --min-workers 3 --max-restarts 1`` running tests/apps/``app``:
+    its output, once it exited 0."""
+    argv = [sys.executable, LAUNCH, "-n", "4", "-s", "2", "--min-workers", "3",
+            "--max-restarts", "1", "--timeout", "120", sys.executable, "%s/%s" % (APPS, app)]
     proc = spawn(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                  text=True)
     out, _ = proc.communicate(timeout=140)
     assert proc.returncode == 0, out
+    return out
+
+
+def same_parameters(out, workers, late):
+    """Every worker printed the same DIGEST of its parameters, rank ``late`` as joined late."""
     digests = re.findall(r"DIGEST (\d) (\w+) joined_late=(\w+)", out)
-    assert sorted(rank for rank, _, _ in digests) == ["0", "1", "2", "3"], out
+    assert sorted(rank for rank, _, _ in digests) == [str(r) for r in range(workers)], out
     assert len({digest for _, digest, _ in digests}) == 1, out
-    assert [rank for rank, _, late in digests if late == "True"] == ["1"], out
+    assert [rank for rank, _, joined in digests if joined == "True"] == [late], out
 
 
 def stand_in(role, rank, how=None):
@@ -230,10 +240,7 @@ def test_a_collective_style_fifth_worker_joins_with_the_others_parameters(spawn)
     status, out, fifth_status, fifth_out = grow(
         spawn, ["%s/elastic_collective.py" % APPS], env, "[kvstore_byteps] dist_byteps:")
     assert status == 0 and fifth_status == 0, out + fifth_out
-    digests = re.findall(r"DIGEST (\d) (\w+) joined_late=(\w+)", out + fifth_out)
-    assert sorted(rank for rank, _, _ in digests) == ["0", "1", "2", "3", "4"], out + fifth_out
-    assert len({digest for _, digest, _ in digests}) == 1, out + fifth_out
-    assert [rank for rank, _, late in digests if late == "True"] == ["4"], out + fifth_out
+    same_parameters(out + fifth_out, 5, late="4")
 
 
 def test_a_module_fit_worker_restarts_and_takes_its_place_back(spawn):
@@ -241,15 +248,5 @@ def test_a_module_fit_worker_restarts_and_takes_its_place_back(spawn):
     committed by its epoch_end_callback, fit resumed at begin_epoch=state.epoch. Rank 2,
     killed mid-epoch 3, restarts and joins at the others' next epoch end; all four end with
     the same parameters."""
-    argv = [sys.executable, LAUNCH, "-n", "4", "-s", "2", "--min-workers", "3",
-            "--max-restarts", "1", "--timeout", "120", sys.executable,
-            "%s/elastic_module.py" % APPS]
     env = dict(os.environ, KILL_EPOCH="3", EPOCHS="300")
-    proc = spawn(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                 text=True)
-    out, _ = proc.communicate(timeout=140)
-    assert proc.returncode == 0, out
-    digests = re.findall(r"DIGEST (\d) (\w+) joined_late=(\w+)", out)
-    assert sorted(rank for rank, _, _ in digests) == ["0", "1", "2", "3"], out
-    assert len({digest for _, digest, _ in digests}) == 1, out
-    assert [rank for rank, _, late in digests if late == "True"] == ["2"], out
+    same_parameters(restarted_job(spawn, "elastic_module.py", env), 4, late="2")

@@ -14,9 +14,10 @@ that one left, else the lowest that left. It is *joining* until the others reach
 ``State.commit()`` (kvstore_byteps/elastic.py) and pass the ``join`` barrier with it: until
 then no barrier but that one counts it, and it may leave again without ending the job. A job
 grows into its *vacant* seats (``BYTEPS_MAX_WORKERS`` beyond ``DMLC_NUM_WORKER``; they count
-as departed from the start): a late worker finding no departed place takes the lowest vacant
-one. One that finds neither waits for a departure up to :data:`ARRIVAL_WAIT_S` beyond the
-heartbeat timeout (the scheduler may not have noticed the loss yet), then is refused.
+as departed from the start): its own rank's seat first if vacant, else a departed place, else
+the lowest vacant one. One that finds no seat waits for a departure up to
+:data:`ARRIVAL_WAIT_S` beyond the heartbeat timeout (the scheduler may not have noticed the
+loss yet), then is turned away and told why.
 """
 from typing import Dict, List, Optional, Set, Tuple
 
