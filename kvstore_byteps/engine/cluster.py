@@ -12,6 +12,7 @@ from ..config import Config, ServerKind
 from ..errors import ConfigError, KVStoreBytePSError
 from ..mxproto import Presence, RequestType, ServerCommand, encode_cmd
 from ..van.kv import open_worker
+from ..van.runtime.barriers import join_kind
 from ..van.runtime.departures import seat_words
 from ..van.runtime.postoffice import Postoffice
 from ..van.wire.message import (ALL_GROUP, SERVER_GROUP, WORKER_GROUP, id_to_rank,
@@ -246,8 +247,9 @@ class Cluster:
         self.wait(request, what)
         return bytes(next(iter(request.bodies.values())))
 
-    def _join_barrier(self, within: float) -> None:
-        self.barriers.wait("in the join barrier (a late worker joins)", within, kind="join")
+    def _join_barrier(self, within: float, joiners) -> None:
+        self.barriers.wait("in the join barrier (late workers %s join)" % sorted(joiners),
+                           within, kind=join_kind(joiners))
 
     def leave(self, within: float, ending: Optional[str]) -> None:
         """MXNet's exit sequence: the shutdown barrier (Barrier(4); ``within`` seconds;

@@ -42,7 +42,8 @@ class JoinPort(NamedTuple):
     send_first: Callable[[ServerCommand, bytes], Any]    # a command to server rank 0: request
     answer: Callable[[Any, str], bytes]                  # a request's answer (waited for)
     tell_all: Callable[[ServerCommand, bytes, str], Any]      # a command to every server
-    join_barrier: Callable[[float], None]   # the workers' join barrier (within seconds)
+    join_barrier: Callable[[float, List[int]], None]   # the join barrier of these joiners,
+    #                                                    within seconds
     leads: Callable[[], bool]               # whether this worker hands its parameters over
     timeout: float                          # BYTEPS_REQUEST_TIMEOUT
 
@@ -86,8 +87,8 @@ class Joins:
                 self._ask_first(ServerCommand.BYTEPS_HANDOVER,
                                 b"%d\n%s" % (self.commits, handover()),
                                 "leaving the parameters for the joining workers")
-            self._port.join_barrier(self._port.timeout)     # every round answered
-            self._port.join_barrier(self._port.timeout)     # the late ones are in the rounds
+            self._port.join_barrier(self._port.timeout, joiners)    # every round answered
+            self._port.join_barrier(self._port.timeout, joiners)    # the late ones are in
         return joiners
 
     def _joiners(self) -> List[int]:
@@ -129,14 +130,14 @@ class Joins:
                     "other workers' next State.commit(): do they call it, every step or "
                     "epoch?" % self._port.timeout)
             time.sleep(ASK_EVERY_S)
-        head, _, rest = answer.partition(b"\n")
-        updates, _, state = rest.partition(b"\n")
+        head, updates, ids, state = answer.split(b"\n", 3)
         check(updates == b"1")
-        self._port.join_barrier(self._port.timeout)
+        joiners = [int(j) for j in ids.split(b",")]     # (those joining with it too)
+        self._port.join_barrier(self._port.timeout, joiners)
         handover = bytes(self._ask_first(ServerCommand.BYTEPS_HANDOVER, head,
                                          "reading the parameters left for it"))
         self._port.tell_all(ServerCommand.BYTEPS_ADMIT, b"", "joining the rounds")
-        self._port.join_barrier(self._port.timeout)
+        self._port.join_barrier(self._port.timeout, joiners)
         self.joining = False
         self.commits = int(head)
         # its own report of the commit it joins at: whoever joins at the next, it learns too

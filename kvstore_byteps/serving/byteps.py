@@ -108,7 +108,7 @@ class BytePSServer(KVStoreDistServer):
         #: a dist_byteps worker probed this server (MXNet's workers never do)
         self._probed = False
         #: elastic workers' joins (server rank 0's is the one asked)
-        self.joins = JoinBoard()
+        self.joins = JoinBoard(lambda: self.updater is not None)
 
     @classmethod
     def from_config(cls, config: Config, num_workers: int,
@@ -176,6 +176,7 @@ class BytePSServer(KVStoreDistServer):
     def depart(self, sender: int) -> None:
         super().depart(sender)          # elastic workers: no round waits for it any more
         self.path.depart(sender, self.keys.all())
+        self.joins.depart(sender)
 
     # -- restarted server ---------------------------------------------------------------------
     def begin_recovery(self, epoch: int, deadline: float) -> None:
@@ -213,8 +214,7 @@ class BytePSServer(KVStoreDistServer):
             try:
                 body = bytes(req.meta.body or b"")
                 answer = (self.joins.handle(head, req.sender, body,
-                                            lambda s: self.path.admit(s, self.keys.all()),
-                                            self.updater is not None)
+                                            lambda s: self.path.admit(s, self.keys.all()))
                           if head in JOIN_COMMANDS else
                           self.path.worker_command(head, req.sender, body, self.keys.all()))
             except ProtocolError as exc:

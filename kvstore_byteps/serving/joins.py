@@ -39,7 +39,9 @@ JOIN_COMMANDS = (ServerCommand.BYTEPS_COMMIT, ServerCommand.BYTEPS_JOIN,
 class JoinBoard:
     """Who waits to join, and who joins at which commit, with the state it resumes from."""
 
-    def __init__(self):
+    def __init__(self, servers_update: Callable[[], bool] = lambda: True):
+        """``servers_update()``: whether the servers run the optimizer (hold the weights)."""
+        self._servers_update = servers_update
         self._lock = threading.Lock()
         self._waiting: Set[int] = set()
         self._highest = -1                                # the highest commit decided
@@ -48,16 +50,18 @@ class JoinBoard:
         self._resume: Dict[int, bytes] = {}       # m + 1 -> its first report's state
         self._handovers: Dict[int, bytes] = {}            # commit -> the leader's parameters
         self._asked: Set[Tuple[int, int]] = set()         # (commit, joiner) that read them
+        #: joiner -> the highest commit decided when it first asked: a decision for its id
+        #: made before (for an earlier process in its seat, which joined and left) is not its
+        self._since: Dict[int, int] = {}
 
     def handle(self, head: ServerCommand, sender: int, body: bytes,
-               admit: Callable[[int], None], servers_update: bool = True) -> bytes:
+               admit: Callable[[int], None]) -> bytes:
         """One of :data:`JOIN_COMMANDS` from worker ``sender``: its answer's body.
-        ``admit(sender)`` takes the late worker into every key's rounds (BYTEPS_ADMIT);
-        ``servers_update``: the servers run the optimizer (they hold the weights)."""
+        ``admit(sender)`` takes the late worker into every key's rounds (BYTEPS_ADMIT)."""
         if head == ServerCommand.BYTEPS_COMMIT:
             return self.commit(sender, body)
         if head == ServerCommand.BYTEPS_JOIN:
-            return self.join(sender, servers_update)
+            return self.join(sender)
         if head == ServerCommand.BYTEPS_HANDOVER:
             return self.handover(sender, body)
         admit(sender)
@@ -105,15 +109,27 @@ class JoinBoard:
                 self._handovers.pop(n, None)
             return given
 
-    def join(self, sender: int, servers_update: bool = True) -> bytes:
-        """A joining worker's ask: ``b"<n>\\n<1|0>\\n<state JSON>"`` once it joins at
-        commit n (decided at n - 1, and somebody reported n), 1 where the servers update;
-        empty while it waits (it asks again)."""
+    def depart(self, sender: int) -> None:
+        """Worker ``sender`` left the job: a late worker that had not joined asks no more (a
+        decision made for it is not the next process's in its seat)."""
         with self._lock:
+            self._waiting.discard(sender)
+            self._since.pop(sender, None)
+
+    def join(self, sender: int) -> bytes:
+        """A joining worker's ask: ``b"<n>\\n<1|0>\\n<ids>\\n<state JSON>"`` once it joins
+        at commit n (decided at n - 1, and somebody reported n), 1 where the servers update,
+        with the workers ``ids`` (it among them) that join there; empty while it waits (it
+        asks again)."""
+        with self._lock:
+            since = self._since.setdefault(sender, self._highest)
             for m, joiners in self._decided.items():
-                if sender in joiners:
+                if sender in joiners and m > since:
                     if m + 1 in self._resume:
-                        return b"%d\n%d\n%s" % (m + 1, servers_update, self._resume[m + 1])
+                        del self._since[sender]     # (a later process in its seat asks anew)
+                        return b"%d\n%d\n%s\n%s" % (m + 1, self._servers_update(),
+                                                     b",".join(b"%d" % j for j in joiners),
+                                                     self._resume[m + 1])
                     return b""
             self._waiting.add(sender)
             return b""

@@ -69,8 +69,8 @@ def test_a_fifth_worker_takes_the_vacant_seat_at_once_and_every_node_adds_it():
     assert sorted(m.meta.recver for m in notices) == [8, 9, 11, 13, 15]
     # it joins in the join barrier, then every barrier counts five
     for rank in range(4):
-        assert barrier(sched, rank, 13.0, "join") == []
-    assert sorted(m.meta.recver for m in barrier(sched, 4, 13.0, "join")) == [9, 11, 13, 15, 17]
+        assert barrier(sched, rank, 13.0, "join:17") == []
+    assert sorted(m.meta.recver for m in barrier(sched, 4, 13.0, "join:17")) == [9, 11, 13, 15, 17]
     assert sched.departures.workers() == 5
     # a worker of the grown job may leave (five, minimum three), and its seat is free again
     lose(sched, 4, 14.0)

@@ -61,8 +61,8 @@ def test_a_late_worker_takes_its_ranks_departed_place_and_joins_in_the_join_barr
     assert barrier(sched, 0, 13.0) == []
     assert sorted(m.meta.recver for m in barrier(sched, 3, 13.0)) == [9, 15]
     # ... but the join barrier does, and from there on it is a member like the others
-    assert barrier(sched, 0, 14.0, "join") == [] and barrier(sched, 3, 14.0, "join") == []
-    assert sorted(m.meta.recver for m in barrier(sched, 2, 14.0, "join")) == [9, 13, 15]
+    assert barrier(sched, 0, 14.0, "join:13") == [] and barrier(sched, 3, 14.0, "join:13") == []
+    assert sorted(m.meta.recver for m in barrier(sched, 2, 14.0, "join:13")) == [9, 13, 15]
     assert barrier(sched, 0, 15.0) == [] and barrier(sched, 3, 15.0) == []
     assert sorted(m.meta.recver for m in barrier(sched, 2, 15.0)) == [9, 13, 15]
     # the others pair their key inits without it (it reads the keys, never initialises)
@@ -90,13 +90,59 @@ def test_a_late_worker_waits_for_a_departure_then_is_refused_naming_why():
     assert isinstance(refused, Refused) and "elastic job" in refused.reason
 
 
+def test_a_seats_next_process_joins_at_a_commit_of_its_own():
+    # worker 13 joined at commit 3 and died; the next process in its seat (a second restart,
+    # or a worker started by hand) must not take commit 3's answer (it would wait in a join
+    # barrier the others passed long ago: a helper's job hung); nor one that left unjoined
+    board = JoinBoard()
+    board.join(13)
+    board.commit(9, b"2\n{}")
+    board.commit(9, b"3\n{}")
+    assert board.join(13).startswith(b"3\n")
+    board.depart(13)
+    for n in range(4, 8):
+        board.commit(9, b"%d\n{}" % n)
+    assert board.join(13) == b""                 # asks anew: nothing decided for it yet
+    assert board.commit(9, b"8\n{}") == b"13"
+    board.depart(13)                             # it left before joining; the next one ...
+    assert board.join(13) == b"" and board.commit(9, b"9\n{}") == b"13"
+    board.commit(9, b"10\n{}")
+    assert board.join(13).startswith(b"10\n")  # ... joins at 10, not at 9
+
+
+def test_a_join_barrier_waits_for_its_own_joiners_not_for_a_worker_seated_later():
+    # two late workers seated a moment apart (a helper's run hung 300 s): the first joins at
+    # commit m; the second, seated before the others reached m, asks to join only later and
+    # must not hold m's join barrier (it joins at a later commit, in a barrier of its own)
+    sched = elastic_scheduler(workers=4, min_workers=2)
+    lose(sched, 1, 11.0)
+    lose(sched, 2, 11.5)
+    sched.handle(late_worker(3001, rank_hint=1), 12.0)
+    sched.handle(late_worker(3002, rank_hint=2), 12.1)
+    assert sched.departures.joining.keys() == {11, 13}
+    assert barrier(sched, 0, 13.0, "join:11") == [] and barrier(sched, 3, 13.0, "join:11") == []
+    assert sorted(m.meta.recver for m in barrier(sched, 1, 13.0, "join:11")) == [9, 11, 15]
+    # the program's own barriers count the joined one, not the one still joining
+    assert barrier(sched, 0, 14.0) == [] and barrier(sched, 1, 14.0) == []
+    assert sorted(m.meta.recver for m in barrier(sched, 3, 14.0)) == [9, 11, 15]
+    assert barrier(sched, 0, 15.0, "join:13") == []     # later: the second one's barrier
+    for rank in (1, 3):
+        barrier(sched, rank, 15.0, "join:13")
+    assert sorted(m.meta.recver for m in barrier(sched, 2, 15.0, "join:13")) == [9, 11, 13, 15]
+    # a join barrier must name its joiners; a plain one is refused, as an unknown kind
+    [refused] = [a for a in sched.handle(from_sender(barrier_request(4, 0, VanClock(), "join"),
+                                                     worker_id(0)), 16.0)
+                 if isinstance(a, Refused)]
+    assert "unknown kind 'join'" in refused.reason
+
+
 def test_a_joining_worker_that_is_lost_leaves_even_at_the_minimum():
     sched = elastic_scheduler(workers=4, min_workers=3)
     lose(sched, 2, 11.0)
     sched.handle(late_worker(3002, rank_hint=2), 12.0)
-    barrier(sched, 0, 13.0, "join")
-    barrier(sched, 1, 13.0, "join")
-    assert barrier(sched, 3, 13.0, "join") == []        # waits for the joining worker
+    barrier(sched, 0, 13.0, "join:13")
+    barrier(sched, 1, 13.0, "join:13")
+    assert barrier(sched, 3, 13.0, "join:13") == []        # waits for the joining worker
     # its own failure before it joined does not end the job (it leaves, as it is lost)
     abort = control_message(ControlCommand.HEARTBEAT, 1, request=True)
     abort.meta.extra = {"abort": "an uncaught error"}
@@ -149,8 +195,12 @@ def test_the_join_board_gives_every_worker_of_a_commit_the_same_joiners():
     assert board.commit(9, b"2\n{\"batch\": 2}") == b"13"       # ... for everyone: they
     assert board.join(13) == b""                 # learn it at commit 3, where it joins
     assert board.commit(9, b"3\n{\"batch\": 3}") == b""        # it joined: decided once
-    assert board.join(13) == b"3\n1\n{\"batch\": 3}"            # it resumes from commit 3
-    assert board.join(13, servers_update=False) == b"3\n0\n{\"batch\": 3}"   # (they only sum)
+    assert board.join(13) == b"3\n1\n13\n{\"batch\": 3}"        # it resumes from commit 3
+    summing = JoinBoard(lambda: False)                          # (where they only sum)
+    summing.join(13)
+    summing.commit(9, b"1\n{}")
+    summing.commit(9, b"2\n{}")
+    assert summing.join(13) == b"2\n0\n13\n{}"
     # a program's thread runs ahead of MXNet's engine: reports of one commit come far apart,
     # and one below the highest decided is answered as it was decided, whoever waits now
     for n in range(4, 200):
@@ -205,7 +255,7 @@ class FakeServers:
             return self.board.handle(head, sender, body, lambda s: None)
         return JoinPort(send, lambda answer, what: answer,
                         lambda head, body, what: self.calls.append((sender, head.name)),
-                        lambda within: self.calls.append((sender, "join barrier")),
+                        lambda within, joiners: self.calls.append((sender, "join barrier")),
                         lambda: sender == 9, timeout)
 
 
@@ -239,7 +289,7 @@ def test_a_late_worker_that_cannot_take_the_parameters_stays_out_of_the_rounds()
     # leader's parameters into: it fails before the join barrier, so it just leaves
     from kvstore_byteps.elastic import State
     from kvstore_byteps.errors import ConfigError
-    servers = FakeServers(answers=[b"3\n0\n{}"])
+    servers = FakeServers(answers=[b"3\n0\n13\n{}"])
     late = Joins(servers.port(13), late=True, enabled=True)
     state = State.__new__(State)
     state._trainer = None

@@ -11,23 +11,50 @@ the barrier the others ended their loop with, and everyone waited. Only workers'
 excuse anyone; releases go to the nodes that asked. Upstream nodes send no kind: their
 barriers count as the program's own, as ps-lite counts them.
 
-Elastic jobs add two kinds. ``join``: the workers and a worker taking a departed one's place
-pass it together at a ``State.commit()`` (kvstore_byteps/elastic.py); ``declare``: their
-pairing of a key's init. ``members_of(group, kind)`` names each barrier's members: a joining
-worker is a member of the ``join`` barrier only, and one that joined late of no ``declare``
-barrier (it reads the keys the others declared without pairing).
+Elastic jobs add two kinds. ``join:<ids>``: the workers and the late workers ``ids`` (node
+ids, comma-separated) that join at a ``State.commit()`` pass it together
+(kvstore_byteps/elastic.py); ``declare``: their pairing of a key's init. ``members_of(group,
+kind)`` names each barrier's members: a joining worker is a member of its own commit's join
+barrier only (another one, seated later, joins at a later commit), and one that joined late
+of no ``declare`` barrier (it reads the keys the others declared without pairing).
 """
 from typing import Dict, Iterable, List, Set, Tuple
 
 from ..wire.message import WORKER_GROUP
 
-__all__ = ["BARRIER_KINDS", "BarrierBook"]
+__all__ = ["BARRIER_KINDS", "BarrierBook", "base_kind", "join_kind", "joiners_of",
+           "known_kind"]
 
 #: a worker's barriers: "" the program's own (kv._barrier, init's pairing); "finish" its
 #: finish_training (asynchronous training, backup workers); "shutdown" its exit's; "join"
 #: and "declare": elastic jobs' (see the module)
 #: elastic jobs' admission of a worker taking a departed one's place
 BARRIER_KINDS = ("", "finish", "shutdown", "join", "declare")
+
+
+def join_kind(joiners) -> str:
+    """The kind of the join barrier of the late workers ``joiners`` (node ids)."""
+    return "join:" + ",".join(str(j) for j in sorted(joiners))
+
+
+def base_kind(kind: str) -> str:
+    """``join`` for a join barrier's kind, else ``kind``."""
+    return kind.split(":", 1)[0]
+
+
+def joiners_of(kind: str) -> frozenset:
+    """The late workers a join barrier's kind names; ValueError if it names no ids."""
+    return frozenset(int(j) for j in kind.split(":", 1)[1].split(","))
+
+
+def known_kind(kind: str) -> bool:
+    """Whether a node may wait in a barrier of ``kind`` (a join barrier names its joiners)."""
+    if kind.startswith("join:"):
+        try:
+            return bool(joiners_of(kind))
+        except ValueError:
+            return False
+    return kind in BARRIER_KINDS and kind != "join"
 
 
 class BarrierBook:
@@ -64,7 +91,7 @@ class BarrierBook:
         releases = []
         for (group, kind), waiting in self._waiting.items():
             members: Iterable[int] = members_of(group, kind)
-            passed = waiting | (excused[kind] if group == WORKER_GROUP else set())
+            passed = waiting | (excused[base_kind(kind)] if group == WORKER_GROUP else set())
             if not waiting or not set(members) <= passed:
                 continue
             releases += [(node, group, self._app[(group, kind)])

@@ -23,6 +23,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from ...config import Role
 from ..wire.message import Node, id_to_rank, worker_rank_to_id
+from .barriers import joiners_of
 
 __all__ = ["ARRIVAL_WAIT_S", "Departures", "seat_words"]
 
@@ -88,11 +89,14 @@ class Departures:
         self.left[node.id] = node
 
     def present(self, ids: List[int], kind: str = "") -> List[int]:
-        """``ids`` without the workers that left, nor (but in the ``join`` barrier) those
-        joining, nor (in a ``declare`` barrier) those that took a departed one's place."""
+        """``ids`` without the workers that left, nor those joining (but ``join``: all of
+        them, and a ``join:<ids>`` barrier: those it names), nor (in a ``declare`` barrier)
+        those that took a departed one's place."""
+        joining = (frozenset() if kind == "join" else
+                   self.joining.keys() - joiners_of(kind) if kind.startswith("join:")
+                   else self.joining.keys())
         return [i for i in ids if i not in self.left and i not in self.vacant
-                and (kind == "join" or i not in self.joining)
-                and (kind != "declare" or i not in self.late)]
+                and i not in joining and (kind != "declare" or i not in self.late)]
 
     def seat(self, node: Node) -> Optional[int]:
         """The id a late worker ``node`` takes: its own rank's (``DMLC_WORKER_ID``) if that

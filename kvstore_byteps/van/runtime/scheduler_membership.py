@@ -8,7 +8,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ...config import Role
 from ...errors import ClusterStartError, JobAbortedError
-from .barriers import BARRIER_KINDS, BarrierBook
+from .barriers import BarrierBook, base_kind, known_kind
 from .departures import ARRIVAL_WAIT_S, Departures
 from .membership import (Connect, Fail, NodeDead, NodeJoined, NodeLeft, NodeRecovered, Ready,
                          Refused,
@@ -349,7 +349,7 @@ class SchedulerMembership:
         group = msg.meta.control.barrier_group
         sender = msg.meta.sender
         kind = str((msg.meta.extra or {}).get("barrier_kind", ""))
-        if kind not in BARRIER_KINDS:
+        if not known_kind(kind):
             return [Refused("ignored a barrier request of an unknown kind %r from node %s"
                             % (kind, sender))]
         members = self._members(group, kind)
@@ -357,7 +357,7 @@ class SchedulerMembership:
             # a stranger (or a forged id) must not complete anyone's barrier
             return [Refused("ignored a barrier request of group %d from node %s, which is not "
                             "one of its members %s" % (group, sender, members))]
-        if kind == "join":      # a joining worker is a member like the others from here on
+        if base_kind(kind) == "join":   # a joining worker: a member like the others from here
             self.departures.joined(sender)
         return self._barrier_releases(self.barriers.arrive(
             group, kind, sender, (msg.meta.app_id, msg.meta.customer_id), self._members))
