@@ -129,6 +129,15 @@ def test_a_join_barrier_waits_for_its_own_joiners_not_for_a_worker_seated_later(
     for rank in (1, 3):
         barrier(sched, rank, 15.0, "join:13")
     assert sorted(m.meta.recver for m in barrier(sched, 2, 15.0, "join:13")) == [9, 11, 13, 15]
+    # two decided at one commit pass one barrier naming both
+    lose(sched, 3, 15.5)
+    sched.handle(late_worker(3003, rank_hint=3), 15.6)
+    lose(sched, 2, 15.7)
+    sched.handle(late_worker(3004, rank_hint=2), 15.8)
+    for rank in (0, 1, 2):
+        assert barrier(sched, rank, 15.9, "join:13,15") == []
+    assert sorted(m.meta.recver for m in barrier(sched, 3, 15.9, "join:13,15")) == [
+        9, 11, 13, 15]
     # a join barrier must name its joiners; a plain one is refused, as an unknown kind
     [refused] = [a for a in sched.handle(from_sender(barrier_request(4, 0, VanClock(), "join"),
                                                      worker_id(0)), 16.0)
