@@ -101,6 +101,10 @@ class JobAbortedError(PeerError):
 #: counts it lost, and restarts it with --max-restarts (BSD's EX_TEMPFAIL: try again)
 EXIT_LEFT = 75
 
+#: how a late worker's log line says it joined (engine/joins.py): launch.py reads it in a
+#: restarted worker's output, and counts it back in the job from then on
+JOINED_LINE = "joined the job at the other workers' commit"
+
 #: a node stopped by a job another node ended exits this much later, so that the node that
 #: ended it exits first and the launchers, which name the first node that failed, name it
 EXIT_AFTER_OTHERS_END_S = 1.0

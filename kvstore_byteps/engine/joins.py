@@ -14,7 +14,7 @@ import os
 import time
 from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 
-from ..errors import DeadlineError, KVStoreBytePSError
+from ..errors import JOINED_LINE, DeadlineError, KVStoreBytePSError
 from ..mxproto import ServerCommand
 
 __all__ = ["JoinPort", "Joins"]
@@ -143,7 +143,6 @@ class Joins:
         # its own report of the commit it joins at: whoever joins at the next, it learns too
         self._report = self._port.send_first(ServerCommand.BYTEPS_COMMIT,
                                              b"%d\n%s" % (self.commits, state))
-        log.warning("joined the job at the other workers' commit %d (%s), %.1f s after asking, "
-                    "%s", self.commits, state.decode("utf-8", "replace")[:80],
+        log.warning(JOINED_LINE + " %d (%s), %.1f s after asking, %s", self.commits, state.decode("utf-8", "replace")[:80],
                     time.monotonic() - started, _uptime())
         return self.commits, state, handover

@@ -20,7 +20,7 @@ import time
 from typing import IO, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from kvstore_byteps.config import Role
-from kvstore_byteps.errors import EXIT_LEFT
+from kvstore_byteps.errors import EXIT_LEFT, JOINED_LINE
 
 from .guard import STOP_WORD
 from .procs import die_with_parent, exit_status
@@ -101,8 +101,11 @@ class OutputCopy:
 
     _lock = threading.Lock()
 
-    def __init__(self, stream: IO[bytes], prefix: str, sink: IO[bytes], log: Optional[IO[bytes]]):
+    def __init__(self, stream: IO[bytes], prefix: str, sink: IO[bytes], log: Optional[IO[bytes]],
+                 watch: bytes = b""):
+        """``watch``: a text whose line sets :attr:`seen` (a restarted worker's join)."""
         self._stream, self._prefix, self._sink, self._log = stream, prefix.encode(), sink, log
+        self._watch, self.seen = watch, threading.Event()
         self.thread = threading.Thread(target=self._pump, name="output " + prefix, daemon=True)
         self.thread.start()
 
@@ -110,6 +113,8 @@ class OutputCopy:
         for line in iter(self._stream.readline, b""):
             if not line.endswith(b"\n"):
                 line += b"\n"
+            if self._watch and self._watch in line:
+                self.seen.set()
             with self._lock:
                 try:
                     self._sink.write(self._prefix + line)
@@ -147,8 +152,16 @@ class _Child:
         mode = "ab" if RESTART_COUNT in spec.env else "wb"
         self.log = open(os.path.join(log_dir, log_file_name(spec)), mode) if log_dir else None
         prefix = "[%s] " % spec.label if spec.prefixed else ""
-        self.outputs = [OutputCopy(self.proc.stdout, prefix, sys.stdout.buffer, self.log),
-                        OutputCopy(self.proc.stderr, prefix, sys.stderr.buffer, self.log)]
+        watch = JOINED_LINE.encode() if RESTART_COUNT in spec.env else b""
+        self.outputs = [OutputCopy(self.proc.stdout, prefix, sys.stdout.buffer, self.log, watch),
+                        OutputCopy(self.proc.stderr, prefix, sys.stderr.buffer, self.log, watch)]
+
+    @property
+    def joining(self) -> bool:
+        """A restarted worker still running that has not said it joined (it does not count
+        among the workers left, as the scheduler does not count it)."""
+        return (RESTART_COUNT in self.spec.env and self.running
+                and not any(out.seen.is_set() for out in self.outputs))
 
     @property
     def running(self) -> bool:
@@ -282,7 +295,8 @@ class Job:
         self._lost.append(failed)
         workers = sum(1 for c in self._children if c.spec.role is Role.WORKER
                       and c not in self._restarted)
-        left = workers - len(self._lost)
+        joining = [c for c in self._children if c is not failed and c.joining]
+        left = workers - len(self._lost) - len(joining)
         if left >= self._min_workers and self._restart(failed):
             return True
         if left >= self._min_workers:
@@ -292,8 +306,10 @@ class Job:
             return True
         lost = ", ".join("%s %s" % (c.spec.label, describe_exit(c.proc.returncode))
                          for c in self._lost)
-        self._log("%s: %d of %d workers left, fewer than --min-workers %d; stopping all "
-                  "processes" % (lost, left, workers, self._min_workers))
+        self._log("%s: %d of %d workers left, fewer than --min-workers %d%s; stopping all "
+                  "processes" % (lost, left, workers, self._min_workers,
+                                 " (restarted, not joined yet: %s)" % _labels(joining)
+                                 if joining else ""))
         return False
 
     def _restart(self, failed: "_Child") -> bool:

@@ -174,6 +174,12 @@ def test_the_launcher_restarts_a_lost_worker_at_most_k_times():
     assert job([None, "left-once", None], log, restarts=1).run() == 0      # down) restarts
     assert ("worker 1 exited with code 75 (the job took it for lost: it left); restarting it"
             in log.getvalue()), log.getvalue()
+    # a second loss while the restarted worker has not joined (it said nothing yet) is below
+    # the minimum, as the scheduler counts it: the job ends with the loss, not restarting it
+    log = io.StringIO()
+    assert job([None, "linger", "kill"], log, restarts=1).run() == 137
+    assert ("worker 2 was killed by SIGKILL: 1 of 3 workers left, fewer than --min-workers 2 "
+            "(restarted, not joined yet: worker 1)" in log.getvalue()), log.getvalue()
     # a restarted worker still running once the others finished had not joined: stopped
     log = io.StringIO()
     assert job([None, "linger", None], log, restarts=1).run() == 0
