@@ -143,6 +143,6 @@ class Joins:
         # its own report of the commit it joins at: whoever joins at the next, it learns too
         self._report = self._port.send_first(ServerCommand.BYTEPS_COMMIT,
                                              b"%d\n%s" % (self.commits, state))
-        log.warning(JOINED_LINE + " %d (%s), %.1f s after asking, %s", self.commits, state.decode("utf-8", "replace")[:80],
-                    time.monotonic() - started, _uptime())
+        log.warning(JOINED_LINE + " %d (%s), %.1f s after asking, %s", self.commits,
+                    state.decode("utf-8", "replace")[:80], time.monotonic() - started, _uptime())
         return self.commits, state, handover

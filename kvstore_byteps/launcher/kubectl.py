@@ -19,6 +19,7 @@ import time
 from typing import IO, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from kvstore_byteps.config import Role
+from kvstore_byteps.errors import EXIT_LEFT
 
 from .job import (EXIT_TIMEOUT, STOP_SIGNALS, OutputCopy, describe_exit,
                   log_file_name)
@@ -34,6 +35,10 @@ KUBECTL_TIMEOUT_S = 60        # one kubectl call (it also gets --request-timeout
 DELETE_TIMEOUT_S = 120        # deleting, including waiting for the pods to be gone
 LOG_DRAIN_S = 5.0             # after the end, how long the log streams get to finish
 MAX_POLL_FAILURES = 5
+#: exit statuses a worker's program chooses (sys.exit(N), an uncaught error: 1), which end an
+#: elastic job as they end any other; EXIT_LEFT (taken for lost) and 128 + N (a signal's) are
+#: losses, restarted
+PROGRAM_STATUSES = [code for code in range(1, 128) if code != EXIT_LEFT]
 #: A container waiting for one of these will not start without someone changing something.
 STUCK_REASONS = ("ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName",
                  "CreateContainerConfigError", "CreateContainerError")
@@ -168,8 +173,7 @@ def _elastic_end(jobs: Mapping, states: Sequence[PodState]) -> Optional[Tuple[in
         return 0, "the workers finished%s" % what
     # a program's own status (FailJob) first: the Job then stopped the others (SIGTERM)
     ended = sorted((s for s in states if s.role is Role.WORKER and s.exit_code),
-                   key=lambda s: (not 0 < s.exit_code < 128 or s.exit_code == 75,
-                                  s.finished_at or "~"))
+                   key=lambda s: (s.exit_code not in PROGRAM_STATUSES, s.finished_at or "~"))
     code = ended[0].exit_code if ended else 1
     return code, "Job %s failed: %s: %s%s" % (name, reason, failed.get("message", ""), what)
 

@@ -48,7 +48,8 @@ from kvstore_byteps.config import Env, Role
 
 from . import kubectl as cluster
 from .job import EXIT_TIMEOUT, STOP_SIGNALS
-from .kubectl import APP, COMPLETION_INDEX, LABEL_APP, LABEL_JOB, LABEL_ROLE, Kubectl, say
+from .kubectl import (APP, COMPLETION_INDEX, LABEL_APP, LABEL_JOB, LABEL_ROLE, PROGRAM_STATUSES,
+                      Kubectl, say)
 from .plan import (LaunchError, SchedulerProgram, ServerProgram, WORKER_ID, lay_out_workers,
                    role_env, scheduler_argv, server_program, worker_env)
 
@@ -288,12 +289,6 @@ def _job(job: KubeJob, role: Role, pods: int, container: dict) -> dict:
     name = "%s-%s" % (job.name, role.name.lower())
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": _metadata(job, name, role),
             "spec": spec}
-
-
-#: exit statuses a worker's program chooses (sys.exit(N), an uncaught error: 1), which end an
-#: elastic job as they end any other; 75 is EXIT_LEFT (taken for lost: restarted), 128 + N a
-#: signal's (lost: restarted)
-PROGRAM_STATUSES = [code for code in range(1, 128) if code != 75]
 
 
 def _elastic_workers(job: KubeJob) -> dict:
