@@ -8,7 +8,7 @@ from typing import Optional
 from ..errors import ConfigError
 from . import parsers
 from .environment import EnvReader
-from .training import TrainingMode
+from .training import BACKUP_WAIT_PERCENT, TrainingMode
 from .variables import Env
 from .vocabulary import KEY_HASH_FNS, LOG_LEVELS, Role, ServerKind, VanType
 
@@ -132,10 +132,11 @@ def training_mode(env: EnvReader) -> TrainingMode:
     """BYTEPS_ENABLE_ASYNC and BYTEPS_BACKUP_WORKERS, which exclude each other."""
     enable_async = env.flag(Env.ENABLE_ASYNC, False)
     backup_workers = env.get(Env.BACKUP_WORKERS, parsers.nonnegative_int, 0)
+    backup_wait = env.get(Env.BACKUP_WAIT, parsers.percent, BACKUP_WAIT_PERCENT)
     if enable_async and backup_workers:
         raise ConfigError("%s and %s exclude each other: backup workers are a way to train "
                           "synchronously" % (Env.ENABLE_ASYNC, Env.BACKUP_WORKERS))
-    return TrainingMode.of(enable_async, backup_workers)
+    return TrainingMode.of(enable_async, backup_workers, backup_wait)
 
 
 #: Fewer bytes than this are refused: the key is all an attacker has to guess.

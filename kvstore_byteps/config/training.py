@@ -7,6 +7,10 @@ from ..words import count
 from .variables import Env
 from .vocabulary import Training
 
+#: BYTEPS_BACKUP_WAIT's default: a round with its W - b pushes waits at most this percentage
+#: of the key's last round for the workers still on time (serving/backup_rounds.py)
+BACKUP_WAIT_PERCENT = 25
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainingMode:
@@ -17,13 +21,18 @@ class TrainingMode:
 
     kind: Training = Training.SYNC
     backup_workers: int = 0
+    #: BYTEPS_BACKUP_WAIT, a percentage (the servers' alone: not part of the mode's name)
+    backup_wait: int = dataclasses.field(default=BACKUP_WAIT_PERCENT, compare=False)
 
     @classmethod
-    def of(cls, enable_async: bool, backup_workers: int) -> "TrainingMode":
-        """The mode ``BYTEPS_ENABLE_ASYNC`` and ``BYTEPS_BACKUP_WORKERS`` choose (unchecked)."""
+    def of(cls, enable_async: bool, backup_workers: int,
+           backup_wait: int = BACKUP_WAIT_PERCENT) -> "TrainingMode":
+        """The mode ``BYTEPS_ENABLE_ASYNC`` and ``BYTEPS_BACKUP_WORKERS`` choose (unchecked),
+        with ``BYTEPS_BACKUP_WAIT``."""
         if enable_async:
             return cls(Training.ASYNC)
-        return cls(Training.BACKUP_WORKERS, backup_workers) if backup_workers else cls()
+        return (cls(Training.BACKUP_WORKERS, backup_workers, backup_wait) if backup_workers
+                else cls())
 
     @classmethod
     def parse(cls, text: str) -> Optional["TrainingMode"]:

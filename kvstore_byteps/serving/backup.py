@@ -5,10 +5,11 @@ The servers keep the weights and run the optimizer, as MXNet's ``dist_sync`` ser
 A round of a key closes when ``W - b`` workers pushed it (:mod:`.backup_rounds`); the sum of
 those ``c`` gradients is scaled by ``W / c``, so an update has the size of a full round's
 (the optimizer's ``rescale_grad`` is set for ``W`` workers' batches, as in ``dist_sync``), and
-applied once; the round's pulls get the new weights. A late push (computed on weights a few
-rounds old, or arriving while its round's update is computed) joins the open round as one more
-gradient (its pull is answered at once with the current weights), a later one is dropped and
-counted; a round also closes once every worker present pushed into it (never a wait for a
+applied once; the round's pulls get the new weights. A round with its ``W - b`` waits a
+little for the workers still on time (a timed recheck on the key's summing thread). A late push
+(computed on the weights of the round closed last, or arriving while its round's update is
+computed) joins the open round as one more gradient (its pull is answered at once with the
+current weights), an older one is dropped and counted; a round also closes once every worker present pushed into it (never a wait for a
 worker's next push: see :mod:`.backup_rounds`); a worker that waits in a barrier or finished
 (``BYTEPS_ABSENT``) is not waited for. Once
 ``W - b`` workers finished training, the job's training is over: no round closes any more, and
@@ -16,12 +17,15 @@ a late worker's pulls are answered with an error that tells it so (``errors.TRAI
 its next step raises ``TrainingOver``).
 """
 import logging
+import time
+
 import numpy as np
 
+from ..config.training import BACKUP_WAIT_PERCENT
 from ..errors import TRAINING_OVER, ProtocolError
 from ..mxproto import Presence
 from ..words import count
-from .backup_rounds import ENDED, BackupRounds
+from .backup_rounds import ENDED, SHORTAGE_GRACE, BackupRounds
 from .datapath import Answers, describe_sum
 from .kept import KeptWeights
 from .store import publish
@@ -39,16 +43,19 @@ class BackupWorkers(KeptWeights):
                            "(BYTEPS_BACKUP_WORKERS): the servers run the optimizer on the "
                            "rounds' sums")
 
-    def __init__(self, answers: Answers, backup_workers: int):
+    def __init__(self, answers: Answers, backup_workers: int,
+                 wait: float = BACKUP_WAIT_PERCENT / 100.0):
+        """``wait``: how long a round with its W - b pushes waits for the workers still on
+        time, as a fraction of the key's last round (BYTEPS_BACKUP_WAIT)."""
         super().__init__(answers)
-        self.backup_workers = backup_workers
+        self.backup_workers, self.wait = backup_workers, wait
         self._absent = set()            # workers away now (keys made meanwhile start so)
         self._done = set()              # workers that finished training
         self._add = answers.timed("sum", self._add, describe_sum)
 
     def new_rounds(self, ps_key: int, values: np.ndarray) -> BackupRounds:
         rounds = BackupRounds(ps_key, self._answers.num_workers, self.backup_workers,
-                              values.size, values.dtype)
+                              values.size, values.dtype, self.wait)
         for sender in list(self._absent):
             rounds.set_absent(sender, True)
         for sender in list(self._done):
@@ -87,6 +94,8 @@ class BackupWorkers(KeptWeights):
             self._answers.fail(token, self._over, quiet=True)
         elif version is not None:
             self._answers.deliver(token, key.value)
+        else:
+            self._watch_shortage(key)
 
     def absent(self, sender: int, presence: Presence, keys) -> None:
         """``sender`` pushes nothing for now (waits in a barrier) or finished training: close
@@ -102,7 +111,20 @@ class BackupWorkers(KeptWeights):
         for key in keys:
             for token in key.rounds.set_absent(sender, absent):
                 self._answers.fail(token, self._over, quiet=True)
+            self._watch_shortage(key)
             self._recheck(key)
+
+    def _watch_shortage(self, key) -> None:
+        """Fewer than W - b workers present (the others in a barrier): if that lasts
+        SHORTAGE_GRACE, the training is over for the workers still pushing."""
+        spell = key.rounds.shortage_to_watch()
+        if spell:
+            self._answers.submit(key.thread, lambda: self._end_shortage(key, spell),
+                                 SHORTAGE_GRACE)
+
+    def _end_shortage(self, key, spell: int) -> None:
+        for token in key.rounds.end_shortage(spell):
+            self._answers.fail(token, self._over, quiet=True)
 
     def _finish(self, sender: int, keys) -> None:
         self._absent.add(sender)
@@ -136,8 +158,10 @@ class BackupWorkers(KeptWeights):
 
         def total(field, noun, plural):
             return count(sum(getattr(key.rounds, field) for key in keys), noun, plural)
-        log.info("backup workers over %s, %s: %s joined a later round, %s dropped, %s after "
-                 "the end of training", count(len(keys), "key"), total("version", "round", ""),
+        log.info("backup workers over %s, %s (%s closed without a worker on time after "
+                 "waiting for it): %s joined a later round, %s dropped, %s after the end of "
+                 "training", count(len(keys), "key"), total("version", "round", ""),
+                 total("waited_out", "round", ""),
                  total("joined_late", "late push", "late pushes"),
                  total("dropped", "push", "pushes"), total("dropped_after_end", "push", "pushes"))
 
@@ -147,6 +171,10 @@ class BackupWorkers(KeptWeights):
     def _close(self, key, complete) -> None:
         """Summing thread: apply the optimizer to a complete round, answer its pulls."""
         if complete is None:
+            due = key.rounds.due()      # it waits a little for the workers still on time
+            if due is not None:
+                self._answers.submit(key.thread, lambda: self._close(key, key.rounds.recheck()),
+                                     due - time.monotonic())
             return
         total, count = complete
         answers = self._answers

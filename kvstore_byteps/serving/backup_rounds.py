@@ -13,13 +13,16 @@ last answer), so it needs no round number on the wire:
 * a push on time (computed on the current weights) counts towards the open round's ``W - b``;
   one that arrives after ``W - b`` others but before the round closed is summed in too (its
   data is here; nobody waits for it);
-* a push computed on weights at most :data:`MAX_LATE_ROUNDS` rounds old is late: it joins the
-  open round as one more gradient (a stale one), not counted towards its ``W - b``: a
-  straggler's data still reaches the model (its shard, where data is sharded by rank) while
-  nobody waits for it;
+* a push computed on the weights of the round that closed last (:data:`MAX_LATE_ROUNDS` 1)
+  is late: it joins the open round as one more gradient, not counted towards its ``W - b``;
+  an older one (a straggler's, 2-3 rounds old for a 2x straggler) is dropped and counted, as
+  in Chen et al. and TensorFlow: applied, such stale gradients cost accuracy;
 * a push that arrives while the open round is closing (complete, its update being computed)
-  joins the next round as a late one; only a push later than :data:`MAX_LATE_ROUNDS` rounds
-  is dropped (counted): no gradient is lost to a race with a round's close;
+  joins the next round as a late one: no gradient is lost to a race with a round's close;
+* a round that has its ``W - b`` pushes on time waits a little (``wait``: a fraction of the
+  key's last round) for the workers without a push on time in it; a worker behind (its last
+  push 2 or more rounds late: a straggler) is not waited for. Without a straggler a round
+  then takes every worker's gradient, as synchronous training does (:class:`_Wait`);
 * a round that a worker waits for also closes once every worker present pushed into it
   (late and dropped pushes included): a round never waits for a worker's *next* push, which may wait behind a round of
   another key that waits for one of ours (two workers left, their steps crossed over two keys:
@@ -39,8 +42,10 @@ training (:meth:`BackupRounds.finish`) push nothing: while fewer than ``W - b`` 
 left (the others finished their loop: a barrier, ``finish_training`` or their exit), no round
 can close, and the training is over for the workers still pushing: their pushes are dropped
 and their pulls answered :data:`ENDED` (the server tells them; their next step raises
-``TrainingOver``). Once ``W - b`` workers finished, that is for good; workers back from a
-barrier (``set_absent(..., False)``) make rounds close again. (Until issue 62, a round needed
+``TrainingOver``): at once where the others finished, after :data:`SHORTAGE_GRACE` where
+they wait in a barrier (:meth:`BackupRounds.end_shortage`: workers leaving a barrier together
+come back a few milliseconds apart). Once ``W - b`` workers finished, that is for good;
+workers back from a barrier (``set_absent(..., False)``) make rounds close again. (Until issue 62, a round needed
 ``min(W - b, workers present)`` pushes: workers ending their loop with a barrier left a
 straggler whose every remaining step was applied alone, scaled by ``W``.)
 
@@ -49,7 +54,8 @@ thread; ``add``, ``recheck`` and ``close`` on the one summing thread the key is 
 it writes the sum buffer, outside the lock, and only it closes a round).
 """
 import threading
-from typing import Dict, List, Optional, Set, Tuple
+import time
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 
@@ -57,19 +63,27 @@ from ..errors import ProtocolError
 from ..words import count
 from .rounds import sum_into
 
-__all__ = ["BackupRounds", "ENDED"]
+__all__ = ["BackupRounds", "ENDED", "SHORTAGE_GRACE"]
 
 #: what :meth:`BackupRounds.request_pull` returns once the job's training is over
 ENDED = -1
 #: a push computed on weights at most this many rounds old joins the open round; older ones
-#: are dropped (a 2x straggler's are 2-3 rounds old)
-MAX_LATE_ROUNDS = 4
+#: are dropped: a 2x straggler's gradients, 2-3 rounds old, cost accuracy when applied (with
+#: momentum 0.9, 1.7 points on the digits benchmark; dropped, 0.5-0.7), while a push that
+#: just missed its round's close is nearly as good as on time
+MAX_LATE_ROUNDS = 1
+#: seconds that fewer than W - b workers may be present (the others in a barrier) before the
+#: training is over for the workers still pushing: workers leaving a barrier together tell the
+#: servers they are back a few milliseconds apart, and the first one's next push must not hear
+#: that the training is over (it did, once in about 50 runs: every worker stopped at step 1)
+SHORTAGE_GRACE = 1.0
 
 
 class BackupRounds:
     """The open round of one key: who pushed it, its sum, the pulls waiting for it."""
 
-    def __init__(self, ps_key: int, num_workers: int, backup_workers: int, size: int, dtype):
+    def __init__(self, ps_key: int, num_workers: int, backup_workers: int, size: int, dtype,
+                 wait: float = 0.0, clock: Callable[[], float] = time.monotonic):
         if not 0 < backup_workers < num_workers:
             raise ProtocolError("%s need at least %s, the job has %d"
                                 % (count(backup_workers, "backup worker"),
@@ -103,6 +117,13 @@ class BackupRounds:
         self.dropped_after_end = 0
         #: late pushes that joined a later round
         self.joined_late = 0
+        self._wait = _Wait(wait, clock)
+        self._workers: Set[int] = set()     # every worker that pushed this key
+        self._behind: Set[int] = set()      # those whose last push was 2+ rounds late
+        #: spells of fewer than W - b workers present, counted; the current one is over
+        self.shortage = 0
+        self._shortage_over = False
+        self._watched = 0
 
     @property
     def needed(self) -> int:
@@ -117,9 +138,21 @@ class BackupRounds:
 
     @property
     def over(self) -> bool:
-        """Whether no round can close: W - b workers finished training (for good), or fewer
-        than W - b are left (the others wait in a barrier or finished)."""
-        return self.ended or self.num_workers - len(self._absent) < self.needed
+        """Whether the training is over for the workers still pushing: W - b workers finished
+        (for good), fewer than W - b can come back (the others finished), or fewer than W - b
+        have been present for :data:`SHORTAGE_GRACE` (:meth:`end_shortage`: the others wait
+        in a barrier after their loop)."""
+        return (self.ended or self.num_workers - len(self._done) < self.needed
+                or (self._shortage_over and self._short()))
+
+    def _short(self) -> bool:
+        """Fewer than W - b workers present: no round can close."""
+        return self.num_workers - len(self._absent) < self.needed
+
+    @property
+    def waited_out(self) -> int:
+        """Rounds that waited for a worker on time and closed without it."""
+        return self._wait.expired
 
     def begin_push(self, sender: int) -> Optional[int]:
         """Register ``sender``'s push: the round it is summed into (the open one, or the
@@ -135,6 +168,10 @@ class BackupRounds:
             r = self._read.get(sender, 0)
             late = self.version - r
             self._pushed[sender] = r        # a late one's pull is answered at once
+            self._workers.add(sender)
+            # behind: computed on weights 2 or more rounds old (a straggler); one that just
+            # missed a close is waited for in the next round (else it stays a few ms late)
+            (self._behind.add if late > 1 else self._behind.discard)(sender)
             (self._next if self._closing else self._senders).add(sender)
             if late > MAX_LATE_ROUNDS:
                 self.dropped += 1
@@ -187,10 +224,32 @@ class BackupRounds:
         than W - b workers (:attr:`over`), to be answered that the training is over; the caller
         runs :meth:`recheck` on the key's summing thread (every worker left pushed, say)."""
         with self._lock:
-            if absent:
-                self._absent.add(sender)
-            else:
-                self._absent.discard(sender)
+            short = self._short()
+            (self._absent.add if absent else self._absent.discard)(sender)
+            if not self._short():
+                self._shortage_over = False
+            elif not short:
+                self.shortage += 1
+            return self._end_waits()
+
+    def shortage_to_watch(self) -> int:
+        """The spell of shortage now (fewer than W - b workers present), the first time it
+        is asked for; else 0. The caller calls :meth:`end_shortage` with it after
+        :data:`SHORTAGE_GRACE`."""
+        with self._lock:
+            if not self._short() or self._watched == self.shortage:
+                return 0
+            self._watched = self.shortage
+            return self.shortage
+
+    def end_shortage(self, spell: int) -> List[object]:
+        """Spell ``spell`` of shortage lasted :data:`SHORTAGE_GRACE`: if it goes on, the
+        training is over for the workers still pushing (until workers come back). Returns
+        the tokens of the pulls that waited, to be answered so."""
+        with self._lock:
+            if spell != self.shortage or not self._short():
+                return []
+            self._shortage_over = True
             return self._end_waits()
 
     def finish(self, sender: int) -> List[object]:
@@ -235,14 +294,29 @@ class BackupRounds:
         # for ever, that push waiting behind a round of another key that waits for one of
         # ours (the workers' steps cross). A worker's late push and its next one (on time)
         # may both be in: two gradients.
-        if (self.over or self._closing or self._gradients == 0
+        if (self.over or self._short() or self._closing or self._gradients == 0
                 or self._summed < self._gradients):
             return None
         if len(self._fresh) < self.needed and not (self._waited_for()
                                                    and self._every_present_worker_pushed()):
             return None
+        if self._wait.holds(self._awaited()):
+            return None
         self._closing = True
         return self._buffer, self._gradients
+
+    def _awaited(self) -> Set[int]:
+        """Workers a quorate round may wait a little for: present, not behind (their last
+        push 2 or more rounds late), without a push on time in it yet (a worker whose late
+        push joined it is answered at once: its next push, on time, comes a moment after
+        the others'; not waiting for it kept it a round late for good)."""
+        return self._workers - self._absent - self._behind - self._fresh
+
+    def due(self) -> Optional[float]:
+        """When the open round stops waiting for its last on-time workers (the clock's time),
+        the first time it waits for them; else None. The caller runs :meth:`recheck` then."""
+        with self._lock:
+            return self._wait.take_due()
 
     def _every_present_worker_pushed(self) -> bool:
         return len(self._senders - self._absent) >= self.num_workers - len(self._absent)
@@ -259,6 +333,7 @@ class BackupRounds:
         round, and return the tokens of the pulls to answer with the new weights."""
         with self._lock:
             self.version += 1
+            self._wait.closed()
             self._fresh, self._senders = set(), self._next
             self._gradients, self._summed = self._next_gradients, 0
             self._next, self._next_gradients, self._closing = set(), 0, False
@@ -267,3 +342,47 @@ class BackupRounds:
             for sender, _, _ in ready:
                 self._answered(sender)
             return [token for _, _, token in ready]
+
+
+class _Wait:
+    """How long a round that has its ``W - b`` pushes waits for the workers still on time.
+
+    Backup workers are for stragglers; without one, the last worker's push is a few
+    milliseconds behind the others', and closing without it made most rounds take a gradient a
+    round stale (its push joined the next round): accuracy fell 1-2 points with nobody
+    straggling. So a quorate round waits for the workers not behind, at most ``fraction`` of
+    the key's last round (close to close); a straggler (behind) is not waited for, so it costs
+    nothing. ``fraction`` 0: never wait (Chen et al.'s rule). Under the rounds' lock."""
+
+    def __init__(self, fraction: float, clock: Callable[[], float]):
+        self.fraction, self._clock = fraction, clock
+        self._closed_at: Optional[float] = None     # when the last round closed
+        self._last: Optional[float] = None          # that round's length
+        self._until: Optional[float] = None         # the open round waits until then
+        self._told = False                          # take_due said so
+        #: rounds that waited for a worker and closed without it
+        self.expired = 0
+
+    def holds(self, awaited: Set[int]) -> bool:
+        """Whether a quorate round still waits, ``awaited`` not in yet."""
+        if not awaited or not self.fraction or self._last is None:
+            return False
+        now = self._clock()
+        if self._until is None:
+            self._until = now + self.fraction * self._last
+        if now < self._until:
+            return True
+        self.expired += 1
+        return False
+
+    def take_due(self) -> Optional[float]:
+        if self._until is None or self._told:
+            return None
+        self._told = True
+        return self._until
+
+    def closed(self) -> None:
+        now = self._clock()
+        if self._closed_at is not None:
+            self._last = now - self._closed_at
+        self._closed_at, self._until, self._told = now, None, False

@@ -31,6 +31,7 @@ from typing import Callable, Dict, Optional
 import numpy as np
 
 from ..config import Config, Training, TrainingMode
+from ..config.training import BACKUP_WAIT_PERCENT
 from ..errors import ConfigError, ProtocolError
 from ..mxproto import PROBE_ANSWER, SERVER_DTYPES, Cmd, RequestType, ServerCommand, encode_cmd
 from ..van.wire.keys import row_sparse_key
@@ -66,8 +67,8 @@ _WORKER_COMMANDS = (ServerCommand.BYTEPS_ABSENT, ServerCommand.BYTEPS_STALE,
 _DATA_PATHS = {
     Training.SYNC: lambda answers, mode, pacing: SummedRounds(answers, pacing),
     Training.ASYNC: lambda answers, mode, pacing: AsyncAdds(answers),
-    Training.BACKUP_WORKERS: lambda answers, mode, pacing: BackupWorkers(answers,
-                                                                         mode.backup_workers),
+    Training.BACKUP_WORKERS: lambda answers, mode, pacing: BackupWorkers(
+        answers, mode.backup_workers, mode.backup_wait / 100.0),
 }
 
 
@@ -79,7 +80,7 @@ class BytePSServer(KVStoreDistServer):
                  updater_loader: Callable[[bytes], Updater] = load_mxnet_updater,
                  pacing_lead_bytes: Optional[int] = None, pacing_hold_s: float = 0.2,
                  expect_pushes: Callable[[int, int], None] = lambda ps_key, nbytes: None,
-                 seats: int = 0):
+                 seats: int = 0, backup_wait: int = BACKUP_WAIT_PERCENT):
         super().__init__(num_workers, key_begin, updater_loader, seats)
         self.summing = SumThreads(summing_threads)
         #: what the data path may do here: answer, sum, read the optimizer
@@ -87,7 +88,7 @@ class BytePSServer(KVStoreDistServer):
             num_workers, self.summing, self.profiler.timed, self.send_answer, self.refuse,
             self._answer, lambda: self.updater, self.mxnet_key, self.departed, self.seats)
         #: how this server trains (the probe refuses workers that train otherwise)
-        self.mode = TrainingMode.of(enable_async, backup_workers)
+        self.mode = TrainingMode.of(enable_async, backup_workers, backup_wait)
         #: the training mode's data path: summed rounds, or the weights kept here
         self.path: DataPath = _DATA_PATHS[self.mode.kind](
             answers, self.mode,
@@ -114,10 +115,10 @@ class BytePSServer(KVStoreDistServer):
     def from_config(cls, config: Config, num_workers: int,
                     expect_pushes: Callable[[int, int], None] = lambda ps_key, nbytes: None
                     ) -> "BytePSServer":
-        """The server ``config`` describes (summing threads, training mode, pacing) for
-        ``num_workers``, not yet attached."""
+        """The server ``config`` describes for ``num_workers``, not yet attached."""
         return cls(num_workers, summing_threads=config.server_summing_threads,
                    enable_async=config.enable_async, backup_workers=config.backup_workers,
+                   backup_wait=config.training_mode.backup_wait,
                    pacing_lead_bytes=config.server_pacing_bytes or None,
                    pacing_hold_s=config.server_pacing_hold_ms / 1000.0,
                    expect_pushes=expect_pushes, seats=config.worker_seats)

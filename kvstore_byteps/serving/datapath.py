@@ -91,9 +91,10 @@ class Answers:
         """Answer a push with no values."""
         self.send_answer(server, req)
 
-    def submit(self, thread: int, task: Callable[[], None]) -> None:
-        """Run ``task`` on summing thread ``thread``, after what is queued there."""
-        self.summing.submit(thread, task)
+    def submit(self, thread: int, task: Callable[[], None], delay: float = 0.0) -> None:
+        """Run ``task`` on summing thread ``thread``, after what is queued there (with
+        ``delay``: not before ``delay`` seconds from now)."""
+        self.summing.submit(thread, task, delay)
 
     def deliver(self, token, value: np.ndarray) -> None:
         """Answer a pull token (``(req, server)`` or a batch's slot) with ``value``."""

@@ -6,6 +6,8 @@ bound so far: with equal-size partitions that spreads them evenly (a plain hash 
 over a few threads often does not). numpy releases the GIL while it adds, so threads sum
 different keys in parallel.
 """
+import heapq
+import itertools
 import logging
 import queue
 import threading
@@ -47,9 +49,11 @@ class SumThreads:
             self._load[index] += nbytes
             return index
 
-    def submit(self, thread: int, task: Callable[[], None]) -> None:
-        """Run ``task`` on ``thread`` after the tasks queued there before it."""
-        self._queues[thread].put(task)
+    def submit(self, thread: int, task: Callable[[], None], delay: float = 0.0) -> None:
+        """Run ``task`` on ``thread`` after the tasks queued there before it; with ``delay``,
+        not before ``delay`` seconds from now (a timed task does not hold the queue up)."""
+        self._queues[thread].put(task if delay <= 0 else
+                                 _Later(time.monotonic() + delay, next(_order), task))
 
     def close(self, timeout: float = 10.0) -> None:
         """Let queued tasks finish, then stop the threads; DeadlineError if they do not."""
@@ -65,11 +69,38 @@ class SumThreads:
 
     @staticmethod
     def _run(tasks: queue.SimpleQueue) -> None:
+        later: List[_Later] = []        # timed tasks, soonest first (dropped at a stop)
         while True:
-            task = tasks.get()
+            try:
+                task = tasks.get(timeout=max(0.0, later[0].due - time.monotonic())
+                                 if later else None)
+            except queue.Empty:
+                task = None
             if task is _STOP:
                 return
-            try:
-                task()
-            except Exception:  # a task answers its own errors; never let the thread die
-                log.exception("summing task failed")
+            if isinstance(task, _Later):
+                heapq.heappush(later, task)
+            elif task is not None:
+                _call(task)
+            while later and later[0].due <= time.monotonic():
+                _call(heapq.heappop(later).task)
+
+
+def _call(task: Callable[[], None]) -> None:
+    try:
+        task()
+    except Exception:  # a task answers its own errors; never let the thread die
+        log.exception("summing task failed")
+
+
+_order = itertools.count()
+
+
+class _Later(tuple):
+    """A timed task: (due, order, task); ordered by due time, then submission."""
+
+    def __new__(cls, due: float, order: int, task: Callable[[], None]):
+        return super().__new__(cls, (due, order, task))
+
+    due = property(lambda self: self[0])
+    task = property(lambda self: self[2])

@@ -89,8 +89,12 @@ def test_with_fewer_than_w_minus_b_workers_left_no_round_closes_until_they_are_b
     r.add(0, np.ones(2))
     assert r.request_pull(9, "t9") is None and r.recheck() is None     # needs 2
     assert r.set_absent(11, True) == [] and not r.over      # 2 left: W - b
-    assert r.set_absent(13, True) == ["t9"] and r.over      # 1 left: over for it
+    assert r.shortage_to_watch() == 0
+    assert r.set_absent(13, True) == [] and not r.over      # 1 left: short, not over yet
     assert r.recheck() is None and r.version == 0           # its lone push closes nothing
+    spell = r.shortage_to_watch()                           # the server's SHORTAGE_GRACE
+    assert spell and r.shortage_to_watch() == 0             # watched once
+    assert r.end_shortage(spell) == ["t9"] and r.over       # it lasted: over for it
     assert r.begin_push(9) is None and r.request_pull(9, "again") == ENDED
     assert r.set_absent(11, False) == [] and not r.over     # back: rounds close again
     assert r.needed == 2 and not r.ended
@@ -172,3 +176,115 @@ def test_a_leftover_late_gradient_stays_out_of_the_weights_read_after_a_barrier(
     for sender in (9, 11, 13):                         # the workers wait in a barrier
         r.set_absent(sender, True)
     assert r.recheck() is None and r.version == 1      # what they read next is round 1's
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def waiting_rounds(clock, wait=0.25):
+    """4 workers, W - b = 3, one round (10 s, close to close) behind them: every worker known."""
+    r = BackupRounds(7, 4, 1, 2, np.float64, wait, clock)
+    for round_ in range(2):
+        for sender in (9, 11, 13, 15):              # all four in before any is summed
+            assert r.begin_push(sender) == round_
+        complete = [r.add(round_, np.ones(2)) for _ in range(4)][-1]
+        assert complete[1] == 4
+        for sender in (9, 11, 13, 15):
+            r.request_pull(sender, sender)
+        r.close()
+        clock.now += 10.0
+    return r
+
+
+def test_a_quorate_round_waits_a_little_for_the_workers_on_time_and_takes_their_push():
+    clock = Clock()
+    r = waiting_rounds(clock)
+    for sender in (9, 11, 13):
+        assert push(r, sender, 1)[1] is None           # W - b in: waits for 15
+    assert r.due() == clock.now + 2.5 and r.due() is None   # a quarter of the last round, said once
+    clock.now += 1.0
+    total, count = push(r, 15, 1)[1]                   # in time: a full round, nothing late
+    assert count == 4 and list(total) == [4.0, 4.0] and r.joined_late == 0
+
+
+def test_a_quorate_round_closes_without_the_last_worker_once_its_wait_is_over():
+    clock = Clock()
+    r = waiting_rounds(clock)
+    for sender in (9, 11, 13):
+        push(r, sender, 1)
+    due = r.due()
+    clock.now = due - 0.01
+    assert r.recheck() is None
+    clock.now = due
+    assert r.recheck()[1] == 3
+    for sender in (9, 11, 13):
+        r.request_pull(sender, sender)
+    r.close()
+    assert push(r, 15, 1) == (3, None)                 # 15's push is 1 round late: it joins
+    r.request_pull(15, "t15")
+    for sender in (9, 11):
+        push(r, sender, 1)
+    assert push(r, 13, 1)[1] is None and r.due()       # and is waited for in the next round
+    clock.now += 5.0
+    assert r.recheck()[1] == 4                         # (it did not come: closed after)
+    for sender in (9, 11, 13):
+        r.request_pull(sender, sender)
+    r.close()
+    for sender in (9, 11, 13):                         # 15 misses another round: 2 behind
+        push(r, sender, 1)
+        r.request_pull(sender, sender)
+    r.close()
+    assert push(r, 15, 1) == (None, None) and r.dropped == 1   # too late: dropped, behind
+    for sender in (9, 11):
+        push(r, sender, 1)
+    assert push(r, 13, 1)[1][1] == 3                   # not waited for: W - b close at once
+    assert r.due() is None
+
+
+def test_without_a_wait_or_a_round_behind_a_quorate_round_closes_at_once():
+    clock = Clock()
+    r = waiting_rounds(clock, wait=0.0)
+    for sender in (9, 11):
+        push(r, sender, 1)
+    assert push(r, 13, 1)[1][1] == 3 and r.due() is None
+    r = BackupRounds(7, 4, 1, 2, np.float64, 0.25, clock)   # no round yet: nothing to measure
+    for sender in (9, 11):
+        push(r, sender, 1)
+    assert push(r, 13, 1)[1][1] == 3 and r.due() is None
+
+
+def test_a_quorate_round_does_not_wait_for_a_worker_in_a_barrier():
+    clock = Clock()
+    r = waiting_rounds(clock)
+    r.set_absent(15, True)
+    for sender in (9, 11):
+        push(r, sender, 1)
+    assert push(r, 13, 1)[1][1] == 3
+
+
+def test_the_first_worker_back_from_a_barrier_waits_for_the_others_to_say_so():
+    # workers leave a barrier together but tell the servers a few ms apart: the first one's
+    # push and pull come while the others still count as away; its pull must wait for the
+    # round, not hear that the training is over (once in ~50 runs every worker stopped at
+    # step 1 so)
+    r = rounds(workers=4, backup=1)
+    for sender in (9, 11, 13, 15):
+        r.set_absent(sender, True)
+    r.set_absent(9, False)
+    assert r.begin_push(9) == 0 and r.add(0, np.ones(2)) is None
+    assert r.request_pull(9, "t9") is None and not r.over
+    spell = r.shortage_to_watch()
+    for sender in (11, 13, 15):
+        r.set_absent(sender, False)
+    assert r.end_shortage(spell) == [] and not r.over       # they came back in time
+    for sender in (11, 13):
+        r.begin_push(sender)
+    r.add(0, np.ones(2))
+    assert r.add(0, np.ones(2))[1] == 3 and r.close() == ["t9"]

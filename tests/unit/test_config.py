@@ -149,3 +149,13 @@ def test_the_global_rank_a_process_asks_for():
     assert Config.from_env({"BYTEPS_GLOBAL_RANK": "3"}).global_rank == 3
     with pytest.raises(ConfigError, match="BYTEPS_GLOBAL_RANK='-1'"):
         Config.from_env({"BYTEPS_GLOBAL_RANK": "-1"})
+
+
+def test_backup_wait_is_a_percentage_the_servers_read_beside_backup_workers():
+    env = {"DMLC_NUM_WORKER": "4", "BYTEPS_BACKUP_WORKERS": "1"}
+    mode = Config.from_env(env).training_mode
+    assert mode.backup_wait == 25 and mode.name == "sync with 1 backup worker"
+    waits = Config.from_env(dict(env, BYTEPS_BACKUP_WAIT="0")).training_mode
+    assert waits.backup_wait == 0 and waits == mode    # not part of the mode workers compare
+    with pytest.raises(ConfigError, match="BYTEPS_BACKUP_WAIT"):
+        Config.from_env(dict(env, BYTEPS_BACKUP_WAIT="150"))

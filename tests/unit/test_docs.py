@@ -5,6 +5,7 @@ import re
 
 from kvstore_byteps.config import Env
 from kvstore_byteps.serving.backup_rounds import MAX_LATE_ROUNDS
+from kvstore_byteps.words import count
 from tests.support.paths import REPO
 
 DOCS = os.path.join(REPO, "docs")
@@ -29,7 +30,7 @@ def test_every_variable_is_in_the_configuration_page():
 
 def test_both_pages_give_the_servers_window_for_a_late_push_with_backup_workers():
     for page in ("configuration.md", "usage.md"):
-        assert "at most %d rounds ago" % MAX_LATE_ROUNDS in read("docs", page), page
+        assert "at most %s ago" % count(MAX_LATE_ROUNDS, "round") in read("docs", page), page
 
 
 def test_the_readme_is_a_front_door_with_the_two_commands():

@@ -152,3 +152,37 @@ def test_a_worker_that_missed_the_last_round_is_stale():
             srv.handle_command(req, fake)
             answers[sender] = fake.wait_for(req).body
         assert answers == {WORKER0: b"0/1", WORKER2: b"1/1"}
+
+
+def test_a_round_waits_a_little_for_the_last_worker_on_time_and_closes_without_it_after():
+    # every push on time for two rounds, 0.2 s apart: a round with W - b = 2 then waits a
+    # quarter of that for the third (taking its gradient: nothing stale, nothing scaled), and
+    # closes without it once the wait is over
+    import time
+    srv, fake = backup_server()
+    with srv:
+        weight = 10.0
+        for _ in range(2):
+            time.sleep(0.2)
+            reqs = [bpush(s, 1, 1.0, pull_too=True) for s in (WORKER0, WORKER1, WORKER2)]
+            for req in reqs:
+                srv.handle_request(req, fake)
+            weight = values(fake, reqs[0])[0]
+        time.sleep(0.2)
+        first = [bpush(s, 1, 1.0, pull_too=True) for s in (WORKER0, WORKER1)]
+        for req in first:
+            srv.handle_request(req, fake)
+        time.sleep(0.01)
+        assert not fake.answered(first[0])                      # waits for the third
+        third = bpush(WORKER2, 1, 4.0, pull_too=True)
+        srv.handle_request(third, fake)
+        weight -= 1.0 + 1.0 + 4.0                               # all three, not scaled
+        assert values(fake, first[0]) == values(fake, third) == [weight] * 4
+        time.sleep(0.2)
+        started = time.monotonic()
+        alone = [bpush(s, 1, 1.0, pull_too=True) for s in (WORKER0, WORKER1)]
+        for req in alone:
+            srv.handle_request(req, fake)
+        assert values(fake, alone[0]) == [weight - 3.0] * 4     # 2 gradients scaled by 3 / 2
+        assert 0.03 <= time.monotonic() - started < 0.5
+        assert srv._keys[1].rounds.joined_late == 0 and srv._keys[1].rounds.dropped == 0

@@ -1,6 +1,7 @@
 """BytePSServer round semantics with a recording responder (no sockets)."""
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -239,6 +240,23 @@ def test_engine_binds_equal_keys_evenly_and_runs_tasks_in_order():
             engine.submit(1, lambda i=i: seen.append(i))
         engine.submit(1, done.set)
         assert done.wait(5) and seen == list(range(50))
+    finally:
+        engine.close()
+
+
+def test_a_timed_task_runs_after_its_delay_without_holding_up_the_queue():
+    engine = SumThreads(1)
+    try:
+        seen, done = [], threading.Event()
+        started = time.monotonic()
+        engine.submit(0, lambda: seen.append(("timed", time.monotonic() - started)), 0.2)
+        engine.submit(0, lambda: seen.append(("now", time.monotonic() - started)))
+        for i in range(20):      # a busy queue does not keep the timed task waiting
+            engine.submit(0, lambda: time.sleep(0.02))
+        engine.submit(0, done.set, 0.3)
+        assert done.wait(5)
+        assert [what for what, _ in seen] == ["now", "timed"]
+        assert seen[0][1] < 0.1 and 0.2 <= seen[1][1] < 0.3
     finally:
         engine.close()
 
