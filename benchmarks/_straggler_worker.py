@@ -51,6 +51,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--step-time", type=float, default=0.03, help="seconds per step")
     p.add_argument("--slow-rank", type=int, default=-1, help="the straggler's rank (-1: none)")
     p.add_argument("--slow-factor", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="the run's seed: the initial weights' and every shard's order (0: the "
+                   "demo's)")
     p.add_argument("--ending", choices=["finish", "barrier"], default="finish",
                    help="after the loop: kvstore_byteps.finish_training, or a barrier and a "
                    "pull of the weights")
@@ -65,12 +68,12 @@ def main(argv=None) -> int:
     step_time = args.step_time * (args.slow_factor if slow else 1.0)
     x_train, y_train, x_test, y_test = demo.load_data()
     x_mine, y_mine = demo.shard(x_train, y_train, kv.rank, kv.num_workers)
-    net = demo.build_net([mx.cpu()], 42)
+    net = demo.build_net([mx.cpu()], 42 + args.seed)
     trainer = gluon.Trainer(net.collect_params(), "sgd",
                             {"learning_rate": args.lr, "momentum": args.momentum}, kvstore=kv,
                             update_on_kvstore=None if on_store else False)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    rng = np.random.RandomState(kv.rank)
+    rng = np.random.RandomState(kv.rank + 1000 * args.seed)
     steps = len(x_mine) // args.batch_size
     global_batch = args.batch_size * kv.num_workers
     samples, log, ended = 0, [], False

@@ -76,12 +76,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ending", choices=["finish", "barrier"], default="finish",
                    help="what every worker does after its loop: kvstore_byteps.finish_training,"
                    " or a barrier and a pull of the weights (_straggler_worker.py)")
+    p.add_argument("--seeds", default="0",
+                   help="comma-separated seeds (the initial weights' and the shards' order): each "
+                   "system runs once per seed, in turn; the table gives means, and with several "
+                   "seeds each accuracy's range (sync's varies with the seed too)")
     p.add_argument("--job-timeout", type=int, default=600)
     p.add_argument("--out", help="results JSON (e.g. benchmarks/results/straggler/....json)")
     return p.parse_args(argv)
 
 
-def run_job(args, system: str, slow: bool) -> Optional[Dict]:
+def run_job(args, system: str, slow: bool, seed: int = 0) -> Optional[Dict]:
     """The summary of one job, or None (the output's tail is printed)."""
     kvstore, env, options = SYSTEMS[system]
     network = (["--launcher", "netns", "--link-rate", args.link_rate]
@@ -90,7 +94,7 @@ def run_job(args, system: str, slow: bool) -> Optional[Dict]:
             *network,
             "--timeout", str(args.job_timeout), "--grace", "20",
             sys.executable, WORKER, "--kvstore", kvstore, "--epochs", str(args.epochs),
-            "--step-time", str(args.step_time), "--ending", args.ending]
+            "--step-time", str(args.step_time), "--ending", args.ending, "--seed", str(seed)]
     if slow:
         argv += ["--slow-rank", str(_slow_rank(args)), "--slow-factor", str(args.slow_factor)]
     done = subprocess.run(argv, env={**child_env(), **env}, cwd=ROOT, stdout=subprocess.PIPE,
@@ -123,6 +127,19 @@ def summarise(results: List[Dict], target: float) -> Dict:
             "ended_early": sorted(r["rank"] for r in results if r["ended"])}
 
 
+def combine(runs: List[Dict]) -> Dict:
+    """One system's runs over the seeds: their means, and every run (``runs``)."""
+    def mean(field):
+        values = [run[field] for run in runs]
+        return None if None in values else sum(values) / len(values)
+    return {"samples_per_s": mean("samples_per_s"), "seconds": mean("seconds"),
+            "samples": mean("samples"), "final_accuracy": mean("final_accuracy"),
+            "time_to_target_s": mean("time_to_target_s"),
+            "samples_by_rank": runs[0]["samples_by_rank"],
+            "ended_early": sorted({rank for run in runs for rank in run["ended_early"]}),
+            "runs": runs}
+
+
 def table(args, found: Dict[str, Dict[str, Dict]]) -> List[str]:
     where = ("emulated network, %s links" % args.link_rate if args.network == "netns"
              else "loopback")
@@ -152,7 +169,11 @@ def _seconds(run: Optional[Dict]) -> str:
 
 
 def _accuracy(run: Optional[Dict]) -> str:
-    return "%.3f" % run["final_accuracy"] if run and run["final_accuracy"] else "-"
+    if not run or not run["final_accuracy"]:
+        return "-"
+    each = [one["final_accuracy"] for one in run.get("runs", [])]
+    spread = " (%.3f-%.3f)" % (min(each), max(each)) if len(each) > 1 else ""
+    return "%.3f%s" % (run["final_accuracy"], spread)
 
 
 def main(argv=None) -> int:
@@ -162,16 +183,23 @@ def main(argv=None) -> int:
     if unknown:
         raise SystemExit("unknown systems %s (known: %s)" % (sorted(unknown), sorted(SYSTEMS)))
     load_before = os.getloadavg()[0]
-    found: Dict[str, Dict[str, Dict]] = {}
+    seeds = [int(seed) for seed in args.seeds.split(",") if seed.strip()]
+    runs: Dict[str, Dict[str, List[Dict]]] = {}
     from tqdm import tqdm
-    jobs = [(system, slow) for system in systems for slow in (False, True)]
+    jobs = [(seed, system, slow) for seed in seeds for system in systems
+            for slow in (False, True)]
     with tqdm(total=len(jobs), unit="job", dynamic_ncols=True) as bar:
-        for system, slow in jobs:
-            bar.set_description("%s, %s" % (system, "straggler" if slow else "no straggler"))
-            result = run_job(args, system, slow)
+        for seed, system, slow in jobs:
+            bar.set_description("seed %d: %s, %s" % (seed, system,
+                                                     "straggler" if slow else "no straggler"))
+            result = run_job(args, system, slow, seed)
             if result is not None:
-                found.setdefault(system, {})["straggler" if slow else "none"] = result
+                runs.setdefault(system, {}).setdefault(
+                    "straggler" if slow else "none", []).append(dict(result, seed=seed))
             bar.update(1)
+    found = {system: {case: combine(done) for case, done in cases.items()
+                      if len(done) == len(seeds)}
+             for system, cases in runs.items()}
     rows = table(args, found)
     print("\n".join(rows))
     if args.out:
