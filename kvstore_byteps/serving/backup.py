@@ -9,10 +9,11 @@ applied once; the round's pulls get the new weights. A round with its ``W - b`` 
 little for the workers still on time (a timed recheck on the key's summing thread). A late push
 (computed on the weights of the round closed last, or arriving while its round's update is
 computed) joins the open round as one more gradient (its pull is answered at once with the
-current weights), an older one is dropped and counted; a round also closes once every worker present pushed into it (never a wait for a
-worker's next push: see :mod:`.backup_rounds`); a worker that waits in a barrier or finished
-(``BYTEPS_ABSENT``) is not waited for. Once
-``W - b`` workers finished training, the job's training is over: no round closes any more, and
+current weights), an older one is dropped and counted; a round also closes once every
+worker present pushed into it (never a wait for a worker's next push: see
+:mod:`.backup_rounds`); a worker that waits in a barrier or finished (``BYTEPS_ABSENT``) is not
+waited for. Once ``W - b`` workers finished training, the job's training is over: no round
+closes any more, and
 a late worker's pulls are answered with an error that tells it so (``errors.TRAINING_OVER``;
 its next step raises ``TrainingOver``).
 """

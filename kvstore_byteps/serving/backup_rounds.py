@@ -45,9 +45,10 @@ and their pulls answered :data:`ENDED` (the server tells them; their next step r
 ``TrainingOver``): at once where the others finished, after :data:`SHORTAGE_GRACE` where
 they wait in a barrier (:meth:`BackupRounds.end_shortage`: workers leaving a barrier together
 come back a few milliseconds apart). Once ``W - b`` workers finished, that is for good;
-workers back from a barrier (``set_absent(..., False)``) make rounds close again. (Until issue 62, a round needed
-``min(W - b, workers present)`` pushes: workers ending their loop with a barrier left a
-straggler whose every remaining step was applied alone, scaled by ``W``.)
+workers back from a barrier (``set_absent(..., False)``) make rounds close again. (Until
+issue 62, a round needed ``min(W - b, workers present)`` pushes: workers ending their loop
+with a barrier left a straggler whose every remaining step was applied alone, scaled by
+``W``.)
 
 Threads: ``begin_push``, ``request_pull``, ``set_absent`` and ``finish`` run on the receive
 thread; ``add``, ``recheck`` and ``close`` on the one summing thread the key is bound to (only
