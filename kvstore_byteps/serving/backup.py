@@ -138,8 +138,8 @@ class BackupWorkers(KeptWeights):
                 self._answers.fail(token, self._over, quiet=True)
             self._recheck(key)
 
-    def _recheck(self, key) -> None:
-        self._answers.submit(key.thread, lambda: self._close(key, key.rounds.recheck()))
+    def _recheck(self, key, delay: float = 0.0) -> None:
+        self._answers.submit(key.thread, lambda: self._close(key, key.rounds.recheck()), delay)
 
     @property
     def _over(self) -> str:
@@ -174,8 +174,7 @@ class BackupWorkers(KeptWeights):
         if complete is None:
             due = key.rounds.due()      # it waits a little for the workers still on time
             if due is not None:
-                self._answers.submit(key.thread, lambda: self._close(key, key.rounds.recheck()),
-                                     due - time.monotonic())
+                self._recheck(key, due - time.monotonic())
             return
         total, count = complete
         answers = self._answers

@@ -170,9 +170,9 @@ class BackupRounds:
             late = self.version - r
             self._pushed[sender] = r        # a late one's pull is answered at once
             self._workers.add(sender)
-            # behind: computed on weights 2 or more rounds old (a straggler); one that just
-            # missed a close is waited for in the next round (else it stays a few ms late)
-            (self._behind.add if late > 1 else self._behind.discard)(sender)
+            # behind: too stale to join (a straggler); one that just missed a close is
+            # waited for in the next round (else it stays a few ms late)
+            (self._behind.add if late > MAX_LATE_ROUNDS else self._behind.discard)(sender)
             (self._next if self._closing else self._senders).add(sender)
             if late > MAX_LATE_ROUNDS:
                 self.dropped += 1
@@ -227,11 +227,16 @@ class BackupRounds:
         with self._lock:
             short = self._short()
             (self._absent.add if absent else self._absent.discard)(sender)
-            if not self._short():
-                self._shortage_over = False
-            elif not short:
-                self.shortage += 1
+            self._count_shortage(short)
             return self._end_waits()
+
+    def _count_shortage(self, was_short: bool) -> None:
+        """Under the lock, after a worker came or went: a new spell of shortage counted, or
+        the end of one."""
+        if not self._short():
+            self._shortage_over = False
+        elif not was_short:
+            self.shortage += 1
 
     def shortage_to_watch(self) -> int:
         """The spell of shortage now (fewer than W - b workers present), the first time it
@@ -259,8 +264,10 @@ class BackupRounds:
         waited for the open round if it can no longer close (:attr:`over`), to be answered
         that the training is over."""
         with self._lock:
+            short = self._short()
             self._absent.add(sender)
             self._done.add(sender)
+            self._count_shortage(short)
             if len(self._done) >= self.needed:
                 self.ended = True
             return self._end_waits()

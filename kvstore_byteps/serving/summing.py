@@ -6,6 +6,7 @@ bound so far: with equal-size partitions that spreads them evenly (a plain hash 
 over a few threads often does not). numpy releases the GIL while it adds, so threads sum
 different keys in parallel.
 """
+import collections
 import heapq
 import itertools
 import logging
@@ -94,13 +95,5 @@ def _call(task: Callable[[], None]) -> None:
 
 
 _order = itertools.count()
-
-
-class _Later(tuple):
-    """A timed task: (due, order, task); ordered by due time, then submission."""
-
-    def __new__(cls, due: float, order: int, task: Callable[[], None]):
-        return super().__new__(cls, (due, order, task))
-
-    due = property(lambda self: self[0])
-    task = property(lambda self: self[2])
+#: a timed task; heap order: due time, then submission
+_Later = collections.namedtuple("_Later", "due order task")

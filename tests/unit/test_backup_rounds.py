@@ -288,3 +288,16 @@ def test_the_first_worker_back_from_a_barrier_waits_for_the_others_to_say_so():
         r.begin_push(sender)
     r.add(0, np.ones(2))
     assert r.add(0, np.ones(2))[1] == 3 and r.close() == ["t9"]
+
+
+def test_a_shortage_that_a_finished_worker_starts_is_watched_too():
+    # one worker waits in a barrier, then another finishes: fewer than W - b present from
+    # then on; the spell must be watched, or the last one's pull would wait for ever
+    r = rounds(workers=4, backup=1)
+    r.set_absent(11, True)
+    r.begin_push(9)
+    r.add(0, np.ones(2))
+    assert r.request_pull(9, "t9") is None
+    assert r.finish(13) == [] and not r.over                # 11 may still come back
+    spell = r.shortage_to_watch()
+    assert spell and r.end_shortage(spell) == ["t9"] and r.over
