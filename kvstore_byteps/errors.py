@@ -53,7 +53,8 @@ class TrainingOver(SystemExit):
     finished, and a worker still training then stops. It derives from ``SystemExit`` with exit
     status 0: uncaught, the process ends cleanly (its store closes as at any exit), and
     ``except Exception`` does not swallow it. Catch it to run code after the training loop on
-    that worker (e.g. ``kvstore_byteps.finish_training`` and saving on rank 0)."""
+    that worker (e.g. ``kvstore_byteps.finish_training`` and saving on rank 0). In an elastic
+    job, a late worker's ``State()`` raises it where the others finished before it joined."""
 
     def __init__(self, message: str):
         super().__init__(0)
@@ -90,10 +91,27 @@ class JobAbortedError(PeerError):
         self.elsewhere = False
 
     def again(self) -> "JobAbortedError":
-        """A new error saying the same (raised again where this node's work stops)."""
-        error = JobAbortedError(str(self), self.status)
+        """A new error of this type saying the same (raised again where this node's work
+        stops)."""
+        error = type(self)(str(self), self.status)
         error.elsewhere = self.elsewhere
         return error
+
+
+class JobFinished(JobAbortedError):
+    """The other workers finished the job before this late worker (elastic workers, seated in
+    a departed or vacant place) joined it: it has nothing to train. Its ``State()`` raises
+    :class:`TrainingOver` for it (exit status 0)."""
+
+    @property
+    def reason(self) -> str:
+        """The scheduler's words, without what this worker was doing when they came (the
+        errors raised from this one add that)."""
+        error, seen = self, {id(self)}
+        while isinstance(error.__cause__, JobFinished) and id(error.__cause__) not in seen:
+            error = error.__cause__
+            seen.add(id(error))
+        return str(error)
 
 
 #: the exit status of a worker that was taken for lost (elastic workers: it stalled, or its

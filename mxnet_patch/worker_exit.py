@@ -83,15 +83,20 @@ class LeaveAtExit:
     it until BYTEPS_REQUEST_TIMEOUT. Then it exits 1 (Python's status for an uncaught
     exception) and the launcher stops the job, naming this worker. A worker stopped by a
     job that another node ended exits with that job's status. A late worker of an elastic job
-    that had not joined yet is in no round and no barrier: it exits 1 at once (it leaves)."""
+    that had not joined yet is in no round and no barrier: it exits 1 at once (it leaves) if
+    its program failed, and exits as its program did where the others finished the job
+    first."""
 
     def __init__(self, close, rank: int, postoffice, joining=lambda: False):
         self.close, self.rank, self.postoffice = close, rank, postoffice
         self.joining = joining
 
     def __call__(self) -> None:
+        from kvstore_byteps.errors import JobFinished
         failure = getattr(sys, "last_value", None)
         status = exit_status.requested()
+        if isinstance(self.postoffice.error, JobFinished):
+            return      # a late worker the others finished without: in no round, no barrier
         if failure is not None and self.joining():
             log.error("dist_byteps worker rank %s stops on an uncaught %s before it joined the "
                       "job: it leaves", self.rank, type(failure).__name__)

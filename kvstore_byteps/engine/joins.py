@@ -14,7 +14,8 @@ import os
 import time
 from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 
-from ..errors import JOINED_LINE, DeadlineError, KVStoreBytePSError
+from ..errors import (JOINED_LINE, DeadlineError, JobFinished, KVStoreBytePSError,
+                      TrainingOver)
 from ..mxproto import ServerCommand
 
 __all__ = ["JoinPort", "Joins"]
@@ -117,11 +118,17 @@ class Joins:
         commit's number and state and the leading worker's parameters (empty where the
         servers hold the weights). ``check(servers_update)`` runs before it enters the
         rounds (an error there leaves it out of the job, which goes on). Blocking:
-        DeadlineError if none comes in the timeout."""
+        DeadlineError if none comes in the timeout; TrainingOver (exit status 0) where the
+        others finished the job first."""
         started = time.monotonic()
         deadline = started + self._port.timeout
         while True:
-            answer = bytes(self._ask_first(ServerCommand.BYTEPS_JOIN, b"", "asking to join"))
+            try:
+                answer = bytes(self._ask_first(ServerCommand.BYTEPS_JOIN, b"", "asking to join"))
+            except JobFinished as exc:      # the scheduler's word: nothing left to train
+                log.warning("%s; this worker ends without training, %.1f s after asking",
+                            exc.reason, time.monotonic() - started)
+                raise TrainingOver(exc.reason) from None
             if answer:
                 break
             if time.monotonic() > deadline:

@@ -2,11 +2,14 @@
 ``DistributedTrainer`` with momentum, ``kvstore_byteps.elastic.State(trainer=..., step=0)``
 committed every step. The worker of rank ``KILL_RANK`` kills itself with SIGKILL at step
 ``KILL_STEP`` unless it was restarted (``BYTEPS_RESTART_COUNT``); ``DEFER=1``: the model's
-initialisation is deferred to its first forward pass. Prints ``DIGEST <rank> <md5 of the
-parameters> joined_late=<bool>`` at the end (every worker must print the same digest)."""
+initialisation is deferred to its first forward pass; ``HOLD_END_FOR=<file>``: a fifth worker
+(rank 4) makes the file as it asks to join, and the others end (without another commit) only
+once it is there. Prints ``DIGEST <rank> <md5 of the parameters> joined_late=<bool>`` at the
+end (every worker must print the same digest)."""
 import hashlib
 import os
 import signal
+import time
 
 import mxnet as mx
 import numpy as np
@@ -30,6 +33,9 @@ optimizer_params = {"learning_rate": 0.1, "momentum": 0.9}
 if STYLE == "hvd":
     api.broadcast_parameters(params, root_rank=0)
 trainer = api.DistributedTrainer(params, "sgd", optimizer_params)
+hold = os.environ.get("HOLD_END_FOR")
+if hold and api.rank() == 4:
+    open(hold, "w").close()
 state = kvstore_byteps.elastic.State(trainer=trainer, step=0)
 rng = np.random.RandomState(api.rank())
 kill_step, kill_rank = int(os.environ.get("KILL_STEP", "-1")), int(os.environ.get("KILL_RANK", "2"))
@@ -44,6 +50,10 @@ while state.step < int(os.environ.get("STEPS", "2000")):
     trainer.step(16)
     state.step += 1
     state.commit()
+deadline = time.monotonic() + 60
+while hold and not os.path.exists(hold) and time.monotonic() < deadline:
+    time.sleep(0.1)
+time.sleep(1.0 if hold else 0)      # (the fifth asks to join meanwhile)
 weights = np.concatenate([p.data().asnumpy().ravel() for p in params.values()])
 print("DIGEST %d %s joined_late=%s" % (api.rank(), hashlib.md5(weights.tobytes()).hexdigest(),
                                        state.joined_late), flush=True)

@@ -202,10 +202,11 @@ def test_the_launcher_lets_lost_workers_leave_until_too_few_are_left():
     assert "worker 1 (on this machine) exited with code 3; stopping all" in log.getvalue()
 
 
-def grow(spawn, program, env, started):
+def grow(spawn, program, env, started, fifth_within=30):
     """launch.py -n 4 --max-workers 5 runs ``program``; once its output has a line with
-    ``started``, a fifth worker starts by the command the launcher printed. Returns (the
-    launcher's status and output, the fifth's status and output)."""
+    ``started``, a fifth worker starts by the command the launcher printed, and must end
+    within ``fifth_within`` s of the job. Returns (the launcher's status and output, the
+    fifth's status and output)."""
     argv = [sys.executable, LAUNCH, "-n", "4", "-s", "2", "--min-workers", "3",
             "--max-workers", "5", "--timeout", "120", sys.executable, *program]
     proc = spawn(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -220,7 +221,7 @@ def grow(spawn, program, env, started):
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     proc.wait(timeout=30)
     assert fifth is not None, "".join(seen)
-    fifth_out, _ = fifth.communicate(timeout=30)
+    fifth_out, _ = fifth.communicate(timeout=fifth_within)
     return proc.returncode, "".join(seen), fifth.returncode, fifth_out
 
 
@@ -247,6 +248,22 @@ def test_a_collective_style_fifth_worker_joins_with_the_others_parameters(spawn)
         spawn, ["%s/elastic_collective.py" % APPS], env, "[kvstore_byteps] dist_byteps:")
     assert status == 0 and fifth_status == 0, out + fifth_out
     same_parameters(out + fifth_out, 5, late="4")
+
+
+def test_a_fifth_worker_that_has_not_joined_when_the_others_finish_is_told_at_once(
+        spawn, tmp_path):
+    """The others finish before the fifth joins (under load its start took longer than their
+    training, and it asked to join for 30 s, then exited 1 blaming its link): the scheduler
+    tells it when they pass their shutdown barrier; it ends, exit 0, saying why."""
+    env = dict(os.environ, STEPS="30", HOLD_END_FOR=str(tmp_path / "asking"))
+    status, out, fifth_status, fifth_out = grow(
+        spawn, ["%s/elastic_collective.py" % APPS], env, "[kvstore_byteps] dist_byteps:", 10)
+    assert status == 0 and fifth_status == 0, out + fifth_out
+    assert ("the other workers finished the job before worker rank 4 joined it"
+            in fifth_out), fifth_out
+    assert "this worker ends without training" in fifth_out, fifth_out
+    assert "DIGEST 4" not in fifth_out and "heard nothing" not in fifth_out, fifth_out
+    assert out.count("DIGEST") == 4, out
 
 
 def test_a_module_fit_worker_restarts_and_takes_its_place_back(spawn):

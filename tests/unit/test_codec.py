@@ -155,6 +155,9 @@ def test_an_extension_tag_written_overlong_is_found():
     # field 113 (worker_joined), true: tag 904, first byte 0x88
     data = encode_meta(Meta(head=6, timestamp=5)) + bytes([0x88, 0x87, 0x00, 1])
     assert decode_meta(data).extra == {"worker_joined": True}
+    # field 114 (job_finished), true: tag 912, first byte 0x90 (beyond 0x8F)
+    data = encode_meta(Meta(head=6, timestamp=5)) + bytes([0x90, 0x87, 0x00, 1])
+    assert decode_meta(data).extra == {"job_finished": True}
 
 
 def test_a_data_meta_without_extensions_decodes_without_them():

@@ -9,7 +9,7 @@ import pytest
 
 from kvstore_byteps.config import Role
 from kvstore_byteps.engine.joins import JoinPort, Joins
-from kvstore_byteps.errors import DeadlineError, ProtocolError
+from kvstore_byteps.errors import DeadlineError, JobFinished, ProtocolError, TrainingOver
 from kvstore_byteps.mxproto import ServerCommand
 from kvstore_byteps.serving.joins import JoinBoard
 from kvstore_byteps.serving.rounds import Departed, KeyRounds
@@ -314,6 +314,42 @@ def test_a_late_worker_that_nobody_commits_for_fails_naming_what_it_waited_for()
                   enabled=True)
     with pytest.raises(DeadlineError, match="next State.commit"):
         joins.join()
+
+
+def test_a_late_worker_that_has_not_joined_when_the_others_finish_is_told_and_leaves():
+    # under load a fifth worker's start took longer than the others' training: it asked to
+    # join until its heartbeats went unanswered (30 s), then blamed its link, exit 1
+    sched = elastic_scheduler(workers=4, min_workers=2)
+    lose(sched, 2, 11.0)
+    sched.handle(late_worker(3002, rank_hint=2), 12.0)
+    for rank in (0, 1):
+        assert barrier(sched, rank, 13.0, "shutdown") == []
+    *released, notice = sends(sched.handle(from_sender(
+        barrier_request(4, 0, VanClock(), "shutdown"), worker_id(3)), 13.0))
+    assert sorted(m.meta.recver for m in released) == [9, 11, 15]     # not the joining one
+    assert notice.meta.recver == 13 and notice.meta.extra["job_finished"]
+    assert "finished the job before worker rank 2 joined it" in notice.meta.extra["abort"]
+    assert 13 in sched.departures.left and not sched.departures.joining
+    # a late worker arriving now is turned away: the job is finishing
+    [refused] = [a for a in sched.handle(late_worker(3003), 14.0) if isinstance(a, Refused)]
+    assert "the job is finishing" in refused.reason
+    # the worker's side: the notice ends its van with JobFinished, which its join turns into
+    # TrainingOver (exit status 0), saying why
+    worker = NodeMembership(node(Role.WORKER, 3002), node(Role.SCHEDULER, 9091), 10.0)
+    worker.my_node, worker.ready = node(Role.WORKER, 3002, 13), True
+    [fail] = worker.handle(from_sender(notice, 1), 13.0)
+    assert isinstance(fail.error, JobFinished)
+
+    def finished(head, body):
+        try:
+            raise fail.error.again()
+        except JobFinished as exc:      # as the worker's wait says what it was doing
+            raise JobFinished("worker rank 2, asking to join: %s" % exc) from exc
+    joins = Joins(JoinPort(finished, None, None, None, lambda: False, 1.0), late=True,
+                  enabled=True)
+    with pytest.raises(TrainingOver, match="^the other workers finished") as over:
+        joins.join()
+    assert over.value.code == 0
 
 
 def test_a_node_that_did_not_run_asks_the_scheduler_again_before_taking_it_for_dead():

@@ -8,8 +8,8 @@ from kvstore_byteps.van.runtime.membership import (Connect, Fail, NodeDead, Node
                                                   Send, Stop, barrier_request, control_message,
                                                   group_members, terminate_message, VanClock)
 from kvstore_byteps.van.runtime.node_membership import NodeMembership
-from kvstore_byteps.van.runtime.scheduler_membership import (ABORT_GRACE_S, SchedulerMembership,
-                                                            assign_ids)
+from kvstore_byteps.van.runtime.numbering import assign_ids
+from kvstore_byteps.van.runtime.scheduler_membership import ABORT_GRACE_S, SchedulerMembership
 from kvstore_byteps.van.wire.message import K_EMPTY, ControlCommand, Message, Meta, Node, Control
 
 

@@ -64,6 +64,8 @@ class BarrierBook:
         self._waiting: Dict[Tuple[int, str], Set[int]] = {}      # (group, kind) -> nodes
         self._app: Dict[Tuple[int, str], Tuple[int, int]] = {}   # -> the request's app, customer
         self._leaving: Set[int] = set()     # workers that entered their shutdown barrier
+        #: the workers' shutdown barrier passed: every worker in the job is leaving it
+        self.ended = False
 
     def arrive(self, group: int, kind: str, sender: int, app: Tuple[int, int],
                members_of) -> List[Tuple[int, int, Tuple[int, int]]]:
@@ -96,5 +98,6 @@ class BarrierBook:
                 continue
             releases += [(node, group, self._app[(group, kind)])
                          for node in members if node in waiting]
+            self.ended = self.ended or (group, kind) == (WORKER_GROUP, "shutdown")
             waiting.clear()
         return releases

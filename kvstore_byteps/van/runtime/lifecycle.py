@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Callable, List, Optional
 
-from ...errors import DeadlineError, JobAbortedError, PeerError
+from ...errors import DeadlineError, JobAbortedError, JobFinished, PeerError
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,8 @@ class Lifecycle:
             raised_by_start = self._starting
         if raised_by_start:
             log.debug("%s (start() raises it)", line)
+        elif isinstance(error, JobFinished):    # no failure: the late worker's join says it
+            log.info("%s", line)
         else:
             log.error("%s", line)
 

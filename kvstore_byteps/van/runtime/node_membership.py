@@ -9,7 +9,7 @@ import dataclasses
 from typing import List, Optional, Tuple
 
 from ...config import Role
-from ...errors import EXIT_LEFT, ClusterStartError, JobAbortedError
+from ...errors import EXIT_LEFT, ClusterStartError, JobAbortedError, JobFinished
 from .membership import (Connect, Fail, NodeDead, NodeJoined, NodeLeft, NodeRecovered, Ready,
                          Refused, ReleaseBarrier, Send, VanClock, barrier_request,
                          control_message, on_terminate)
@@ -72,8 +72,9 @@ class NodeMembership:
                                 "scheduler passes those on" % msg.meta.sender)]
             if not self.ready:      # its start failed: the job cannot start, or is full
                 return [Fail(ClusterStartError(str(msg.meta.extra["abort"])))]
-            return [Fail(JobAbortedError(str(msg.meta.extra["abort"]),
-                                         int(msg.meta.extra.get("abort_status") or 1)))]
+            kind = JobFinished if msg.meta.extra.get("job_finished") else JobAbortedError
+            return [Fail(kind(str(msg.meta.extra["abort"]),
+                              int(msg.meta.extra.get("abort_status") or 1)))]
         if cmd == ControlCommand.HEARTBEAT:
             extra = msg.meta.extra or {}
             if extra.get("dead_node") or extra.get("worker_left"):

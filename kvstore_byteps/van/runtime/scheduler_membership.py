@@ -11,55 +11,14 @@ from ...errors import ClusterStartError, JobAbortedError
 from .barriers import BarrierBook, base_kind, known_kind
 from .departures import ARRIVAL_WAIT_S, Departures
 from .membership import (Connect, Fail, NodeDead, NodeJoined, NodeLeft, NodeRecovered, Ready,
-                         Refused,
-                         ReleaseBarrier, Send, VanClock, control_message, group_members,
-                         on_terminate)
+                         Refused, ReleaseBarrier, Send, VanClock, control_message,
+                         group_members, on_terminate)
+from .numbering import assign_ids
 from ..wire.message import (K_EMPTY, SCHEDULER_ID, SERVER_GROUP, WORKER_GROUP, ControlCommand,
-                            Message, Node, id_to_rank, role_of_id, server_rank_to_id,
-                            worker_rank_to_id)
+                            Message, Node, id_to_rank, role_of_id)
 
 #: how long the scheduler stays up after passing on a node's reason to end the job
 ABORT_GRACE_S = 1.0
-
-
-def _sort_key(node: Node):
-    # hostname descending (byte order), then port ascending
-    return tuple(-b for b in node.hostname.encode()) + (256,), node.port
-
-
-def _hinted_ranks(nodes: List[Node], role: Role) -> Optional[dict]:
-    """{address: rank} when every node of ``role`` asks for a distinct rank in range, else None."""
-    members = [n for n in nodes if n.role == role]
-    hints = [n.rank_hint for n in members]
-    if not members or sorted(h for h in hints if h is not None) != list(range(len(members))):
-        return None
-    return {n.address: n.rank_hint for n in members}
-
-
-def assign_ids(nodes: List[Node]) -> List[Node]:
-    """Node ids: servers 8+2r, workers 9+2r.
-
-    Ranks are upstream's order, (hostname desc, port asc), unless every node of a role asked
-    for a distinct rank 0..n-1 (our workers send DMLC_WORKER_ID, as BytePS reads it for the rank):
-    then those, so the launcher's ``[worker R]`` is the rank. Upstream nodes ask for nothing.
-    """
-    ordered = sorted(nodes, key=_sort_key)
-    hinted = {role: _hinted_ranks(nodes, role) for role in (Role.SERVER, Role.WORKER)}
-    next_rank = {Role.SERVER: 0, Role.WORKER: 0}
-    assigned, by_address = [], {}
-    for node in ordered:
-        if node.address in by_address:      # same host:port twice shares one id, as upstream
-            node_id = by_address[node.address]
-        else:
-            if hinted[node.role] is not None:
-                rank = hinted[node.role][node.address]
-            else:
-                rank = next_rank[node.role]
-                next_rank[node.role] += 1
-            node_id = (server_rank_to_id if node.role == Role.SERVER else worker_rank_to_id)(rank)
-            by_address[node.address] = node_id
-        assigned.append(dataclasses.replace(node, id=node_id))
-    return assigned
 
 
 class SchedulerMembership:
@@ -302,19 +261,22 @@ class SchedulerMembership:
         actions: List = []
         waiting, self.departures.arrivals = self.departures.arrivals, []
         for node, since in waiting:
+            if self.barriers.ended:     # the workers are leaving: no seat to take
+                actions += self._turn_away(node, "the job is finishing (its workers passed "
+                                                 "their shutdown barrier)")
+                continue
             node_id = self.departures.seat(node)
             if node_id is not None:
                 actions += self._seat(node, node_id, now)
             elif now - since > self.heartbeat_timeout + ARRIVAL_WAIT_S:
-                actions += self._turn_away(node)
+                actions += self._turn_away(node, self.departures.describe_full())
             else:
                 self.departures.arrivals.append((node, since))
         return actions
 
-    def _turn_away(self, node: Node) -> List:
-        """A late worker with no seat is told why now (under an id no seat has)."""
-        why = "the scheduler turned away the late worker at %s: %s" % (
-            node.address, self.departures.describe_full())
+    def _turn_away(self, node: Node, reason: str) -> List:
+        """A late worker with no seat is told why (``reason``) now, under an id no seat has."""
+        why = "the scheduler turned away the late worker at %s: %s" % (node.address, reason)
         stranger = self.departures.stranger_id()
         return [Connect(dataclasses.replace(node, id=stranger)),
                 Send(self._abort_notice(stranger, why)), Refused(why)]
@@ -363,10 +325,27 @@ class SchedulerMembership:
             group, kind, sender, (msg.meta.app_id, msg.meta.customer_id), self._members))
 
     def _barrier_releases(self, releases) -> List:
-        return [Send(control_message(ControlCommand.BARRIER, node, self.clock.tick(),
-                                     barrier_group=released, app_id=app_id,
-                                     customer_id=customer_id))
-                for node, released, (app_id, customer_id) in releases]
+        actions: List = [Send(control_message(ControlCommand.BARRIER, node, self.clock.tick(),
+                                              barrier_group=released, app_id=app_id,
+                                              customer_id=customer_id))
+                         for node, released, (app_id, customer_id) in releases]
+        return actions + (self._send_off_joiners() if self.barriers.ended else [])
+
+    def _send_off_joiners(self) -> List:
+        """The workers passed their shutdown barrier: each late worker that has not joined is
+        told that the job finished without it (it would ask to join until its heartbeats went
+        unanswered), and leaves."""
+        actions: List = []
+        for node_id in list(self.departures.joining):
+            why = ("the other workers finished the job before worker rank %d joined it (they "
+                   "passed their shutdown barrier while it waited for their next "
+                   "State.commit())" % id_to_rank(node_id))
+            notice = self._abort_notice(node_id, why)
+            notice.meta.extra["job_finished"] = True
+            self.departures.leave(self._node(node_id))
+            self.last_heartbeat.pop(node_id, None)
+            actions.append(Send(notice))      # (it says so: one line, where it runs)
+        return actions
 
     def _on_abort(self, msg: Message, now: float) -> List:
         """A node ends the job: tell every node why, then stop (after ABORT_GRACE_S)."""
@@ -447,4 +426,4 @@ class SchedulerMembership:
         return [i for i, t in self.last_heartbeat.items() if now - t > timeout]
 
 
-__all__ = ["ABORT_GRACE_S", "SchedulerMembership", "assign_ids"]
+__all__ = ["ABORT_GRACE_S", "SchedulerMembership"]

@@ -16,7 +16,7 @@ from .pbmeta import PBMeta
 #: BytePS-only PBMeta fields; they travel in ``Meta.extra`` and upstream peers ignore them.
 EXTENSION_FIELDS = ("error", "rdma_addr", "rdma_rkey", "round", "dead_node", "epoch",
                     "pull_timestamp", "abort", "await_init", "abort_status", "barrier_kind",
-                    "after_push", "worker_left", "worker_joined")
+                    "after_push", "worker_left", "worker_joined", "job_finished")
 
 
 def encode_meta(meta: Meta) -> bytes:
@@ -84,16 +84,16 @@ def decode_meta(data, sender: int = K_EMPTY, recver: int = K_EMPTY) -> Meta:
 
 
 def _may_have_extensions(data: bytes) -> bool:
-    """Whether PBMeta bytes may hold an extension field (numbers 100-113): every such field
-    starts with a tag of 800-911 (number << 3 | wire type), whose varint's first byte is
-    0xA0-0xFF and second 0x06 (800-895), or 0x80-0x8F and second 0x07 (896-911), the second
+    """Whether PBMeta bytes may hold an extension field (numbers 100-114): every such field
+    starts with a tag of 800-919 (number << 3 | wire type), whose varint's first byte is
+    0xA0-0xFF and second 0x06 (800-895), or 0x80-0x97 and second 0x07 (896-919), the second
     byte | 0x80 if a peer wrote the tag overlong. Bytes without such a pair hold none, as
-    most answers' metas, and skip thirteen ``HasField`` calls."""
+    most answers' metas, and skip fifteen ``HasField`` calls."""
     return _EXTENSION_TAG.search(data) is not None
 
 
 #: the first two bytes of an extension field's tag (see _may_have_extensions)
-_EXTENSION_TAG = re.compile(b"[\\xa0-\\xff][\\x06\\x86]|[\\x80-\\x8f][\\x07\\x87]")
+_EXTENSION_TAG = re.compile(b"[\\xa0-\\xff][\\x06\\x86]|[\\x80-\\x97][\\x07\\x87]")
 
 
 def _pack_control(control: Control, pb_control) -> None:

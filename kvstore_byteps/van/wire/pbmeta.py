@@ -79,6 +79,9 @@ _META_FIELDS = [
     # on an ADD_NODE after the cluster formed: the worker in control.node took a departed
     # worker's id in an elastic job (to it: the node list it joins with)
     ("worker_joined", 113, _F.TYPE_BOOL, _F.LABEL_OPTIONAL, {}),
+    # beside "abort", to a late worker that had not joined an elastic job: the others
+    # finished it (the notice is no failure of the job)
+    ("job_finished", 114, _F.TYPE_BOOL, _F.LABEL_OPTIONAL, {}),
 ]
 
 
