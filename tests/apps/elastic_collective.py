@@ -4,7 +4,8 @@ committed every step. The worker of rank ``KILL_RANK`` kills itself with SIGKILL
 ``KILL_STEP`` unless it was restarted (``BYTEPS_RESTART_COUNT``); ``DEFER=1``: the model's
 initialisation is deferred to its first forward pass; ``HOLD_END_FOR=<file>``: a fifth worker
 (rank 4) makes the file as it asks to join, and the others end (without another commit) only
-once it is there. Prints ``DIGEST <rank> <md5 of the parameters> joined_late=<bool>`` at the
+once it is there; ``HOLD_FOR_JOIN``: the others hold their commit ten steps before the end
+until a late worker asks to join (join_hold.py). Prints ``DIGEST <rank> <md5 of the parameters> joined_late=<bool>`` at the
 end (every worker must print the same digest)."""
 import hashlib
 import os
@@ -15,6 +16,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 
+import join_hold
 import kvstore_byteps
 
 STYLE = os.environ.get("STYLE", "hvd")
@@ -33,13 +35,15 @@ optimizer_params = {"learning_rate": 0.1, "momentum": 0.9}
 if STYLE == "hvd":
     api.broadcast_parameters(params, root_rank=0)
 trainer = api.DistributedTrainer(params, "sgd", optimizer_params)
+STEPS = int(os.environ.get("STEPS", "2000"))
+join_hold.install(lambda state: state.step == STEPS - 10)
 hold = os.environ.get("HOLD_END_FOR")
 if hold and api.rank() == 4:
     open(hold, "w").close()
 state = kvstore_byteps.elastic.State(trainer=trainer, step=0)
 rng = np.random.RandomState(api.rank())
 kill_step, kill_rank = int(os.environ.get("KILL_STEP", "-1")), int(os.environ.get("KILL_RANK", "2"))
-while state.step < int(os.environ.get("STEPS", "2000")):
+while state.step < STEPS:
     if (state.step == kill_step and api.rank() == kill_rank
             and not os.environ.get("BYTEPS_RESTART_COUNT")):
         os.kill(os.getpid(), signal.SIGKILL)

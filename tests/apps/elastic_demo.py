@@ -6,7 +6,9 @@ The workers of ranks ``KILL_RANKS`` (comma-separated; DMLC_WORKER_ID, as launch.
 each kill themselves with
 SIGKILL as it enters its ``KILL_STEP``-th ``trainer.step`` (counted from 1, over the epochs):
 mid-epoch, after its backward pass, before its gradients are pushed. The others run the demo
-unchanged. (``none``: nobody dies, the uninterrupted run to compare with.)
+unchanged. (``none``: nobody dies, the uninterrupted run to compare with.) ``HOLD_FOR_JOIN``:
+the others hold their commit at the end of the last epoch but two until a late worker asks to
+join (join_hold.py).
 """
 import os
 import runpy
@@ -14,6 +16,8 @@ import signal
 import sys
 
 from mxnet import gluon
+
+import join_hold
 
 DEMO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples",
                     "train_digits.py")
@@ -37,4 +41,6 @@ if __name__ == "__main__":
             and not os.environ.get("BYTEPS_RESTART_COUNT")):
         gluon.Trainer.step = dying_step(gluon.Trainer.step, kill_step)
     sys.argv = [DEMO] + sys.argv[3:]
+    epochs = int(sys.argv[sys.argv.index("--epochs") + 1])
+    join_hold.install(lambda state: (state.epoch, state.batch) == (epochs - 1, 0))
     runpy.run_path(DEMO, run_name="__main__")

@@ -3,7 +3,9 @@ momentum): ``kvstore_byteps.elastic.State(kv, epoch=0)`` before ``fit``, committ
 ``epoch_end_callback``, and ``fit`` resumes at ``begin_epoch=state.epoch``. The worker of rank
 ``KILL_RANK`` kills itself with SIGKILL mid-epoch ``KILL_EPOCH`` unless it was restarted
 (``BYTEPS_RESTART_COUNT``). Prints ``DIGEST <rank> <md5 of the parameters> joined_late=<bool>``
-at the end (every worker must print the same digest)."""
+at the end (every worker must print the same digest). ``HOLD_FOR_JOIN``: the others hold
+their commit at the end of the last epoch but two until a late worker asks to join
+(join_hold.py)."""
 import hashlib
 import os
 import signal
@@ -11,11 +13,13 @@ import signal
 import mxnet as mx
 import numpy as np
 
+import join_hold
 import kvstore_byteps
 
 EPOCHS = int(os.environ.get("EPOCHS", "30"))
 KILL_EPOCH, KILL_RANK = int(os.environ.get("KILL_EPOCH", "-1")), int(os.environ.get("KILL_RANK", "2"))
 
+join_hold.install(lambda state: state.epoch == EPOCHS - 2)
 kv = mx.kv.create("dist_byteps")
 state = kvstore_byteps.elastic.State(kv, epoch=0)
 rng = np.random.RandomState(kv.rank)
