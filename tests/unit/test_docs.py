@@ -36,8 +36,12 @@ def test_both_pages_give_the_servers_window_for_a_late_push_with_backup_workers(
 def test_the_readme_is_a_front_door_with_the_two_commands():
     text = read("README.md")
     assert text.count("\n") <= 300
-    assert "**Run the tests**: `bash .ci/run`" in text and "`python -m pytest -q tests`" in text
-    assert "python -m pytest -q tests" in read(".ci", "run")   # what the README says it runs
+    command = "python -m pytest -q -n 2 --dist loadfile tests"
+    assert "**Run the tests**: `bash .ci/run`" in text and "`%s`" % command in text
+    # what the README says it runs (two processes by default)
+    ci = read(".ci", "run")
+    assert 'python -m pytest -q "${parallel[@]}" tests' in ci
+    assert 'parallel=(-n "${PYTEST_WORKERS:-2}" --dist loadfile)' in ci
     assert "**Run the demo job**: `bash examples/run_demo.sh`" in text
 
 
