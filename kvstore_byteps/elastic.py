@@ -42,7 +42,8 @@ import threading
 from typing import List
 
 from . import handover
-from .errors import ConfigError, DeadlineError
+from .errors import ConfigError, DeadlineError, JobFinished, TrainingOver
+from .logs import uptime
 
 __all__ = ["State", "scale_workers"]
 
@@ -95,6 +96,16 @@ class State:
         return json.dumps({name: getattr(self, name) for name in self._names}).encode()
 
     def _join(self, joins) -> None:
+        """This late worker's set-up (its trainer reads the job's keys) and join; where the
+        others finish the job first (the scheduler says so), TrainingOver: the program ends
+        with status 0 after one line saying why."""
+        try:
+            self._join_now(joins)
+        except JobFinished as exc:
+            log.warning("%s; this worker ends without training, %s", exc.reason, uptime())
+            raise TrainingOver(exc.reason) from None
+
+    def _join_now(self, joins) -> None:
         trainer = self._trainer
         if trainer is None:
             log.info("this worker joins late and its State has no trainer: its parameters "

@@ -1,6 +1,7 @@
 """Logging set-up for command-line entry points (the library itself only creates loggers),
 and :class:`PeerLog`, which keeps a misbehaving peer from flooding the log."""
 import logging
+import os
 import sys
 import threading
 
@@ -86,6 +87,18 @@ def _first_line(error: BaseException) -> str:
     text = str(error).split("\n")[0]
     prefix = type(error).__name__ + ": "
     return text[len(prefix):] if text.startswith(prefix) else text
+
+
+def uptime() -> str:
+    """``4.2 s after this process started`` (Linux's /proc), or empty."""
+    try:
+        with open("/proc/self/stat") as f:
+            started = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            now = float(f.read().split()[0])
+        return "%.1f s after this process started" % (now - started / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return ""
 
 
 class PeerLog:

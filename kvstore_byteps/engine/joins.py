@@ -10,12 +10,11 @@ A late worker (the scheduler seated it in a departed one's place) is *joining* f
 until then: its barriers pass at once (nobody else is in them), its keys are read, never
 initialised, and it asks server rank 0 to join until the others reach a commit."""
 import logging
-import os
 import time
 from typing import Any, Callable, List, NamedTuple, Optional, Tuple
 
-from ..errors import (JOINED_LINE, DeadlineError, JobFinished, KVStoreBytePSError,
-                      TrainingOver)
+from ..errors import JOINED_LINE, DeadlineError, KVStoreBytePSError
+from ..logs import uptime
 from ..mxproto import ServerCommand
 
 __all__ = ["JoinPort", "Joins"]
@@ -24,18 +23,6 @@ log = logging.getLogger(__name__)
 
 #: how often a late worker asks to join
 ASK_EVERY_S = 0.05
-
-
-def _uptime() -> str:
-    """``4.2 s after this process started`` (Linux's /proc), or empty."""
-    try:
-        with open("/proc/self/stat") as f:
-            started = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as f:
-            now = float(f.read().split()[0])
-        return "%.1f s after this process started" % (now - started / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return ""
 
 
 class JoinPort(NamedTuple):
@@ -118,17 +105,12 @@ class Joins:
         commit's number and state and the leading worker's parameters (empty where the
         servers hold the weights). ``check(servers_update)`` runs before it enters the
         rounds (an error there leaves it out of the job, which goes on). Blocking:
-        DeadlineError if none comes in the timeout; TrainingOver (exit status 0) where the
-        others finished the job first."""
+        DeadlineError if none comes in the timeout; JobFinished where the others finished
+        the job first."""
         started = time.monotonic()
         deadline = started + self._port.timeout
         while True:
-            try:
-                answer = bytes(self._ask_first(ServerCommand.BYTEPS_JOIN, b"", "asking to join"))
-            except JobFinished as exc:      # the scheduler's word: nothing left to train
-                log.warning("%s; this worker ends without training, %.1f s after asking",
-                            exc.reason, time.monotonic() - started)
-                raise TrainingOver(exc.reason) from None
+            answer = bytes(self._ask_first(ServerCommand.BYTEPS_JOIN, b"", "asking to join"))
             if answer:
                 break
             if time.monotonic() > deadline:
@@ -151,5 +133,5 @@ class Joins:
         self._report = self._port.send_first(ServerCommand.BYTEPS_COMMIT,
                                              b"%d\n%s" % (self.commits, state))
         log.warning(JOINED_LINE + " %d (%s), %.1f s after asking, %s", self.commits,
-                    state.decode("utf-8", "replace")[:80], time.monotonic() - started, _uptime())
+                    state.decode("utf-8", "replace")[:80], time.monotonic() - started, uptime())
         return self.commits, state, handover

@@ -7,7 +7,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from ..config import TrainingMode
-from ..errors import ConfigError, KVStoreBytePSError, PeerError
+from ..errors import ConfigError, JobAbortedError, KVStoreBytePSError, PeerError
 from .layout import KeyLayout, Layouts, ServerDialect
 from .partition import KeyLayoutError
 
@@ -84,8 +84,8 @@ class KeyValues:
             stored = self.pull_all(layout, {"await_init": True}
                                    if any_order or not leader_first else None)
         except PeerError as exc:
-            why = self.dialect.misplaced(layout)
-            if why is None:
+            why = None if isinstance(exc, JobAbortedError) else self.dialect.misplaced(layout)
+            if why is None:     # (a job some node ended: its reason is the whole story)
                 raise
             raise PeerError("%s. %s" % (exc, why)) from exc
         for target in out or ():

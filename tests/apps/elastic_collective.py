@@ -3,8 +3,8 @@
 committed every step. The worker of rank ``KILL_RANK`` kills itself with SIGKILL at step
 ``KILL_STEP`` unless it was restarted (``BYTEPS_RESTART_COUNT``); ``DEFER=1``: the model's
 initialisation is deferred to its first forward pass; ``HOLD_END_FOR=<file>``: a fifth worker
-(rank 4) makes the file as it asks to join, and the others end (without another commit) only
-once it is there; ``HOLD_FOR_JOIN``: the others hold their commit ten steps before the end
+(rank 4) makes the file as it asks to join (after ``HOLD_END_PAUSE`` more seconds), and the
+others end (without another commit) only once it is there; ``HOLD_FOR_JOIN``: the others hold their commit ten steps before the end
 until a late worker asks to join (join_hold.py). Prints ``DIGEST <rank> <md5 of the parameters> joined_late=<bool>`` at the
 end (every worker must print the same digest)."""
 import hashlib
@@ -40,6 +40,7 @@ join_hold.install(lambda state: state.step == STEPS - 10)
 hold = os.environ.get("HOLD_END_FOR")
 if hold and api.rank() == 4:
     open(hold, "w").close()
+    time.sleep(float(os.environ.get("HOLD_END_PAUSE", "0")))    # (the others end meanwhile)
 state = kvstore_byteps.elastic.State(trainer=trainer, step=0)
 rng = np.random.RandomState(api.rank())
 kill_step, kill_rank = int(os.environ.get("KILL_STEP", "-1")), int(os.environ.get("KILL_RANK", "2"))

@@ -264,12 +264,16 @@ def test_a_collective_style_fifth_worker_joins_with_the_others_parameters(spawn,
     same_parameters(out + fifth_out, 5, late="4")
 
 
+@pytest.mark.parametrize("pause", ["0", "3"], ids=["asking", "setting-up"])
 def test_a_fifth_worker_that_has_not_joined_when_the_others_finish_is_told_at_once(
-        spawn, tmp_path):
+        spawn, tmp_path, pause):
     """The others finish before the fifth joins (under load its start took longer than their
     training, and it asked to join for 30 s, then exited 1 blaming its link): the scheduler
-    tells it when they pass their shutdown barrier; it ends, exit 0, saying why."""
-    env = dict(os.environ, STEPS="30", HOLD_END_FOR=str(tmp_path / "asking"))
+    tells it when they pass their shutdown barrier; it ends, exit 0, saying why, whether
+    it was asking to join or (told before its State() starts) setting up its trainer (a
+    new user's run said the keys were initialised in different orders)."""
+    env = dict(os.environ, STEPS="30", HOLD_END_FOR=str(tmp_path / "asking"),
+               HOLD_END_PAUSE=pause)
     status, out, fifth_status, fifth_out = grow(
         spawn, ["%s/elastic_collective.py" % APPS], env, "[kvstore_byteps] dist_byteps:", 10)
     assert status == 0 and fifth_status == 0, out + fifth_out
@@ -277,6 +281,7 @@ def test_a_fifth_worker_that_has_not_joined_when_the_others_finish_is_told_at_on
             in fifth_out), fifth_out
     assert "this worker ends without training" in fifth_out, fifth_out
     assert "DIGEST 4" not in fifth_out and "heard nothing" not in fifth_out, fifth_out
+    assert "Traceback" not in fifth_out and "same order" not in fifth_out, fifth_out
     assert out.count("DIGEST") == 4, out
 
 

@@ -333,8 +333,8 @@ def test_a_late_worker_that_has_not_joined_when_the_others_finish_is_told_and_le
     # a late worker arriving now is turned away: the job is finishing
     [refused] = [a for a in sched.handle(late_worker(3003), 14.0) if isinstance(a, Refused)]
     assert "the job is finishing" in refused.reason
-    # the worker's side: the notice ends its van with JobFinished, which its join turns into
-    # TrainingOver (exit status 0), saying why
+    # the worker's side: the notice ends its van with JobFinished, which its State() turns
+    # into TrainingOver (exit status 0), saying why, in its join or its trainer's set-up
     worker = NodeMembership(node(Role.WORKER, 3002), node(Role.SCHEDULER, 9091), 10.0)
     worker.my_node, worker.ready = node(Role.WORKER, 3002, 13), True
     [fail] = worker.handle(from_sender(notice, 1), 13.0)
@@ -347,8 +347,13 @@ def test_a_late_worker_that_has_not_joined_when_the_others_finish_is_told_and_le
             raise JobFinished("worker rank 2, asking to join: %s" % exc) from exc
     joins = Joins(JoinPort(finished, None, None, None, lambda: False, 1.0), late=True,
                   enabled=True)
-    with pytest.raises(TrainingOver, match="^the other workers finished") as over:
+    with pytest.raises(JobFinished):
         joins.join()
+    from kvstore_byteps.elastic import State
+    state = State.__new__(State)
+    state._trainer = None
+    with pytest.raises(TrainingOver, match="^the other workers finished") as over:
+        state._join(joins)
     assert over.value.code == 0
 
 
