@@ -4,9 +4,10 @@ committed every step. The worker of rank ``KILL_RANK`` kills itself with SIGKILL
 ``KILL_STEP`` unless it was restarted (``BYTEPS_RESTART_COUNT``); ``DEFER=1``: the model's
 initialisation is deferred to its first forward pass; ``HOLD_END_FOR=<file>``: a fifth worker
 (rank 4) makes the file as it asks to join (after ``HOLD_END_PAUSE`` more seconds), and the
-others end (without another commit) only once it is there; ``HOLD_FOR_JOIN``: the others hold their commit ten steps before the end
-until a late worker asks to join (join_hold.py). Prints ``DIGEST <rank> <md5 of the parameters> joined_late=<bool>`` at the
-end (every worker must print the same digest)."""
+others end (without another commit) only once it is there; ``HOLD_FOR_JOIN``: the others
+hold their commit ten steps before the end until a late worker asks to join (join_hold.py).
+Prints ``DIGEST <rank> <md5 of the parameters> joined_late=<bool>`` at the end (every worker
+must print the same digest)."""
 import hashlib
 import os
 import signal
