@@ -260,7 +260,10 @@ class KVWorker:
                               % (request.what, message.meta.recver, exc))
             error.unreachable_node = message.meta.recver     # for the engine's advice
         self._requests.fail(request, error)
-        raise request.error from exc
+        raised = request.error or error
+        if raised is exc:       # (raised "from" itself it would be its own cause)
+            raise raised
+        raise raised from exc
 
     def _on_message(self, message: Message) -> None:
         meta = message.meta
