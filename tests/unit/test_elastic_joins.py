@@ -357,6 +357,17 @@ def test_a_late_worker_that_has_not_joined_when_the_others_finish_is_told_and_le
     assert over.value.code == 0
 
 
+def test_an_elastic_worker_that_no_scheduler_answers_says_the_job_may_have_ended():
+    # a worker started after the job ended waits BYTEPS_START_TIMEOUT: its line says why
+    # that may be (a helper found it said only "is the scheduler running")
+    for elastic, said in ((True, True), (False, False)):
+        worker = NodeMembership(node(Role.WORKER, 4000), node(Role.SCHEDULER, 9091), 10.0,
+                                elastic=elastic)
+        worker.start(0.0)
+        [fail] = worker.tick(10.5)
+        assert ("finds no scheduler once the job ended" in str(fail.error)) is said
+
+
 def test_a_node_that_did_not_run_asks_the_scheduler_again_before_taking_it_for_dead():
     from kvstore_byteps.van.runtime.membership import Send
     worker = NodeMembership(node(Role.WORKER, 4000), node(Role.SCHEDULER, 9091), 10.0, 1.0,

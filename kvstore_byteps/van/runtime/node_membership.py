@@ -130,8 +130,10 @@ class NodeMembership:
                 return [Fail(ClusterStartError(
                     "%s: the scheduler at %s did not answer this node's registration (ADD_NODE) "
                     "before the start-up deadline, BYTEPS_START_TIMEOUT (is the scheduler "
-                    "running and reachable, and did every node of the job start?)"
-                    % (self.my_node.describe(), self.scheduler.address)))]
+                    "running and reachable, and did every node of the job start?%s)"
+                    % (self.my_node.describe(), self.scheduler.address,
+                       " A worker started to join an elastic job finds no scheduler once the "
+                       "job ended." if self.elastic else "")))]
             return []
         stalled = self.last_tick is not None and now - self.last_tick > self.heartbeat_interval
         self.last_tick = now
