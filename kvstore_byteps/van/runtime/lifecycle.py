@@ -51,7 +51,7 @@ class Lifecycle:
             raised_by_start = self._starting
         if raised_by_start:
             log.debug("%s (start() raises it)", line)
-        elif isinstance(error, JobFinished):    # no failure: the late worker's join says it
+        elif isinstance(error, JobFinished):    # no failure: the late worker's State() says it
             log.info("%s", line)
         else:
             log.error("%s", line)
